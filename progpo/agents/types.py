@@ -42,11 +42,14 @@ class Generation:
         token_ids: ``[R]`` response token ids (EOS included when it was sampled).
         logprobs: ``[R]`` log-probability (nats) of each sampled token under the sampling policy.
         text: the decoded response (special tokens skipped).
+        finish_reason: why sampling stopped, in vLLM's words: ``"stop"`` (EOS or a stop string) or
+            ``"length"`` (cut at ``SamplingParams.max_new_tokens``).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
+    finish_reason: str = "stop"
 
 
 class GenerateFn(Protocol):
@@ -77,6 +80,8 @@ class StepRecord:
             this is what the invalid-action penalty is charged for.
         env_invalid: the env flagged the action (``info["invalid_action"]``: inadmissible).
         prompt_obs_truncated_tokens: observation tokens the context-length guard cut (0 = none).
+        finish_reason: the generation's ``finish_reason`` (``"stop"`` or ``"length"``: the response
+            was cut at the token limit).
     """
 
     prompt_ids: list[int]
@@ -96,6 +101,7 @@ class StepRecord:
     format_invalid: bool = False
     env_invalid: bool = False
     prompt_obs_truncated_tokens: int = 0
+    finish_reason: str = "stop"
 
 
 @dataclass

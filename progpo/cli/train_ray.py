@@ -6,7 +6,7 @@ Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, uncha
   samples, our registry) or any of OpenRLHF's (``--algo.advantage.estimator`` choices);
 * ``--progpo.<field>`` -- one flag per field of ``progpo.advantages.AdvantageConfig``, generated
   from ``dataclasses.fields`` (help text = the field's docstring line);
-* ``--env.*`` -- the environment and episode loop (:class:`progpo.trainer.openrlhf_agent.AgentConfig`)
+* ``--env.*`` -- the environment and episode loop (:class:`progpo.openrlhf.agent.AgentConfig`)
   and the task list that becomes OpenRLHF's prompt dataset.
 
 Bad values exit with status 2 and a message naming the flag. See ``docs/distributed.md``.
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 OUR_ESTIMATORS = ("progpo", "gigpo", "grpo", "rloo", "hgpo")
 DEFAULT_MAX_STEPS = {"webshop": 15, "alfworld": 50}
 DEFAULT_POOL = {"webshop": "http", "alfworld": "ray"}
-AGENT_FILE = Path(__file__).resolve().parent.parent / "trainer" / "openrlhf_agent_file.py"
+AGENT_FILE = Path(__file__).resolve().parent.parent / "openrlhf" / "agent_file.py"
 
 
 def _field_help(cls: type) -> dict[str, str]:
@@ -122,7 +122,7 @@ def add_env_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """OpenRLHF's parser plus our flags (imports OpenRLHF: needs its GPU stack or test stubs)."""
     from progpo.advantages import AdvantageConfig
-    from progpo.trainer.openrlhf_trainer import openrlhf_parser
+    from progpo.openrlhf.trainer import openrlhf_parser
 
     parser = openrlhf_parser()
     parser.prog = "python -m progpo.cli.train_ray"
@@ -155,7 +155,7 @@ def _advantage_config(parser: argparse.ArgumentParser, ns: dict[str, Any], estim
 
 
 def _agent_config(parser: argparse.ArgumentParser, ns: dict[str, Any]) -> Any:
-    from progpo.trainer.openrlhf_agent import AgentConfig
+    from progpo.openrlhf.agent import AgentConfig
 
     name = ns["env.name"]
     if name is None:
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{exc}", file=sys.stderr)
         return 2
     args = finalize(parser, parser.parse_args(argv))
-    from progpo.trainer.openrlhf_trainer import run_openrlhf_main
+    from progpo.openrlhf.trainer import run_openrlhf_main
 
     os.environ["PROGPO_AGENT_CONFIG"] = args.progpo_agent_config_json
     init_ray(args.progpo_agent_config_json)

@@ -76,7 +76,7 @@ def test_train_scripts_pass_the_gigpo_protocol(script):
 def test_train_script_flags_are_accepted_by_train_ray(tmp_path):
     """Every script's command line parses and validates with the real train_ray parser."""
     spec = importlib.util.spec_from_file_location("_progpo_openrlhf_stubs",
-                                                  REPO / "tests" / "trainer" / "openrlhf_stubs.py")
+                                                  REPO / "tests" / "openrlhf" / "openrlhf_stubs.py")
     stubs = sys.modules.setdefault("_progpo_openrlhf_stubs", importlib.util.module_from_spec(spec))
     if not hasattr(stubs, "stubbed"):
         spec.loader.exec_module(stubs)

@@ -80,20 +80,3 @@ def e2e_runs(tmp_path_factory, webshop_url) -> RunCache:
 def train_run():
     """``train_run(save_path, *flags) -> Trainer`` (E2E_FLAGS + flags)."""
     return run_training
-
-
-@pytest.fixture(scope="session")
-def openrlhf_stubs():
-    """Our test-only stub module for flash_attn/vllm (``openrlhf_stubs.py``), loaded once by path.
-
-    Loaded by file path because test folders are not packages (pytest importlib mode).
-    """
-    import importlib.util
-    import sys
-
-    name = "_progpo_openrlhf_stubs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openrlhf_stubs.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]

@@ -156,7 +156,7 @@ def test_async_env_treats_a_refused_action_like_the_sync_env(server):
     import httpx
 
     from progpo.envs.webshop import WebShopEnv
-    from progpo.trainer.openrlhf_http_pool import AsyncWebShopEnv
+    from progpo.openrlhf.http_pool import AsyncWebShopEnv
 
     long_action = "search[" + "a" * 550 + "]"
     sync = WebShopEnv(server.url, max_steps=2)

@@ -3,8 +3,8 @@
 ``ProGPOPPOTrainer`` is ``@ray.remote class ProGPOPPOTrainer(PPOTrainer.__ray_actor_class__)``: it
 runs OpenRLHF's own constructor (tokenizer, prompt dataloaders, KL controller, loggers) and then
 replaces ``samples_generator`` and ``experience_maker`` with
-:class:`~progpo.trainer.openrlhf_samples.StepSamplesGenerator` and
-:class:`~progpo.trainer.openrlhf_experience.StepExperienceMaker`; every other stage (reference and
+:class:`~progpo.openrlhf.samples.StepSamplesGenerator` and
+:class:`~progpo.openrlhf.experience.StepExperienceMaker`; every other stage (reference and
 actor forward passes, DeepSpeed ZeRO update, NCCL weight sync to vLLM, checkpoints, TensorBoard/W&B)
 is OpenRLHF's.
 
@@ -27,8 +27,8 @@ import ray
 from openrlhf.trainer import ppo_trainer as _ppo_trainer_module
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 
-from progpo.trainer.openrlhf_experience import StepExperienceMaker
-from progpo.trainer.openrlhf_samples import StepSamplesGenerator
+from progpo.openrlhf.experience import StepExperienceMaker
+from progpo.openrlhf.samples import StepSamplesGenerator
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ into them, so a test can never silently run fake attention or fake generation.
 Usage (tests only)::
 
     with stubbed():
-        import progpo.trainer.openrlhf_samples  # OpenRLHF modules bind the stub names now
+        import progpo.openrlhf.samples  # OpenRLHF modules bind the stub names now
 
 The stubs leave ``sys.modules`` when the block ends, so other tests that probe for an optional
 ``vllm`` never see them; modules imported inside keep their references.

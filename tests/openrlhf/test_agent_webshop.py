@@ -24,7 +24,7 @@ from envs.webshop_server.process import WebShopServerProcess
 def mods(openrlhf_stubs):
     stubs = openrlhf_stubs
     with stubs.stubbed():
-        from progpo.trainer import openrlhf_agent, openrlhf_samples
+        from progpo.openrlhf import agent as openrlhf_agent, samples as openrlhf_samples
 
         return SimpleNamespace(agent=openrlhf_agent, samples=openrlhf_samples, VllmParams=stubs.SamplingParams)
 

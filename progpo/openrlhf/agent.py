@@ -1,6 +1,6 @@
 """OpenRLHF 0.11.2 agent executor that runs our episode loop inside the vLLM engine actors.
 
-``--train.agent_func_path`` points to ``openrlhf_agent_file.py``, which re-exports
+``--train.agent_func_path`` points to ``agent_file.py``, which re-exports
 :class:`AgentExecutor` from here (``python -m progpo.cli.train_ray`` sets it). OpenRLHF loads that
 file in every ``RolloutRayActor`` (vLLM engine) and instantiates ``AgentExecutor()`` without
 arguments, so the settings travel in the ``PROGPO_AGENT_CONFIG`` environment variable (JSON of
@@ -19,7 +19,7 @@ the env pool is one of:
 
 The response dict carries OpenRLHF's usual fields (so its own estimators still work on the
 concatenated transcript) and the :class:`Episode` itself under
-``progpo.trainer.openrlhf_samples.RESPONSE_EPISODE_KEY`` for the per-step expansion.
+``progpo.openrlhf.samples.RESPONSE_EPISODE_KEY`` for the per-step expansion.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 CONFIG_ENV_VAR = "PROGPO_AGENT_CONFIG"
 RESPONSE_EPISODE_KEY = "progpo_episode"
-"""Key of the :class:`Episode` in the response dict (read by ``openrlhf_samples``)."""
+"""Key of the :class:`Episode` in the response dict (read by ``progpo.openrlhf.samples``)."""
 POOL_KINDS = ("http", "ray", "local")
 
 
@@ -168,7 +168,7 @@ def make_env_pool(cfg: AgentConfig) -> Any:
         return RayEnvPool(cfg.env_name, kwargs, cfg.num_env_actors, cfg.num_cpus_per_actor,
                           episodes_per_actor=cfg.episodes_per_actor)
     if cfg.pool == "http":
-        from progpo.trainer.openrlhf_http_pool import make_async_http_pool
+        from progpo.openrlhf.http_pool import make_async_http_pool
 
         return make_async_http_pool(cfg.env_name, kwargs, max_envs=cfg.max_envs)
     import functools

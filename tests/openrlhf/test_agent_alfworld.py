@@ -24,7 +24,7 @@ SPLIT, INDEX = "valid_seen", 0
 def mods(openrlhf_stubs):
     stubs = openrlhf_stubs
     with stubs.stubbed():
-        from progpo.trainer import openrlhf_agent
+        from progpo.openrlhf import agent as openrlhf_agent
 
         return SimpleNamespace(agent=openrlhf_agent, VllmParams=stubs.SamplingParams)
 

@@ -3,10 +3,10 @@
 OpenRLHF 0.11.2 loads the agent file with ``importlib.util.spec_from_file_location`` under the name
 ``agent_module`` without registering it in ``sys.modules``; dataclasses with postponed annotations
 cannot be defined in such a module. So this file only re-exports the executor from the normally
-imported ``progpo.trainer.openrlhf_agent`` (``progpo`` must be importable on every Ray worker:
+imported ``progpo.openrlhf.agent`` (``progpo`` must be importable on every Ray worker:
 installed, or inside the job's ``working_dir``).
 """
 
-from progpo.trainer.openrlhf_agent import AgentExecutor
+from progpo.openrlhf.agent import AgentExecutor
 
 __all__ = ["AgentExecutor"]

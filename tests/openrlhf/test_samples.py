@@ -15,7 +15,7 @@ from progpo.agents.types import Episode, StepRecord
 @pytest.fixture(scope="module")
 def mods(openrlhf_stubs):
     with openrlhf_stubs.stubbed():
-        from progpo.trainer import openrlhf_agent, openrlhf_samples
+        from progpo.openrlhf import agent as openrlhf_agent, samples as openrlhf_samples
 
         return SimpleNamespace(samples=openrlhf_samples, agent=openrlhf_agent)
 

@@ -21,7 +21,7 @@ def mods(openrlhf_stubs):
         from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
         from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 
-        from progpo.trainer import openrlhf_agent, openrlhf_experience, openrlhf_samples
+        from progpo.openrlhf import agent as openrlhf_agent, experience as openrlhf_experience, samples as openrlhf_samples
 
         return SimpleNamespace(samples=openrlhf_samples, agent=openrlhf_agent, exp=openrlhf_experience,
                                Parent=RemoteExperienceMaker, KL=FixedKLController)

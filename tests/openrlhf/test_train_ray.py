@@ -18,7 +18,7 @@ from progpo.advantages import AdvantageConfig
 def cli(openrlhf_stubs):
     with openrlhf_stubs.stubbed():
         from progpo.cli import train_ray
-        from progpo.trainer import openrlhf_trainer
+        from progpo.openrlhf import trainer as openrlhf_trainer
 
         train_ray.build_parser()  # runs OpenRLHF's __main__ block once while the stubs are present
         return SimpleNamespace(train_ray=train_ray, trainer=openrlhf_trainer)
@@ -86,7 +86,7 @@ def test_finalize_builds_configs_tasks_and_agent_path(cli, tmp_path):
     assert agent["env_name"] == "webshop" and agent["pool"] == "http" and agent["max_steps"] == 15
     assert agent["env_kwargs"] == {"base_url": "http://10.0.0.1:3000"}
     agent_path = Path(getattr(ns, "train.agent_func_path"))
-    assert agent_path.is_absolute() and agent_path.name == "openrlhf_agent_file.py" and agent_path.is_file()
+    assert agent_path.is_absolute() and agent_path.name == "agent_file.py" and agent_path.is_file()
     rows = [json.loads(x) for x in Path(getattr(ns, "data.prompt_dataset")).read_text().splitlines()]
     assert len(rows) == 16 and json.loads(rows[5]["task"]) == {"split": "train", "index": 5}
     assert (getattr(ns, "data.input_key"), getattr(ns, "data.label_key")) == ("task", "label")
@@ -154,7 +154,7 @@ def test_ray_env_vars_carry_the_agent_config_and_skip_job_keys(cli, monkeypatch)
 def test_agent_path_is_relative_inside_a_working_dir_job(cli, monkeypatch):
     monkeypatch.chdir(Path(cli.train_ray.__file__).resolve().parents[2])
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://pkg.zip"}}))
-    assert cli.train_ray._agent_path() == "progpo/trainer/openrlhf_agent_file.py"
+    assert cli.train_ray._agent_path() == "progpo/openrlhf/agent_file.py"
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
     assert Path(cli.train_ray._agent_path()).is_absolute()
 
@@ -163,7 +163,7 @@ def test_openrlhf_loads_our_agent_file_as_its_engines_do(cli, tmp_path, monkeypa
     """OpenRLHF's own loader (used by every RolloutRayActor) builds our executor from the env var."""
     from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
 
-    from progpo.trainer.openrlhf_agent import AgentExecutor
+    from progpo.openrlhf.agent import AgentExecutor
 
     ns = _finalize(cli, BASE, tmp_path)
     monkeypatch.setenv("PROGPO_AGENT_CONFIG", ns.progpo_agent_config_json)

@@ -4,7 +4,7 @@ OpenRLHF has no estimator registry: ``RemoteExperienceMaker.compute_advantages_a
 if/elif over its own names. :class:`StepExperienceMaker` overrides that one method: for our
 estimators (``progpo``, ``gigpo``, ``grpo``, ``rloo``, ``hgpo``) it rebuilds the rollout's
 :class:`progpo.advantages.StepBatch` from the per-step ``Experience.info`` entries written by
-:class:`progpo.trainer.openrlhf_samples.StepSamplesGenerator`, calls
+:class:`progpo.openrlhf.samples.StepSamplesGenerator`, calls
 ``progpo.advantages.compute_advantages`` once on the whole batch, and puts step ``(i,t)``'s
 advantage ``A_{i,t}`` on every action token of that step's response (ProGPO combination, eq. 7 of
 ``docs/progpo-algorithm.md``: the step advantage is broadcast to the step's action tokens). The
@@ -26,7 +26,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 from progpo.advantages import StepBatch, compute_advantages
-from progpo.trainer.openrlhf_samples import OUR_ESTIMATORS, STEP_INFO_KEYS
+from progpo.openrlhf.samples import OUR_ESTIMATORS, STEP_INFO_KEYS
 
 logger = logging.getLogger(__name__)
 

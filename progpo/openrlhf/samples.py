@@ -3,12 +3,12 @@
 OpenRLHF's agent API concatenates all turns of an episode into ONE sample (``action_ranges``).
 The GiGPO / verl-agent protocol this project follows trains on one sample per *step*: the step's
 own prompt (template + K-step history window) followed by that step's response. Our agent
-executor (``progpo.trainer.openrlhf_agent``) therefore returns, next to OpenRLHF's usual
+executor (``progpo.openrlhf.agent``) therefore returns, next to OpenRLHF's usual
 response fields, the whole :class:`progpo.agents.types.Episode` under ``RESPONSE_EPISODE_KEY``.
 :class:`StepSamplesGenerator` expands each episode into ``T_i`` single-row ``Experience``
 objects and carries the per-step metadata the estimators need (uid, trajectory id, step index,
 reward, flags, anchor observation, prefix key, action, extra state) through ``Experience.info``
-(keys in :data:`STEP_INFO_KEYS`). :class:`progpo.trainer.openrlhf_experience.StepExperienceMaker`
+(keys in :data:`STEP_INFO_KEYS`). :class:`progpo.openrlhf.experience.StepExperienceMaker`
 reads and removes them before the actor's training step.
 
 Seams used (private to OpenRLHF, hence the exact pin): ``SamplesGenerator.generate_samples``
@@ -26,7 +26,7 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
 from progpo.agents.types import Episode
-from progpo.trainer.openrlhf_agent import RESPONSE_EPISODE_KEY
+from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class StepSamplesGenerator(SamplesGenerator):
                 if episode is None:
                     raise ValueError(
                         "an experience carries no ProGPO episode: --train.agent_func_path must point to "
-                        "progpo/trainer/openrlhf_agent.py for per-step estimators"
+                        "progpo/openrlhf/agent.py for per-step estimators"
                     )
                 if episode.failed or not episode.steps:
                     failed += 1
