@@ -154,19 +154,80 @@ CORE_VARIANTS = ("grpo", "gigpo", "hgpo", "progpo", "progpo -peer", "progpo grap
 
 
 def select_variants(names: Sequence[str] | None) -> list[Variant]:
-    """The variants named (all when ``names`` is None), in table order.
+    """The rows named (all named variants when ``names`` is None).
+
+    Each name is either a named variant of :func:`all_variants` or a row spec for :func:`parse_row`;
+    rows come in the order given (duplicates dropped).
 
     Raises:
-        ValueError: an unknown name (the message lists the known ones).
+        ValueError: a name that is neither (the message names the row and the problem).
     """
     every = all_variants()
     if names is None:
         return every
     known = {v.name: v for v in every}
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise ValueError(f"--estimators: unknown {bad}; known: {list(known)}")
-    return [v for v in every if v.name in set(names)]
+    return [known[n] if n in known else parse_row(n) for n in dict.fromkeys(names)]
+
+
+def _parse_value(row: str, name: str, ftype, text: str) -> object:
+    kind = ftype if isinstance(ftype, str) else getattr(ftype, "__name__", str(ftype))
+    try:
+        if kind == "bool":
+            low = text.lower()
+            if low not in ("true", "false", "1", "0"):
+                raise ValueError("expected true/false")
+            return low in ("true", "1")
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+    except ValueError as exc:
+        raise ValueError(f"row {row!r}: {name}={text!r} is not a valid {kind} ({exc})") from None
+    return text
+
+
+def parse_row(spec: str) -> Variant:
+    """A row from ``ESTIMATOR [preset=NAME] [field=value ...]`` (fields of :class:`AdvantageConfig`).
+
+    Fields and their types come from ``dataclasses.fields(AdvantageConfig)``, so fields added later
+    need no change here. ``preset=NAME`` applies ``progpo.advantages.PRESETS[NAME]`` first (where that
+    mapping exists), explicit fields after it. The row's name is the spec itself.
+
+    Raises:
+        ValueError: naming the row: an unknown estimator, field or preset, a malformed token, or a
+            value ``AdvantageConfig`` rejects.
+    """
+    import progpo.advantages as adv_pkg
+
+    tokens = spec.split()
+    if not tokens:
+        raise ValueError("empty row spec")
+    est, rest = tokens[0], tokens[1:]
+    if est not in AdvantageConfig.choices("estimator"):
+        raise ValueError(f"row {spec!r}: unknown estimator or row name {est!r}; estimators: "
+                         f"{list(AdvantageConfig.choices('estimator'))}, named rows: {[v.name for v in all_variants()]}")
+    types = {f.name: f.type for f in fields(AdvantageConfig)}
+    over: dict[str, object] = {"estimator": est}
+    for tok in rest:
+        name, eq, text = tok.partition("=")
+        if not eq:
+            raise ValueError(f"row {spec!r}: token {tok!r} is not field=value")
+        if name == "preset":
+            presets = getattr(adv_pkg, "PRESETS", None)
+            if presets is None:
+                raise ValueError(f"row {spec!r}: preset= needs progpo.advantages.PRESETS, absent in this version")
+            if text not in presets:
+                raise ValueError(f"row {spec!r}: unknown preset {text!r}; presets: {list(presets)}")
+            over.update(presets[text])
+            continue
+        if name not in types or name == "estimator":
+            raise ValueError(f"row {spec!r}: AdvantageConfig has no field {name!r}; fields: {sorted(types)}")
+        over[name] = _parse_value(spec, name, types[name], text)
+    try:
+        cfg = AdvantageConfig(**over)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"row {spec!r}: {exc}") from None
+    return Variant(spec, tuple(over.items()), cfg.estimator == "progpo" and cfg.semantic_expansion)
 
 
 def config_base(horizon: int, gamma: float, success_reward: float) -> dict[str, object]:

@@ -23,12 +23,11 @@ whether the object's receptacle has been opened; ``hold``: 0 object at its origi
 
 from __future__ import annotations
 
-import math
-import zlib
 from dataclasses import dataclass, fields
 
 import numpy as np
 
+from progpo.bench.behaviour import ExpertSoftmaxPolicy
 from progpo.bench.oracle import Outcome
 
 RECEPTACLES = ("cabinet", "drawer", "countertop", "shelf", "diningtable", "sidetable", "dresser",
@@ -135,7 +134,7 @@ class MDPConfig:
         return [f.name for f in fields(cls)]
 
 
-class SyntheticTask:
+class SyntheticTask(ExpertSoftmaxPolicy):
     """One seeded ALFWorld-like task with its behaviour policy (a :class:`~progpo.bench.oracle.TextMDP`).
 
     Args:
@@ -289,35 +288,7 @@ class SyntheticTask:
         k = rng.choice(len(outs), p=np.array([o.prob for o in outs]))
         return outs[int(k)]
 
-    # ------------------------------------------------------------ behaviour policy
-    def policy(self, state: tuple[int, int, int], obs: str, hist: tuple[str, ...]) -> list[tuple[str, float]]:
-        """Behaviour policy ``pi(a | s, o, last K actions)``: see the module docstring."""
-        cfg = self.cfg
-        acts = self.admissible(state)
-        base = self._logit_cache.get((state, obs))
-        if base is None:
-            expert, noise = self.expert_action(state), self._noise(obs)
-            base = [self.prior.get(a, 0.0) + noise.get(a, 0.0) + (cfg.expert_bias if a == expert else 0.0)
-                    for a in acts]
-            self._logit_cache[(state, obs)] = base
-        logits = [b - cfg.repeat_penalty * hist.count(a) for a, b in zip(acts, base)] if hist else base
-        top = max(logits)
-        w = [math.exp(x - top) for x in logits]
-        scale = (1.0 - cfg.invalid_prob) / sum(w)
-        out = [(a, x * scale) for a, x in zip(acts, w)]
-        if cfg.invalid_prob > 0:
-            out += [(a, cfg.invalid_prob / len(self.invalid_actions)) for a in self.invalid_actions]
-        return out
-
     # ------------------------------------------------------------ helpers
-    def _noise(self, obs: str) -> dict[str, float]:
-        got = self._obs_noise.get(obs)
-        if got is None:
-            rng = np.random.default_rng([self.seed, zlib.crc32(obs.encode())])
-            got = {a: float(rng.normal(0, self.cfg.obs_scale)) for a in sorted(self.prior)}
-            self._obs_noise[obs] = got
-        return got
-
     def _variants(self, templates: tuple[str, ...]) -> tuple[str, ...]:
         return templates[: self.cfg.n_variants]
 

@@ -1,0 +1,45 @@
+"""Censored steps-to-X statistics, against values computed by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from progpo.bench.survival import Censored, km_median, rmst, rmst_ratio, steps_to_target
+
+NAN = float("nan")
+
+
+def test_km_median_counts_the_seeds_that_never_reach():
+    # 3 of 5 seeds reach X at 100, 200, 300; two are censored at 450 and 480.
+    # S = 4/5 after 100, 3/5 after 200, 2/5 after 300: the median is 300.
+    c = Censored.of([100, 200, 300, NAN, NAN], [500, 500, 500, 450, 480])
+    med, lo, hi = km_median(c)
+    assert med == 300 and lo <= med and hi == float("inf")  # 5 seeds: the upper band never reaches 1/2
+    # only 2 of 5 reach: S never falls to 1/2
+    assert np.isnan(km_median(Censored.of([100, 200, NAN, NAN, NAN], [500] * 5))[0])
+    assert np.isnan(km_median(Censored.of([NAN, NAN], [500, 500]))[0])
+
+
+def test_km_median_interval_narrows_with_many_seeds():
+    c = Censored.of([100, 120, 130, 140, 150, 160, 170, 180, 190, 200] * 2, [500] * 20)
+    med, lo, hi = km_median(c)
+    assert med == 150 and 100 <= lo < med < hi <= 200
+
+
+def test_restricted_mean_counts_censored_seeds_at_tau():
+    c = Censored.of([100, 200, 300, NAN, NAN], [500, 500, 500, 450, 480])
+    m, h = rmst(c, 450)
+    assert m == pytest.approx((100 + 200 + 300 + 450 + 450) / 5)
+    assert h > 0
+    with pytest.raises(ValueError, match="tau"):
+        rmst(c, 470)  # seed 4's budget is 450: not observed up to 470
+    q, lo, hi = rmst_ratio(c, c, 450)
+    assert q == 1.0 and lo < 1.0 < hi
+
+
+def test_steps_to_target_uses_a_moving_average():
+    assert steps_to_target([10, 20, 30, 40], [0.1, 0.9, 0.9, 0.9], 0.8, window=2) == 30
+    assert np.isnan(steps_to_target([10, 20], [0.1, 0.2], 0.8))
+    with pytest.raises(ValueError, match="budget"):
+        Censored.of([600], [500])
