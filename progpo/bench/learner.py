@@ -24,6 +24,7 @@ cosine between the update it makes and the update ``A*`` would make, and the sam
 
 from __future__ import annotations
 
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -246,12 +247,25 @@ def run_all(ctx: Context, specs: list[RunSpec], workers: int) -> list[RunResult]
     """Every spec, in parallel over ``workers`` forked processes (1 = in this process); results in order."""
     global _CTX
     _CTX = ctx
+    t0, out = time.perf_counter(), []
+    step = max(1, len(specs) // 10)
+
+    def note(res: RunResult) -> None:  # progress on stderr, about every 10% of the runs
+        out.append(res)
+        if len(out) % step == 0 or len(out) == len(specs):
+            print(f"[learning] {len(out)}/{len(specs)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+                  flush=True)
+
     if workers <= 1 or len(specs) <= 1:
-        return [train_run(ctx, s) for s in specs]
+        for s in specs:
+            note(train_run(ctx, s))
+        return out
     import multiprocessing as mp
 
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as ex:
-        return list(ex.map(run_job, specs, chunksize=1))
+        for res in ex.map(run_job, specs, chunksize=1):
+            note(res)
+    return out
 
 
 def fixed_tasks(family: TaskFamily, cfg: Any, n_tasks: int, task_seed: int) -> list:

@@ -18,8 +18,9 @@ reward = ``success_reward`` (the target item with both goal options).
 page after clicking the goal size reads the same whether the goal color was clicked before or not
 (or a wrong one), so the value of "buy now" from that text depends on hidden history. The state extra
 (the ``inventory`` analogue, ``state_key = obs_inventory``) is the selected options
-("Selected options: color navy, size large."). Two look-alike items (same title words, one without
-the goal color, one above the budget) make result pages ambiguous until an item page is read.
+("Selected options: color navy, size large."). Two look-alike items (the target's title words, above
+the budget; one also lacks the goal color and size) differ from the target on the results page only
+by their price, and a noisy search ranks them first.
 
 State: ``("search",)``, ``("results", query, ranking, page)`` or ``("item", item, color, size)`` with
 ``color``/``size`` the selected option index or -1. Observations come in ``n_variants`` wordings.
@@ -141,19 +142,21 @@ class ShopTask(ExpertSoftmaxPolicy):
         cat, other_cat = CATEGORIES[cats[0]], CATEGORIES[cats[1]]
         att, other_att = ATTRIBUTES[atts[0]], ATTRIBUTES[atts[1]]
         colors = [COLORS[i] for i in rng.choice(len(COLORS), size=cfg.n_colors + 1, replace=False)]
-        sizes = [SIZES[i] for i in rng.choice(len(SIZES), size=cfg.n_sizes, replace=False)]
+        sizes = [SIZES[i] for i in rng.choice(len(SIZES), size=cfg.n_sizes + 1, replace=False)]
         brands = [BRANDS[i] for i in rng.choice(len(BRANDS), size=cfg.n_items, replace=False)]
         self.color, self.size = colors[0], sizes[0]
         self.budget = float(rng.integers(3, 9) * 10)
         cheap = lambda: round(self.budget * float(rng.uniform(0.4, 0.9)), 2)  # noqa: E731
+        dear = lambda: round(self.budget * float(rng.uniform(1.2, 1.8)), 2)  # noqa: E731
         own = tuple(sorted(colors[:cfg.n_colors], key=lambda c: rng.random()))
         no_goal = tuple(colors[1:cfg.n_colors + 1])
-        szs = tuple(sorted(sizes, key=lambda s: rng.random()))
-        mk = lambda b, a, c, p, cs: Item(f"{b} {a} {c}", c, a, p, cs, szs)  # noqa: E731
+        szs = tuple(sorted(sizes[:cfg.n_sizes], key=lambda s: rng.random()))
+        no_size = tuple(sizes[1:cfg.n_sizes + 1])
+        mk = lambda b, a, c, p, cs, ss=szs: Item(f"{b} {a} {c}", c, a, p, cs, ss)  # noqa: E731
         self.items = [
             mk(brands[0], att, cat, cheap(), own),                                      # 0 target
-            mk(brands[1], att, cat, cheap(), no_goal),                                  # 1 lacks the goal color
-            mk(brands[2], att, cat, round(self.budget * float(rng.uniform(1.2, 1.8)), 2), own),  # 2 too expensive
+            mk(brands[1], att, cat, dear(), no_goal, no_size),                          # 1 lacks both goal options
+            mk(brands[2], att, cat, dear(), own),                                       # 2 too expensive
             mk(brands[3], other_att, cat, cheap(), own),                                # 3 wrong attribute
             mk(brands[4], att, other_cat, cheap(), own),                                # 4, 5 other category
             mk(brands[5], other_att, other_cat, cheap(), own),
