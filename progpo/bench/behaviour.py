@@ -11,8 +11,40 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import fields
 
 import numpy as np
+
+
+class PolicyConfig:
+    """Mixin of a family's frozen config dataclass: the checks and CLI helpers every family shares.
+
+    The config must have ``horizon``, ``history``, ``invalid_prob``, ``prior_scale``, ``obs_scale``,
+    ``repeat_penalty``, ``invalid_penalty``, ``success_reward`` and ``gamma``.
+    """
+
+    def check_common(self) -> None:
+        """Validate the shared fields.
+
+        Raises:
+            ValueError: naming the first field out of range.
+        """
+        if not 0 <= self.invalid_prob < 1:
+            raise ValueError(f"invalid_prob must be in [0, 1), got {self.invalid_prob}")
+        if self.horizon < 1:
+            raise ValueError(f"horizon must be >= 1, got {self.horizon}")
+        if self.history < 0:
+            raise ValueError(f"history must be >= 0, got {self.history}")
+        for name in ("prior_scale", "obs_scale", "repeat_penalty", "invalid_penalty", "success_reward"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        """Names of the config fields (for CLI overrides)."""
+        return [f.name for f in fields(cls)]
 
 
 class ExpertSoftmaxPolicy:

@@ -23,11 +23,11 @@ whether the object's receptacle has been opened; ``hold``: 0 object at its origi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
-from progpo.bench.behaviour import ExpertSoftmaxPolicy
+from progpo.bench.behaviour import ExpertSoftmaxPolicy, PolicyConfig
 from progpo.bench.oracle import Outcome
 
 RECEPTACLES = ("cabinet", "drawer", "countertop", "shelf", "diningtable", "sidetable", "dresser",
@@ -68,7 +68,7 @@ _VERBED = {"clean": "cleaned", "heat": "heated", "cool": "cooled"}
 
 
 @dataclass(frozen=True)
-class MDPConfig:
+class MDPConfig(PolicyConfig):
     """Knobs of the task generator and of the behaviour policy (all tasks of a config share them).
 
     Attributes:
@@ -112,26 +112,13 @@ class MDPConfig:
             raise ValueError(f"n_locations must be in [3, {len(RECEPTACLES)}], got {self.n_locations}")
         if not 1 <= self.n_variants <= 4:
             raise ValueError(f"n_variants must be in [1, 4], got {self.n_variants}")
-        for name in ("slip", "fail", "invalid_prob"):
+        for name in ("slip", "fail"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         for name in ("process_prob", "closed_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.horizon < 1:
-            raise ValueError(f"horizon must be >= 1, got {self.horizon}")
-        if self.history < 0:
-            raise ValueError(f"history must be >= 0, got {self.history}")
-        for name in ("prior_scale", "obs_scale", "repeat_penalty", "invalid_penalty", "success_reward"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        """Names of the config fields (for CLI overrides)."""
-        return [f.name for f in fields(cls)]
+        self.check_common()
 
 
 class SyntheticTask(ExpertSoftmaxPolicy):

@@ -28,11 +28,11 @@ State: ``("search",)``, ``("results", query, ranking, page)`` or ``("item", item
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
-from progpo.bench.behaviour import ExpertSoftmaxPolicy
+from progpo.bench.behaviour import ExpertSoftmaxPolicy, PolicyConfig
 from progpo.bench.oracle import Outcome
 
 CATEGORIES = ("backpack", "t-shirt", "sneakers", "hoodie", "jeans", "sandals", "jacket", "dress", "wallet",
@@ -58,7 +58,7 @@ _CLICKED = ("You have clicked {value}.", "Selected: {value}.", "You chose {value
 
 
 @dataclass(frozen=True)
-class ShopConfig:
+class ShopConfig(PolicyConfig):
     """Knobs of the WebShop-like generator and of its behaviour policy.
 
     Attributes:
@@ -97,21 +97,9 @@ class ShopConfig:
                 raise ValueError(f"{name} must be in [2, 4], got {getattr(self, name)}")
         if not 1 <= self.n_variants <= 3:
             raise ValueError(f"n_variants must be in [1, 3], got {self.n_variants}")
-        for name in ("search_noise", "invalid_prob"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.horizon < 1 or self.history < 0:
-            raise ValueError(f"horizon must be >= 1 and history >= 0, got {self.horizon}, {self.history}")
-        for name in ("prior_scale", "obs_scale", "repeat_penalty", "invalid_penalty", "success_reward"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        """Names of the config fields (for CLI overrides)."""
-        return [f.name for f in fields(cls)]
+        if not 0 <= self.search_noise < 1:
+            raise ValueError(f"search_noise must be in [0, 1), got {self.search_noise}")
+        self.check_common()
 
 
 @dataclass(frozen=True)
