@@ -103,92 +103,103 @@ def compile_task(task, uid: str | None = None, features: FeatureFn | None = None
             probabilities that do not sum to 1.
     """
     uid = uid or f"task{task.seed}"
-    obs_ids: dict[str, int] = {}
-    act_ids: dict[str, int] = {}
-    extra_ids: dict[str, int] = {}
-    adm_ids: dict[tuple, int] = {}
-    pair_ids: dict[tuple[int, int], int] = {}
-    nodes: dict[tuple[Hashable, int], int] = {}
-    order: list[tuple[Hashable, int]] = []
-
-    def intern(table: dict, key) -> int:
-        got = table.get(key)
-        if got is None:
-            got = table[key] = len(table)
-        return got
-
-    def node_id(state: Hashable, obs: str) -> int:
-        key = (state, intern(obs_ids, obs))
-        got = nodes.get(key)
-        if got is None:
-            if len(nodes) >= max_nodes:
-                raise ValueError(f"{uid}: more than max_nodes={max_nodes} learner nodes")
-            got = nodes[key] = len(order)
-            order.append(key)
-        return got
-
-    init = task.initial()
-    init_node = [node_id(s, o) for _, s, o in init]
-    init_prob = [p for p, _, _ in init]
-    node_obs, node_extra, node_adm, node_sa_ptr = [], [], [], [0]
-    sa_node, sa_act, sa_pair, feats = [], [], [], []
-    out_ptr, out_prob, out_next, out_rew, out_term, out_obs = [0], [], [], [], [], []
-    obs_by_id = list(obs_ids)  # dicts keep insertion order: position = id
+    b = _Compiler(task, uid, features, max_nodes)
+    for p, s, o in task.initial():
+        b.c["init_node"].append(b.node_id(s, o))
+        b.c["init_prob"].append(p)
     cursor = 0
-    while cursor < len(order):
-        state, oid = order[cursor]
-        if oid >= len(obs_by_id):
-            obs_by_id = list(obs_ids)
-        obs = obs_by_id[oid]
-        acts = list(task.admissible(state))
-        if not acts:
-            raise ValueError(f"{uid}: state {state!r} has no admissible action")
-        node_obs.append(oid)
-        node_extra.append(intern(extra_ids, task.inventory(state)))
-        node_adm.append(intern(adm_ids, tuple(acts)))
-        for a in acts:
-            aid = intern(act_ids, a)
-            sa_node.append(cursor)
-            sa_act.append(aid)
-            sa_pair.append(intern(pair_ids, (oid, aid)))
-            if features is not None:
-                feats.append(tuple(features(task.goal_text, obs, a)))
-            outs = task.outcomes(state, a)
-            total = sum(o.prob for o in outs)
-            if abs(total - 1.0) > 1e-9:
-                raise ValueError(f"{uid}: outcomes of {a!r} sum to {total}, expected 1")
-            for o in outs:
-                out_prob.append(o.prob)
-                out_rew.append(o.reward)
-                out_term.append(o.terminated)
-                out_obs.append(intern(obs_ids, o.obs))
-                out_next.append(-1 if o.terminated else node_id(o.next_state, o.obs))
-            out_ptr.append(len(out_prob))
-        node_sa_ptr.append(len(sa_node))
+    while cursor < len(b.order):
+        b.expand(cursor)
         cursor += 1
-
-    def texts(table: dict) -> np.ndarray:
-        arr = np.empty(len(table), dtype=object)
-        arr[:] = list(table)  # insertion order = id
-        return arr
-
-    reward = np.asarray(out_rew, dtype=np.float64)
-    term = np.asarray(out_term, dtype=bool)
+    arrays = {k: np.asarray(b.c[k], dtype=np.int64) for k in _INT_COLS}
+    arrays.update({k: np.asarray(b.c[k], dtype=np.float64) for k in _FLOAT_COLS})
+    term = np.asarray(b.c["out_term"], dtype=bool)
     success_reward = float(task.cfg.success_reward)
     return CompiledTask(
         uid=uid, horizon=int(task.horizon), gamma=float(task.gamma), success_reward=success_reward,
-        obs_text=texts(obs_ids), act_text=texts(act_ids), extra_text=texts(extra_ids),
-        node_obs=np.asarray(node_obs, dtype=np.int64), node_extra=np.asarray(node_extra, dtype=np.int64),
-        node_adm=np.asarray(node_adm, dtype=np.int64), node_sa_ptr=np.asarray(node_sa_ptr, dtype=np.int64),
-        sa_node=np.asarray(sa_node, dtype=np.int64), sa_act=np.asarray(sa_act, dtype=np.int64),
-        sa_pair=np.asarray(sa_pair, dtype=np.int64), out_ptr=np.asarray(out_ptr, dtype=np.int64),
-        out_prob=np.asarray(out_prob, dtype=np.float64), out_next=np.asarray(out_next, dtype=np.int64),
-        out_reward=reward, out_term=term, out_obs=np.asarray(out_obs, dtype=np.int64),
-        out_success=term & (reward >= success_reward - 1e-9),
-        init_node=np.asarray(init_node, dtype=np.int64), init_prob=np.asarray(init_prob, dtype=np.float64),
-        n_adm=len(adm_ids), n_pairs=len(pair_ids), sa_feat_names=feats if features is not None else None,
-        node_state=[s for s, _ in order] if keep_states else None,
+        obs_text=_texts(b.tables["obs"]), act_text=_texts(b.tables["act"]), extra_text=_texts(b.tables["extra"]),
+        out_term=term, out_success=term & (arrays["out_reward"] >= success_reward - 1e-9),
+        n_adm=len(b.tables["adm"]), n_pairs=len(b.tables["pair"]),
+        sa_feat_names=b.feats if features is not None else None,
+        node_state=[st for st, _ in b.order] if keep_states else None, **arrays,
     )
+
+
+class _Compiler:
+    """Growing columns of :func:`compile_task`: interned ids, the node queue, one node's expansion."""
+
+    def __init__(self, task, uid: str, features: FeatureFn | None, max_nodes: int) -> None:
+        self.task, self.uid, self.features, self.max_nodes = task, uid, features, max_nodes
+        self.tables: dict[str, dict] = {k: {} for k in ("obs", "act", "extra", "adm", "pair")}
+        self.nodes: dict[tuple[Hashable, int], int] = {}
+        self.order: list[tuple[Hashable, int]] = []
+        self.c: dict[str, list] = {k: [] for k in (*_INT_COLS, *_FLOAT_COLS, "out_term")}
+        self.c["node_sa_ptr"].append(0)
+        self.c["out_ptr"].append(0)
+        self.feats: list[tuple[str, ...]] = []
+        self.obs_by_id: list[str] = []
+
+    def intern(self, table: str, key) -> int:
+        """Id of ``key`` in ``table`` (new keys get the next id)."""
+        t = self.tables[table]
+        got = t.get(key)
+        if got is None:
+            got = t[key] = len(t)
+        return got
+
+    def node_id(self, state: Hashable, obs: str) -> int:
+        """Id of the learner node (state, observation); new nodes join the queue."""
+        key = (state, self.intern("obs", obs))
+        got = self.nodes.get(key)
+        if got is None:
+            if len(self.nodes) >= self.max_nodes:
+                raise ValueError(f"{self.uid}: more than max_nodes={self.max_nodes} learner nodes")
+            got = self.nodes[key] = len(self.order)
+            self.order.append(key)
+        return got
+
+    def expand(self, node: int) -> None:
+        """Append node ``node``'s columns, its admissible pairs and their outcomes."""
+        task, c = self.task, self.c
+        state, oid = self.order[node]
+        if oid >= len(self.obs_by_id):
+            self.obs_by_id = list(self.tables["obs"])  # dicts keep insertion order: position = id
+        acts = list(task.admissible(state))
+        if not acts:
+            raise ValueError(f"{self.uid}: state {state!r} has no admissible action")
+        c["node_obs"].append(oid)
+        c["node_extra"].append(self.intern("extra", task.inventory(state)))
+        c["node_adm"].append(self.intern("adm", tuple(acts)))
+        for a in acts:
+            aid = self.intern("act", a)
+            c["sa_node"].append(node)
+            c["sa_act"].append(aid)
+            c["sa_pair"].append(self.intern("pair", (oid, aid)))
+            if self.features is not None:
+                self.feats.append(tuple(self.features(task.goal_text, self.obs_by_id[oid], a)))
+            outs = task.outcomes(state, a)
+            total = sum(o.prob for o in outs)
+            if abs(total - 1.0) > 1e-9:
+                raise ValueError(f"{self.uid}: outcomes of {a!r} sum to {total}, expected 1")
+            for o in outs:
+                c["out_prob"].append(o.prob)
+                c["out_reward"].append(o.reward)
+                c["out_term"].append(o.terminated)
+                c["out_obs"].append(self.intern("obs", o.obs))
+                c["out_next"].append(-1 if o.terminated else self.node_id(o.next_state, o.obs))
+            c["out_ptr"].append(len(c["out_prob"]))
+        c["node_sa_ptr"].append(len(c["sa_node"]))
+
+
+_INT_COLS = ("node_obs", "node_extra", "node_adm", "node_sa_ptr", "sa_node", "sa_act", "sa_pair", "out_ptr",
+             "out_next", "out_obs", "init_node")
+_FLOAT_COLS = ("out_prob", "out_reward", "init_prob")
+
+
+def _texts(table: dict) -> np.ndarray:
+    arr = np.empty(len(table), dtype=object)
+    arr[:] = list(table)  # insertion order = id
+    return arr
 
 
 class FeatureIndex:
