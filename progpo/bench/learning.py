@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import shlex
 import time
 from collections.abc import Sequence
@@ -161,9 +162,11 @@ def run(args: argparse.Namespace) -> str:
     else:
         best = {n: args.lr for n in names}
         sweep_line = f"lr {args.lr:g} for every row (no sweep)"
+    args.results = {"sweep": sweep if args.lrs else {}}
     t1 = time.perf_counter()
     final_by = _phase(ctx, rows, {n: [best[n]] for n in names}, range(args.seeds), args, args.probe_every)
     final = {n: final_by[n][best[n]] for n in names}
+    args.results["final"] = final
     costs.append(_cost("final runs", [r for runs in final.values() for r in runs], time.perf_counter() - t1))
     tau = lr_report.common_tau(list(final.values()))
     parts.append(f"**Learning** ({args.seeds} seeds per row, seeds 0..{args.seeds - 1}; {sweep_line})\n\n"
@@ -220,6 +223,8 @@ def main(argv: Sequence[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     block = _block(args)
     (out / f"{block}.md").write_text(f"`{cmd}`\n\n{text}\n")
+    with open(out / f"{block}-runs.pkl", "wb") as fh:  # every run's curves and probes, for re-analysis
+        pickle.dump(args.results, fh)
     if args.write_docs:
         report.write_docs_block(block, cmd, text)
     return 0

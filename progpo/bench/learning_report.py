@@ -164,9 +164,11 @@ def predictiveness_table(final: dict[str, list[RunResult]], fixed: dict[str, dic
         measures["fixed-policy Spearman"] = [float(np.mean(fixed[n]["spearman"])) if n in fixed else np.nan for n in names]
         measures["fixed-policy sign agree"] = [float(np.mean(fixed[n]["sign"])) if n in fixed else np.nan for n in names]
         measures["fixed-policy -NMSE"] = [-float(np.mean(fixed[n]["nmse"])) if n in fixed else np.nan for n in names]
-    for m, label in (("spearman", "on-policy Spearman"), ("sign", "on-policy sign agree"), ("nmse", "on-policy -NMSE"),
-                     ("cosine", "on-policy update cosine")):
-        vals = [onpolicy_summary(final[n], m)[0] for n in names]
+    for m, phase, label in (("spearman", "all", "on-policy Spearman"), ("spearman", "late", "on-policy Spearman, late"),
+                            ("spearman_zero", "all", "on-policy Spearman, zero-signal tasks"),
+                            ("sign", "all", "on-policy sign agree"), ("nmse", "all", "on-policy -NMSE"),
+                            ("cosine", "all", "on-policy update cosine")):
+        vals = [onpolicy_summary(final[n], m, phase)[0] for n in names]
         measures[label] = [-v for v in vals] if m == "nmse" else vals
     rows = []
     for label, vals in measures.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,5 @@ def test_quick_pipeline_runs(argv, tmp_path, capsys):
     if "--lr-sweep" in argv:
         assert "**Learning-rate sweep**" in text
     assert list(tmp_path.glob("*.png")) and list(tmp_path.glob("learning*-quick.md"))
+    runs = pickle.loads(next(tmp_path.glob("learning*-quick-runs.pkl")).read_bytes())
+    assert set(runs["final"]) >= {"gigpo", "progpo"} and runs["final"]["gigpo"][0].steps.size == 4
