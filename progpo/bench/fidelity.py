@@ -216,8 +216,8 @@ def run_synthetic(args: argparse.Namespace) -> str:
                      f"per setting)\n\n" + sweep_table(sweep_res, names))
     out = Path(args.out)
     pngs = report.plot_fidelity(results, sweep_res, out)
-    parts.append(f"Total wall time {time.perf_counter() - t_start:.0f} s, CPU time {time.process_time() - c_start:.0f} s (encoder {0 if encoder is None else encoder.seconds:.0f} s"
-                 f" of it); figures: {', '.join(p.name for p in pngs)}.")
+    parts.append(f"Total wall time {time.perf_counter() - t_start:.0f} s, CPU time {time.process_time() - c_start:.0f} s (this process; the"
+                 f" encoder's calls took {0 if encoder is None else encoder.seconds:.0f} s wall); figures: {', '.join(p.name for p in pngs)}.")
     return "\n\n".join(parts)
 
 
