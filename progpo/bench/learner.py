@@ -34,7 +34,7 @@ import numpy as np
 
 from progpo.advantages import compute_advantages
 from progpo.bench import engine
-from progpo.bench.families import TaskFamily, make_tasks, task_seeds
+from progpo.bench.families import TaskFamily, task_seeds
 from progpo.bench.fidelity_core import Variant, config_base, fidelity_metrics
 
 PROBE_METRICS = ("sign", "spearman", "pearson", "nmse", "cosine", "spearman_zero", "cosine_zero", "zero_share",
@@ -266,8 +266,3 @@ def run_all(ctx: Context, specs: list[RunSpec], workers: int) -> list[RunResult]
         for res in ex.map(run_job, specs, chunksize=1):
             note(res)
     return out
-
-
-def fixed_tasks(family: TaskFamily, cfg: Any, n_tasks: int, task_seed: int) -> list:
-    """The uncompiled tasks of the fixed regime (for the fixed-policy fidelity table)."""
-    return make_tasks(family, cfg, n_tasks, task_seed)

@@ -23,8 +23,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from progpo.bench import learning_report as lr_report
 from progpo.bench import report
 from progpo.bench.families import AlfworldFamily, family_config, get_family, make_tasks
@@ -144,25 +142,9 @@ def run(args: argparse.Namespace) -> str:
     build_s = time.perf_counter() - t0
     encoder, enc_line = _encoder(args, source) if any(r.needs_encoder for r in rows) else (None, "encoder: not needed")
     ctx = make_context(source, encoder)
-    costs, parts, sweep_line = [f"setup (tasks compiled, encoder) {time.perf_counter() - t0:.0f} s wall "
-                                f"(task compilation {build_s:.0f} s)"], [], ""
-    if args.lrs:
-        t1 = time.perf_counter()
-        sweep = _phase(ctx, rows, {n: args.lrs for n in names}, range(SWEEP_SEED0, SWEEP_SEED0 + args.sweep_seeds),
-                       args, 0)
-        flat = [r for by in sweep.values() for runs in by.values() for r in runs]
-        costs.append(_cost("lr sweep", flat, time.perf_counter() - t1))
-        tau_s = lr_report.common_tau([flat])
-        best = {n: lr_report.pick_lr(sweep[n], args.target, tau_s) for n in names}
-        parts.append(f"**Learning-rate sweep** ({args.sweep_seeds} seeds per cell, seeds {SWEEP_SEED0}+; cell: "
-                     f"restricted mean env steps to {args.target:.0%} at tau {tau_s / 1e3:,.0f}k (seeds reaching), "
-                     f"final success; bold: the rate each row uses below)\n\n"
-                     + lr_report.sweep_table(sweep, args.target, tau_s, best))
-        sweep_line = f"each row at its best lr of {args.lr_sweep} (sweep above)"
-    else:
-        best = {n: args.lr for n in names}
-        sweep_line = f"lr {args.lr:g} for every row (no sweep)"
-    args.results = {"sweep": sweep if args.lrs else {}}
+    costs, parts = [f"setup (tasks compiled, encoder) {time.perf_counter() - t0:.0f} s wall "
+                    f"(task compilation {build_s:.0f} s)"], []
+    best, sweep_line = _sweep(ctx, rows, args, costs, parts)
     t1 = time.perf_counter()
     final_by = _phase(ctx, rows, {n: [best[n]] for n in names}, range(args.seeds), args, args.probe_every)
     final = {n: final_by[n][best[n]] for n in names}
@@ -193,7 +175,38 @@ def run(args: argparse.Namespace) -> str:
                              Path(args.out) / f"{_block(args)}.png",
                              f"{args.family} ({args.regime} tasks), {args.tasks} tasks x {args.rollouts}, "
                              f"{args.seeds} seeds, best lr each")
-    head = (f"Family **{args.family}** ({cfg}), **{args.regime}** tasks ("
+    head = _head(args, cfg, enc_line)
+    load1 = os.getloadavg()[0]
+    cost = ("Cost: " + "; ".join(costs) + f"; total {time.perf_counter() - t0:.0f} s wall; load average "
+            f"{load0:.1f} at start, {load1:.1f} at end ({os.cpu_count()} CPUs, {args.workers} workers); "
+            f"figure: {png.name}.")
+    return "\n\n".join([head, *parts, cost])
+
+
+def _sweep(ctx, rows, args, costs: list[str], parts: list[str]) -> tuple[dict[str, float], str]:
+    """The learning-rate sweep (when ``--lr-sweep`` is given): (best lr per row, a line saying how lrs were
+    chosen); appends its table to ``parts``, its cost to ``costs``, its runs to ``args.results``."""
+    names = [r.name for r in rows]
+    args.results = {"sweep": {}}
+    if not args.lrs:
+        return {n: args.lr for n in names}, f"lr {args.lr:g} for every row (no sweep)"
+    t1 = time.perf_counter()
+    sweep = _phase(ctx, rows, {n: args.lrs for n in names}, range(SWEEP_SEED0, SWEEP_SEED0 + args.sweep_seeds),
+                   args, 0)
+    args.results["sweep"] = sweep
+    flat = [r for by in sweep.values() for runs in by.values() for r in runs]
+    costs.append(_cost("lr sweep", flat, time.perf_counter() - t1))
+    tau_s = lr_report.common_tau([flat])
+    best = {n: lr_report.pick_lr(sweep[n], args.target, tau_s) for n in names}
+    parts.append(f"**Learning-rate sweep** ({args.sweep_seeds} seeds per cell, seeds {SWEEP_SEED0}+; cell: "
+                 f"restricted mean env steps to {args.target:.0%} at tau {tau_s / 1e3:,.0f}k (seeds reaching), "
+                 f"final success; bold: the rate each row uses below)\n\n"
+                 + lr_report.sweep_table(sweep, args.target, tau_s, best))
+    return best, f"each row at its best lr of {args.lr_sweep} (sweep above)"
+
+
+def _head(args: argparse.Namespace, cfg, enc_line: str) -> str:
+    return (f"Family **{args.family}** ({cfg}), **{args.regime}** tasks ("
             + (f"the same {args.tasks} tasks every iteration" if args.regime == "fixed" else
                f"{args.tasks} new tasks per iteration from a pool of {args.pool}")
             + f"), {args.policy} policy, {args.rollouts} rollouts per task, {args.iterations} iterations; {enc_line}. "
@@ -201,11 +214,6 @@ def run(args: argparse.Namespace) -> str:
             "± 95% t-interval over seeds); steps to X = env steps when the 3-iteration moving average first "
             "reaches X; seeds that never do are censored at their budget (KM median with 95% interval; "
             "restricted mean = mean of min(steps, tau), tau = smallest budget of the final runs).")
-    load1 = os.getloadavg()[0]
-    cost = ("Cost: " + "; ".join(costs) + f"; total {time.perf_counter() - t0:.0f} s wall; load average "
-            f"{load0:.1f} at start, {load1:.1f} at end ({os.cpu_count()} CPUs, {args.workers} workers); "
-            f"figure: {png.name}.")
-    return "\n\n".join([head, *parts, cost])
 
 
 def _block(args: argparse.Namespace) -> str:
