@@ -43,3 +43,19 @@ def test_steps_to_target_uses_a_moving_average():
     assert np.isnan(steps_to_target([10, 20], [0.1, 0.2], 0.8))
     with pytest.raises(ValueError, match="budget"):
         Censored.of([600], [500])
+
+
+def test_pick_lr_prefers_the_fastest_rate_then_the_higher_final_success():
+    from progpo.bench import learning_report as lr
+    from progpo.bench.learner import RunResult
+
+    def run(succ):  # 100 env steps per iteration
+        s = np.asarray(succ, dtype=float)
+        return RunResult(None, np.arange(1, s.size + 1) * 100.0, s, np.zeros(0, np.int64), {}, 0.0)
+
+    fast, slow = run([0.9] * 6), run([0.1, 0.1, 0.9, 0.9, 0.9, 0.9])
+    never_hi, never_lo = run([0.5] * 6), run([0.2] * 6)
+    assert lr.pick_lr({3.0: [slow], 10.0: [fast]}, 0.8, 600.0) == 10.0
+    assert lr.pick_lr({3.0: [never_lo], 10.0: [never_hi]}, 0.8, 600.0) == 10.0  # tie at tau: final success
+    c = lr.censored([fast, never_hi], 0.8)
+    assert c.times[0] == 100.0 and np.isnan(c.times[1]) and c.budgets.tolist() == [600.0, 600.0]
