@@ -19,7 +19,10 @@ Every ``probe_every`` iterations the run compares the row's advantages of the ba
 advantage ``A*`` of the learner's *current* policy (backward induction, :func:`engine.exact_values`):
 sign agreement, Spearman, Pearson, NMSE (:func:`progpo.bench.fidelity_core.fidelity_metrics`), the
 cosine between the update it makes and the update ``A*`` would make, and the same on the tasks whose
-``N`` returns are all equal ("zero-signal" tasks).
+``N`` returns are all equal ("zero-signal" tasks), and ``J``, the policy's exact expected return. A
+row's own probes compare each row on a different policy (its own training path: a row that learns
+slowly is judged on early, easier-to-rank policies); ``RunSpec.also`` probes other rows' advantages on
+*this* run's batches, so all rows are compared on the same policies ("matched-policy fidelity").
 """
 
 from __future__ import annotations
@@ -137,6 +140,8 @@ class RunSpec:
     rollouts: int
     probe_every: int = 0  #: 0 = no on-policy fidelity probes
     sign_threshold: float = 0.1
+    #: rows whose advantages are also probed on this run's batches (matched-policy fidelity)
+    also: tuple[Variant, ...] = ()
 
 
 @dataclass
@@ -150,6 +155,7 @@ class RunResult:
     probe_it: np.ndarray
     probes: dict[str, np.ndarray]
     cpu_s: float
+    matched: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  #: row -> metric -> ``[k]``
 
 
 @dataclass
@@ -182,6 +188,7 @@ def train_run(ctx: Context, spec: RunSpec) -> RunResult:
     enc = ctx.encoder if spec.row.needs_encoder else None
     n_ep = src.tasks_per_batch * spec.rollouts
     steps, succ, probe_it, probes, total = [], [], [], {m: [] for m in PROBE_METRICS}, 0
+    matched: dict[str, dict[str, list[float]]] = {}
     for it in range(spec.iterations):
         g = src.graph(order, it)
         p = engine.policy_probs(g, theta)
@@ -189,28 +196,36 @@ def train_run(ctx: Context, spec: RunSpec) -> RunResult:
         adv = compute_advantages(roll.batch, cfg, enc).advantages
         if spec.probe_every and (it % spec.probe_every == 0 or it == spec.iterations - 1):
             probe_it.append(it)
-            for k, v in probe(g, p, roll, adv, src.n_params, spec.rollouts, spec.sign_threshold).items():
+            astar, start = engine.exact_advantages(g, p, roll)
+            for k, v in probe(g, p, roll, adv, astar, src.n_params, spec.rollouts, spec.sign_threshold).items():
                 probes[k].append(v)
+            probes["J"].append(float(start.mean()))
+            for other in spec.also:
+                o_adv = compute_advantages(roll.batch, other.config(ctx.base),
+                                           ctx.encoder if other.needs_encoder else None).advantages
+                got = probe(g, p, roll, o_adv, astar, src.n_params, spec.rollouts, spec.sign_threshold)
+                for k, v in got.items():
+                    matched.setdefault(other.name, {}).setdefault(k, []).append(v)
         theta += spec.lr / n_ep * engine.policy_gradient(g, p, roll, adv, src.n_params)
         total += roll.env_steps
         steps.append(float(total))
         succ.append(float(roll.success.mean()))
     return RunResult(spec, np.asarray(steps), np.asarray(succ), np.asarray(probe_it, dtype=np.int64),
-                     {k: np.asarray(v, dtype=np.float64) for k, v in probes.items()}, time.process_time() - c0)
+                     {k: np.asarray(v, dtype=np.float64) for k, v in probes.items()}, time.process_time() - c0,
+                     {r: {k: np.asarray(v, dtype=np.float64) for k, v in m.items()} for r, m in matched.items()})
 
 
-def probe(g: engine.Graph, p: np.ndarray, roll: engine.Rollout, adv: np.ndarray, n_params: int, rollouts: int,
-          sign_threshold: float) -> dict[str, float]:
-    """On-policy fidelity of ``adv`` ``[S]`` against the exact ``A*`` of the policy ``p`` that sampled ``roll``.
+def probe(g: engine.Graph, p: np.ndarray, roll: engine.Rollout, adv: np.ndarray, astar: np.ndarray, n_params: int,
+          rollouts: int, sign_threshold: float) -> dict[str, float]:
+    """On-policy fidelity of ``adv`` ``[S]`` against ``astar`` ``[S]``, the exact advantage of the policy ``p``
+    that sampled ``roll`` (:func:`engine.exact_advantages`).
 
     Returns:
         ``fidelity_metrics`` (sign, spearman, pearson, nmse); ``cosine``: cosine between the parameter
         updates ``sum A grad log pi`` with ``adv`` and with ``A*``; the same two on "zero-signal" tasks
         (every return equal; NaN when there is none) and their share ``zero_share``; ``abs_adv_zero``:
-        mean ``|adv|`` on zero-signal steps divided by ``std(adv)``; ``J``: exact expected discounted
-        return of the policy, mean over the batch's tasks (reward units).
+        mean ``|adv|`` on zero-signal steps divided by ``std(adv)``.
     """
-    astar, start = engine.exact_advantages(g, p, roll)
     out = fidelity_metrics(adv, astar, sign_threshold)
     out["cosine"] = _cos(engine.policy_gradient(g, p, roll, adv, n_params),
                          engine.policy_gradient(g, p, roll, astar, n_params))
@@ -227,7 +242,6 @@ def probe(g: engine.Graph, p: np.ndarray, roll: engine.Rollout, adv: np.ndarray,
                                   engine.policy_gradient(g, p, roll, astar * mask, n_params))
         sd = float(np.std(adv))
         out["abs_adv_zero"] = float(np.mean(np.abs(adv[zero])) / sd) if sd > 0 else 0.0
-    out["J"] = float(start.mean())
     return out
 
 

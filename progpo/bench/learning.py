@@ -114,9 +114,12 @@ def _encoder(args, source) -> tuple[CachedEncoder | None, str]:
     return enc, f"encoder: all-MiniLM-L6-v2, {len(texts)} observation texts embedded once in {enc.seconds:.0f} s"
 
 
-def _phase(ctx, rows, lrs: dict[str, list[float]], seeds, args, probe_every: int) -> dict[str, dict[float, list]]:
-    """Run every (row, lr, seed); returns row -> lr -> results (seed order)."""
-    specs = [RunSpec(row, lr, s, args.iterations, args.rollouts, probe_every, args.sign_threshold)
+def _phase(ctx, rows, lrs: dict[str, list[float]], seeds, args, probe_every: int,
+           matched_on: str | None = None) -> dict[str, dict[float, list]]:
+    """Run every (row, lr, seed); returns row -> lr -> results (seed order). The runs of row
+    ``matched_on`` also probe every row's advantages on their batches (matched-policy fidelity)."""
+    specs = [RunSpec(row, lr, s, args.iterations, args.rollouts, probe_every, args.sign_threshold,
+                     tuple(rows) if row.name == matched_on and probe_every else ())
              for row in rows for lr in lrs[row.name] for s in seeds]
     out: dict[str, dict[float, list]] = {row.name: {} for row in rows}
     for res in run_all(ctx, specs, args.workers):
@@ -146,7 +149,8 @@ def run(args: argparse.Namespace) -> str:
                     f"(task compilation {build_s:.0f} s)"], []
     best, sweep_line = _sweep(ctx, rows, args, costs, parts)
     t1 = time.perf_counter()
-    final_by = _phase(ctx, rows, {n: [best[n]] for n in names}, range(args.seeds), args, args.probe_every)
+    final_by = _phase(ctx, rows, {n: [best[n]] for n in names}, range(args.seeds), args, args.probe_every,
+                      reference)
     final = {n: final_by[n][best[n]] for n in names}
     args.results["final"] = final
     costs.append(_cost("final runs", [r for runs in final.values() for r in runs], time.perf_counter() - t1))
@@ -158,6 +162,10 @@ def run(args: argparse.Namespace) -> str:
                      f"every {args.probe_every} iterations of the final runs; mean over probes, then mean ± 95% "
                      f"interval over seeds; early / late = first / last third of training)\n\n"
                      + lr_report.onpolicy_table(final))
+        if reference:
+            parts.append(f"**Matched-policy fidelity** (every row's advantages on the batches of the {reference} "
+                         f"runs above, against the exact advantage of that policy: all rows judged on the same "
+                         f"policies)\n\n" + lr_report.matched_table(final[reference], names))
     fixed = None
     if args.fixed_fidelity_batches:
         t1 = time.perf_counter()
@@ -170,7 +178,8 @@ def run(args: argparse.Namespace) -> str:
                      f"of {args.tasks} x {args.rollouts})\n\n" + lr_report.fixed_policy_table(fixed))
     if args.probe_every:
         parts.append("**Which fidelity predicts learning** (Spearman rank correlation across the rows above)\n\n"
-                     + lr_report.predictiveness_table(final, fixed, args.target, tau))
+                     + lr_report.predictiveness_table(final, fixed, args.target, tau,
+                                                      final[reference] if reference else None))
     png = report.plot_curves({n: [(r.steps, r.success) for r in runs] for n, runs in final.items()},
                              Path(args.out) / f"{_block(args)}.png",
                              f"{args.family} ({args.regime} tasks), {args.tasks} tasks x {args.rollouts}, "

@@ -125,6 +125,23 @@ def onpolicy_table(final: dict[str, list[RunResult]]) -> str:
     return report.markdown_table(header, rows)
 
 
+def matched_summary(ref_runs: Sequence[RunResult], row: str, metric: str) -> tuple[float, float]:
+    """Mean over seeds (95% half-width) of ``row``'s probe ``metric`` on the reference runs' batches."""
+    per_seed = []
+    for r in ref_runs:
+        v = r.matched.get(row, {}).get(metric)
+        if v is not None and np.isfinite(v).any():
+            per_seed.append(float(np.nanmean(v)))
+    return mean_ci(per_seed)
+
+
+def matched_table(ref_runs: Sequence[RunResult], names: Sequence[str]) -> str:
+    """Per row: on-policy metrics of its advantages on the reference runs' batches (same policies for all)."""
+    cols = [c for c in ONPOLICY_COLS if c[0] != "zero_share"]
+    rows = [[n, *[report.fmt_ci(*matched_summary(ref_runs, n, m)) for m, _ in cols]] for n in names]
+    return report.markdown_table(["row", *[label for _, label in cols]], rows)
+
+
 def fixed_policy_fidelity(tasks, rows, base: dict, batches: int, rollouts: int, encoder, sign_threshold: float,
                           seed: int) -> dict[str, dict[str, list[float]]]:
     """Fidelity of each row against the exact advantage of the family's fixed behaviour policy
@@ -153,7 +170,7 @@ def _rank_corr(a: np.ndarray, b: np.ndarray) -> str:
 
 
 def predictiveness_table(final: dict[str, list[RunResult]], fixed: dict[str, dict[str, list[float]]] | None,
-                         target: float, tau: float) -> str:
+                         target: float, tau: float, ref_runs: Sequence[RunResult] | None = None) -> str:
     """Spearman correlation, across rows, between each fidelity measure and learning (speed = minus the
     restricted mean steps to ``target``; final success). Higher fidelity should mean faster learning."""
     names = list(final)
@@ -170,6 +187,12 @@ def predictiveness_table(final: dict[str, list[RunResult]], fixed: dict[str, dic
                             ("cosine", "all", "on-policy update cosine")):
         vals = [onpolicy_summary(final[n], m, phase)[0] for n in names]
         measures[label] = [-v for v in vals] if m == "nmse" else vals
+    if ref_runs:
+        for m, label in (("spearman", "matched-policy Spearman"), ("spearman_zero", "matched-policy Spearman, zero-signal"),
+                         ("sign", "matched-policy sign agree"), ("nmse", "matched-policy -NMSE"),
+                         ("cosine", "matched-policy update cosine")):
+            vals = [matched_summary(ref_runs, n, m)[0] for n in names]
+            measures[label] = [-v for v in vals] if m == "nmse" else vals
     rows = []
     for label, vals in measures.items():
         v = np.asarray(vals, dtype=np.float64)

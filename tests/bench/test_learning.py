@@ -74,12 +74,13 @@ def test_fresh_regime_draws_new_tasks_the_same_for_every_row():
 
 
 @pytest.mark.parametrize("argv", [["--encoder", "none", "--lr-sweep", "5,10"],
-                                  ["--family", "webshop", "--regime", "fresh", "--estimators", "gigpo,progpo"]])
+                                  ["--family", "webshop", "--regime", "fresh", "--estimators", "gigpo,progpo,hgpo"]])
 def test_quick_pipeline_runs(argv, tmp_path, capsys):
     assert learning.main(["--quick", "--out", str(tmp_path), *argv]) == 0
     text = capsys.readouterr().out
     assert "| gigpo |" in text and "| progpo |" in text
-    for part in ("**Learning**", "**On-policy fidelity**", "**Fixed-policy fidelity**", "predicts learning", "Cost:"):
+    for part in ("**Learning**", "**On-policy fidelity**", "**Matched-policy fidelity**", "**Fixed-policy fidelity**",
+                 "predicts learning", "matched-policy Spearman", "Cost:"):
         assert part in text
     if "--lr-sweep" in argv:
         assert "**Learning-rate sweep**" in text
