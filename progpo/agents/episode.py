@@ -234,7 +234,7 @@ async def _one_step(
     pool: EnvPool, generate: GenerateFn, tokenizer: Any, tmpl: PromptTemplate, cfg: EpisodeConfig,
 ) -> tuple[StepRecord, StepResult]:
     """Step ``t``: build the prompt from ``(obs, info)``, generate, parse, step the env."""
-    shown = history[len(history) - cfg.history_length:] if cfg.history_length else []
+    shown = history[-cfg.history_length:] if cfg.history_length > 0 else []  # min(t, K) most recent turns
     anchor = str(info.get("anchor_observation", obs))
     prompt = build_prompt(
         tokenizer, tmpl, task=str(info.get("task", "")), observation=anchor,
@@ -270,5 +270,6 @@ async def _one_step(
         format_invalid=not valid,
         env_invalid=env_invalid,
         prompt_obs_truncated_tokens=prompt.obs_truncated_tokens,
+        history_turns=len(shown) - prompt.dropped_turns,
     )
     return record, res

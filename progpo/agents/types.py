@@ -111,6 +111,8 @@ class StepRecord:
         prompt_obs_truncated_tokens: observation tokens the context-length guard cut (0 = none).
         finish_reason: the generation's ``finish_reason`` (``"stop"`` or ``"length"``: the response
             was cut at the token limit).
+        history_turns: earlier (observation, action) turns the prompt shows (``min(t, K)`` minus
+            those the context guard dropped).
     """
 
     prompt_ids: list[int]
@@ -131,6 +133,7 @@ class StepRecord:
     env_invalid: bool = False
     prompt_obs_truncated_tokens: int = 0
     finish_reason: str = "stop"
+    history_turns: int = 0
 
 
 @dataclass

@@ -99,5 +99,66 @@ def test_context_guard_on_real_result_pages(qwen_tokenizer, webshop_url, admissi
     for s in steps:
         text = qwen_tokenizer.decode(s.prompt_ids)
         assert qwen_tokenizer(text, add_special_tokens=False)["input_ids"] == s.prompt_ids
+    for ep in episodes:  # turns shown = min(t, K = 2) less those the guard dropped
+        assert [s.history_turns for s in ep.steps] == [min(t, 2) - s.prompt_truncated_turns
+                                                        for t, s in enumerate(ep.steps)]
     m = rollout_metrics(episodes)
     assert m["rollout/guard_truncated_frac"] > 0 and m["rollout/prompt_len_max"] <= limit
+
+
+def browser(admissible_parser):
+    """Never buys: search, open the first product, back to search, ... (runs to ``max_steps``)."""
+
+    def policy(prompt: str) -> str:
+        actions = admissible_parser(prompt)
+        if "search[<your query>]" in actions:
+            task = re.search(r"Your task is to: (.*?)\.?\n", prompt).group(1)
+            action = f"search[{task}]"
+        elif any(ASIN.match(a) for a in actions):
+            action = next(a for a in actions if ASIN.match(a))
+        else:
+            action = "click[back to search]"
+        return f"<think>browse</think><action>{action}</action>"
+
+    return policy
+
+
+TURN = re.compile(r"\[Observation (\d+): ")
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 5, 50])
+def test_history_window_shows_min_t_k_most_recent_turns(qwen_tokenizer, webshop_url, admissible_parser, k) -> None:
+    """Issue 12, case 4: step t shows min(t, K) turns, the most recent ones.
+
+    The old slice ``history[len(history) - K:]`` wrapped for t < K: K = 3 showed [0, 1, 1, 3, 3, ...]
+    turns and K = 50 showed 50 - t turns once t > 25 (one at t = 49). Episodes run to ``K + 2`` steps.
+    """
+    max_steps = max(12, k + 2)
+    pool = LocalEnvPool(functools.partial(webshop.WebShopEnv, webshop_url, max_steps=max_steps + 1), max_envs=1)
+    gen = ScriptedGenerate(qwen_tokenizer, browser(admissible_parser))
+
+    async def go():
+        try:
+            return await run_episodes(
+                [("train", 3)], env_pool=pool, generate=gen, tokenizer=qwen_tokenizer, env_name="webshop",
+                n_samples_per_task=1, sampling=SamplingParams(max_new_tokens=96), max_steps=max_steps,
+                history_length=k,
+            )
+        finally:
+            await pool.close()
+
+    (ep,) = asyncio.run(go())
+    assert len(ep.steps) == max_steps and ep.steps[-1].truncated
+    shown = []
+    for t, s in enumerate(ep.steps):
+        numbers = [int(j) for j in TURN.findall(qwen_tokenizer.decode(s.prompt_ids))]
+        want = min(t, k)
+        assert numbers == list(range(t - want + 1, t + 1)), (t, numbers)  # 1-based steps t-want+1 .. t
+        assert s.history_turns == want
+        if want:  # the shown turns are the episode's own most recent (observation, action) pairs
+            text = qwen_tokenizer.decode(s.prompt_ids)
+            assert f"Action {t}: '{ep.steps[t - 1].action}'" in text
+        shown.append(len(numbers))
+    expected_mean = sum(min(t, k) for t in range(max_steps)) / max_steps
+    assert rollout_metrics([ep])["rollout/history_turns_mean"] == pytest.approx(expected_mean)
+    assert sum(shown) / max_steps == pytest.approx(expected_mean)
