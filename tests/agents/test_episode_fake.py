@@ -218,3 +218,44 @@ def test_truncated_step_carries_the_state_it_was_cut_in(qwen_tokenizer, fake_env
 
     out = compute_advantages(batch, AdvantageConfig(potential_estimator="graph", max_steps=2))
     assert np.all(np.isfinite(out.advantages))
+
+
+def test_response_cut_at_token_limit_is_format_invalid(qwen_tokenizer, fake_env_cls) -> None:
+    """Issue 12, case 5: a response that closed </action> and then ran on to max_new_tokens is not a
+    clean step: finish_reason "length", format-invalid (penalty charged), its action still sent."""
+    answer = "<think>the goal is ahead</think><action>go forward</action>"
+    rambling = answer + " and then I keep talking" * 40
+    n_answer = len(qwen_tokenizer(answer, add_special_tokens=False)["input_ids"])
+
+    def policy(prompt: str) -> str:
+        first = re.search(r"You are now at step (\d+)", prompt) is None  # step 1: the no-history template
+        return rambling if first else answer  # the first response of every episode rambles
+
+    episodes, _ = _run(qwen_tokenizer, fake_env_cls, tasks=(("train", 0),), n=2, policy=policy)
+    limit = SAMPLING.max_new_tokens
+    assert n_answer < limit  # the action block closed well inside the limit
+    for ep in episodes:
+        cut, *rest = ep.steps
+        assert cut.finish_reason == "length" and len(cut.response_ids) == limit
+        assert "</action>" in cut.response_text
+        assert cut.format_invalid and cut.invalid and not cut.env_invalid
+        assert cut.reward == pytest.approx(-0.1)  # env reward 0 minus the invalid-action penalty
+        assert cut.action == "go forward" and ep.won  # the action was sent: the agent moved
+        assert all(s.finish_reason == "stop" and not s.format_invalid for s in rest)
+    steps = [s for ep in episodes for s in ep.steps]
+    m = rollout_metrics(episodes)
+    assert m["rollout/truncated_response_frac"] == pytest.approx(2 / len(steps))
+    assert m["rollout/invalid_format_frac"] == pytest.approx(2 / len(steps))
+
+
+def test_unknown_finish_reason_is_an_error(qwen_tokenizer, fake_env_cls) -> None:
+    from progpo.agents.types import Generation
+
+    async def gen(prompt_ids, sampling):
+        return Generation(token_ids=[1], logprobs=[0.0], text="x", finish_reason="abort")
+
+    pool = LocalEnvPool(functools.partial(fake_env_cls), max_envs=1)
+    with pytest.raises(ValueError, match="finish_reason 'abort'"):
+        asyncio.run(run_episodes([("train", 0)], env_pool=pool, generate=gen, tokenizer=qwen_tokenizer,
+                                 env_name="alfworld", n_samples_per_task=1, sampling=SAMPLING, max_steps=2))
+    asyncio.run(pool.close())
