@@ -20,8 +20,11 @@ TASKS = [("train", 0), ("train", 1)]
 ASIN = re.compile(r"^click\[b[0-9a-z]{9}\]$")
 
 
-def shopper(admissible_parser, bad_at_step: int | None = None):
-    """Search with the instruction's words, open the first product, buy it; malformed at ``bad_at_step``."""
+def shopper(admissible_parser, bad_at_step: int | None = None, buy: bool = True):
+    """Search with the instruction's words, open the first product, buy it; malformed at ``bad_at_step``.
+
+    ``buy=False`` goes back to search instead of buying (a browser that runs to ``max_steps``).
+    """
 
     def policy(prompt: str) -> str:
         m = re.search(r"You are now at step (\d+)", prompt)
@@ -34,8 +37,10 @@ def shopper(admissible_parser, bad_at_step: int | None = None):
             action = f"search[{task}]"
         elif any(ASIN.match(a) for a in actions):
             action = next(a for a in actions if ASIN.match(a))
-        elif "click[buy now]" in actions:
+        elif buy and "click[buy now]" in actions:
             action = "click[buy now]"
+        elif not buy and "click[back to search]" in actions:
+            action = "click[back to search]"
         else:
             action = actions[0]
         return f"<think>step {step}</think><action>{action}</action>"
@@ -106,23 +111,6 @@ def test_context_guard_on_real_result_pages(qwen3_tokenizer, webshop_url, admiss
     assert m["rollout/guard_truncated_frac"] > 0 and m["rollout/prompt_len_max"] <= limit
 
 
-def browser(admissible_parser):
-    """Never buys: search, open the first product, back to search, ... (runs to ``max_steps``)."""
-
-    def policy(prompt: str) -> str:
-        actions = admissible_parser(prompt)
-        if "search[<your query>]" in actions:
-            task = re.search(r"Your task is to: (.*?)\.?\n", prompt).group(1)
-            action = f"search[{task}]"
-        elif any(ASIN.match(a) for a in actions):
-            action = next(a for a in actions if ASIN.match(a))
-        else:
-            action = "click[back to search]"
-        return f"<think>browse</think><action>{action}</action>"
-
-    return policy
-
-
 TURN = re.compile(r"\[Observation (\d+): ")
 
 
@@ -135,7 +123,7 @@ def test_history_window_shows_min_t_k_most_recent_turns(qwen3_tokenizer, webshop
     """
     max_steps = max(12, k + 2)
     pool = LocalEnvPool(functools.partial(webshop.WebShopEnv, webshop_url, max_steps=max_steps + 1), max_envs=1)
-    gen = ScriptedGenerate(qwen3_tokenizer, browser(admissible_parser))
+    gen = ScriptedGenerate(qwen3_tokenizer, shopper(admissible_parser, buy=False))
 
     async def go():
         try:
