@@ -11,7 +11,7 @@ which other requests happened to share its batch, which makes rollouts reproduci
 
 The decode loop calls the model's forward pass directly (KV cache, no ``model.generate``):
 ``generate`` back-fills its ``GenerationConfig`` from the checkpoint's ``generation_config.json``
-(repetition / presence penalties, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words_ids``,
+(``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words_ids``,
 ``suppress_tokens``, ``sequence_bias``, forced EOS, stop strings, ...), and a field whose neutral
 value is ``None`` cannot be pinned against that back-fill. Here nothing stands between the logits
 and the sample but our ``SamplingParams`` (issue 12, case 1), so the recorded log-probs are exactly
@@ -67,7 +67,7 @@ class _GumbelSampler:
     """Samples one token per row (temperature, top-p) from raw logits and records its logprob.
 
     Recorded logprob: ``log softmax(logits / T)`` at the sampled token (the temperature-scaled policy
-    before top-p truncation, the same quantity vLLM reports with ``processed_logprobs``).
+    before top-p truncation; with ``top_p = 1`` the quantity vLLM reports with ``processed_logprobs``).
     """
 
     def __init__(self, temperatures: list[float], top_ps: list[float], seeds: list[int]) -> None:
