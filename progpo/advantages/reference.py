@@ -107,6 +107,20 @@ class _Batch:
             hist += [prev["obs"], prev["action"]]
         return (s["uid"], tuple(hist + [s["obs"]]))
 
+    def reward_scale(self):
+        """The unit of the fusion's variances: 1 (paper: absolute units) or the batch's largest |r|."""
+        if self.cfg.sigma2_floor_ref == "success_reward":
+            return 1.0
+        return max(abs(s["r"]) for s in self.steps) or 1.0
+
+    def no_signal(self, s):
+        """True when every trajectory of the step's task has the same episode return (``zero_signal``)."""
+        returns = [traj[0]["R"] for traj in self._task_trajs(s["uid"])]
+        return max(returns) - min(returns) <= 1e-12 * max(abs(x) for x in returns)
+
+    def finish(self, s, value):
+        return 0.0 if self.cfg.zero_signal and self.no_signal(s) else value
+
     def episode_term(self, s):
         returns = [traj[0]["R"] for traj in self._task_trajs(s["uid"])]
         return _norm(s["R"], returns, self.cfg.episode_norm, self.cfg.eps)
@@ -125,7 +139,7 @@ def reference_gigpo(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
     for s in b.steps:
         group = [q["G"] for q in b.tasks[s["uid"]] if b.depth_key(q, 0) == b.depth_key(s, 0)]
         a_s = _norm(s["G"], group, cfg.gigpo_mode, cfg.eps) if len(group) >= 2 else 0.0
-        out[s["row"]] = b.episode_term(s) + cfg.omega * a_s
+        out[s["row"]] = b.finish(s, b.episode_term(s) + cfg.omega * a_s)
     return out
 
 
@@ -181,7 +195,9 @@ def _potential(b: _Batch, s, emb):
     cfg = b.cfg
     loo = cfg.potential_pool == "loo"
     task_g = [q["G"] for q in b.tasks[s["uid"]]]
-    sigma2 = max(_sample_var(task_g), cfg.sigma2_floor)
+    unit = b.reward_scale()
+    floor = cfg.sigma2_floor if cfg.sigma2_floor_ref == "success_reward" else cfg.sigma2_floor_coef
+    sigma2 = max(_sample_var(task_g) / unit**2, floor)
     est = []  # (depth, n, mu, ssd)
     for d in range(cfg.depths + 1):
         key = b.depth_key(s, d)
@@ -195,20 +211,23 @@ def _potential(b: _Batch, s, emb):
                 entry = (0, wide[0], wide[1], wide[2])
         if entry is not None:
             est.append(entry)
-    if not est:
-        same_t = [q["G"] for q in b.tasks[s["uid"]] if q["t"] == s["t"] and q["traj"] != s["traj"]]
-        return _mean(same_t) if same_t else _mean(task_g)
+    if not est:  # loo fallback: other trajectories at the same t, then the other trajectories, then own G
+        others = [q for q in b.tasks[s["uid"]] if q["traj"] != s["traj"]]
+        same_t = [q["G"] for q in others if q["t"] == s["t"]]
+        if same_t:
+            return _mean(same_t)
+        return _mean([q["G"] for q in others]) if others else s["G"]
     mus = [m for _, _, m, _ in est]
     if min(mus) == max(mus):
         return mus[0]
     ref = est[-1][2]
     num = den = 0.0
     for _, n, mu, ssd in est:
-        e = ((ssd + cfg.m0 * sigma2) / (n - 1 + cfg.m0)) / n
+        e = ((ssd / unit**2 + cfg.m0 * sigma2) / (n - 1 + cfg.m0)) / n
         if cfg.fusion == "ivw":
             w = 1.0 / (e + cfg.eta)
         elif cfg.fusion == "ivw_bias":
-            w = 1.0 / (e + (mu - ref) ** 2)
+            w = 1.0 / (e + ((mu - ref) / unit) ** 2)
         else:
             w = 1.0
         num += w * mu
@@ -298,11 +317,17 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
         else:
             nxt = phi[traj[s["t"] + 1]["row"]] if s["t"] + 1 < len(traj) else 0.0
             credit[s["row"]] = (s["r"] + cfg.gamma * nxt) - phi[s["row"]]
+    if cfg.credit_lambda > 0:  # GAE-style accumulation over the rest of the trajectory
+        for traj in b.trajs.values():
+            acc = 0.0
+            for q in reversed(traj):
+                acc = credit[q["row"]] + cfg.gamma * cfg.credit_lambda * acc
+                credit[q["row"]] = acc
     out = np.zeros(len(b.steps))
     for s in b.steps:
         task_c = [credit[q["row"]] for q in b.tasks[s["uid"]]]
         c_hat = credit[s["row"]] / (math.sqrt(_sample_var(task_c)) + cfg.eps) if cfg.use_potential else 0.0
         a_p, rho = _peer(b, s)
         step = (rho * a_p if rho > 0 else 0.0) + (1 - rho) * c_hat
-        out[s["row"]] = cfg.beta_episode * b.episode_term(s) + cfg.omega * step
+        out[s["row"]] = b.finish(s, cfg.beta_episode * b.episode_term(s) + cfg.omega * step)
     return out

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from progpo.advantages._prep import Prepared, combine, factorize
+from progpo.advantages._prep import Prepared, combine, factorize, group_stats
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def expand_depth0(p: Prepared, encoder: Encoder, need: np.ndarray, loo: bool):
     text = p.obs_code()
     dom = _domain(p)
     # Node-level sums of x = G - task mean (centred: keeps the one-pass variance accurate).
-    task_mean = np.bincount(p.task, weights=p.G, minlength=p.n_tasks) / np.bincount(p.task, minlength=p.n_tasks)
+    task_mean = group_stats(p.task, p.n_tasks, p.G)[1]  # exact when the task's G are all equal
     x = p.G - task_mean[p.task]
     c_node = np.bincount(node, minlength=n_nodes).astype(np.float64)
     s1_node = np.bincount(node, weights=x, minlength=n_nodes)

@@ -134,7 +134,8 @@ BAD_VALUES = {
     "use_potential": 1, "semantic_expansion": None, "min_peers": 0, "tau": 0.0, "depths": -1, "m0": 0.0,
     "sigma2_floor_coef": 0.0, "success_reward": -10.0, "potential_pool": "all", "fusion": "mean",
     "eta": 0.0, "potential_estimator": "td", "credit": "value", "state_key": "inventory",
-    "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none",
+    "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none", "sigma2_floor_ref": "reward",
+    "credit_lambda": 1.5, "zero_signal": "on",
 }
 
 
