@@ -200,6 +200,22 @@ def accumulate_credit(p: Prepared, credit: np.ndarray) -> np.ndarray:
     return discounted_returns(credit, p.last, p.t, p.cfg.gamma * p.cfg.credit_lambda)
 
 
+def normalise_credit(p: Prepared, credit: np.ndarray) -> np.ndarray:
+    """Spec (6): ``C^ = C / (std_u C + eps)`` per task (not mean-centred), ``[S]`` sorted rows.
+
+    A task whose credits have no spread (sample std <= 1e-12 * max |C| of the task: a one-step task,
+    or every C equal) gets ``C^ = 0``: there is nothing to compare, and the division would return
+    ``C / eps`` (a one-step truncated task whose final observation loops back to its own graph node
+    got 2.9e6).
+    """
+    cnt = np.bincount(p.task, minlength=p.n_tasks)
+    std = task_std(p, credit)
+    peak = np.zeros(p.n_tasks)
+    np.maximum.at(peak, p.task, np.abs(credit))
+    flat = (std <= 1e-12 * peak[p.task]) | (cnt[p.task] < 2)
+    return np.where(flat, 0.0, credit / (std + p.cfg.eps))
+
+
 def _tick(timings: dict | None, stage: str, t0: float) -> None:
     if timings is not None:
         timings[stage] = timings.get(stage, 0.0) + (time.perf_counter() - t0) * 1e3
@@ -245,7 +261,7 @@ def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | N
     diag["adv/frac_zero_credit"] = float(np.mean(credit == 0.0))
     if cfg.credit_lambda > 0:
         credit = accumulate_credit(p, credit)
-    c_hat = credit / (task_std(p, credit) + cfg.eps)
+    c_hat = normalise_credit(p, credit)
     if not cfg.use_potential:
         c_hat = np.zeros(p.S)
     step = np.where(rho > 0, rho * a_p, 0.0) + (1.0 - rho) * c_hat

@@ -163,7 +163,7 @@ def _cos(emb, x, y):
 
 
 def _embeddings(b: _Batch, encoder):
-    texts = sorted({s["obs"] for s in b.steps})
+    texts = sorted({s["obs"] for s in b.steps} | set(b.final_obs or []))
     vecs = np.asarray(encoder(texts), dtype=np.float64)
     return {t: v / np.linalg.norm(v) for t, v in zip(texts, vecs)}
 
@@ -241,27 +241,34 @@ def _graph_values(b: _Batch, encoder):
     node = {}
     for s in b.steps:
         node[s["row"]] = (s["uid"], b.state(s))
+    anchor_states = set(node.values())
+    # truncated last steps: the final observation's state (the last step's inventory assumed unchanged)
+    final_state = {s["row"]: (s["uid"], (b.final_obs[s["row"]],) + b.state(s)[1:]) for s in b.steps
+                   if b.final_obs is not None and s["t"] + 1 == len(s["traj_steps"]) and not s["done"]}
+    find = lambda x: x  # noqa: E731 - without an encoder every state is its own node
     if encoder is not None and cfg.semantic_expansion:
         emb = _embeddings(b, encoder)
-        parent = {n: n for n in node.values()}
+        parent = {n: n for n in anchor_states | set(final_state.values())}
 
         def find(x):
             while parent[x] != x:
                 x = parent[x]
             return x
 
-        keys = sorted(set(node.values()), key=repr)
+        # final observations are vertices of the merging like every anchor observation (ids: anchors first)
+        keys = sorted(anchor_states, key=repr) + sorted(set(final_state.values()) - anchor_states, key=repr)
+        rank = {k: i for i, k in enumerate(keys)}
         for x in keys:
             for y in keys:
                 same_dom = x[0] == y[0] and x[1][1:] == y[1][1:]
                 if same_dom and _cos(emb, x[1][0], y[1][0]) >= cfg.tau:
                     rx, ry = find(x), find(y)
                     if rx != ry:
-                        parent[max(rx, ry, key=repr)] = min(rx, ry, key=repr)
+                        parent[max(rx, ry, key=rank.get)] = min(rx, ry, key=rank.get)
         node = {row: find(n) for row, n in node.items()}
-    raw_nodes = {}
-    for s in b.steps:
-        raw_nodes.setdefault((s["uid"], b.state(s)), s["row"])
+    merged_nodes = set(node.values())
+    final_node = {row: find(st) for row, st in final_state.items()}
+    final_node = {row: n if n in merged_nodes else None for row, n in final_node.items()}
     n_oa, r_oa, known, trans, n_o, acts = {}, {}, {}, {}, {}, {}
     for s in b.steps:
         o, a = node[s["row"]], b.act(s)
@@ -277,11 +284,10 @@ def _graph_values(b: _Batch, encoder):
         elif s["done"]:
             known[(o, a)] = known.get((o, a), 0) + 1
         elif b.final_obs is not None:
-            # truncated: go to the final observation's node when that state was an anchor in the task
-            final_state = (s["uid"], (b.final_obs[s["row"]],) + b.state(s)[1:])
+            # truncated: go to the final observation's node when it joined an anchor state of the task
             known[(o, a)] = known.get((o, a), 0) + 1
-            if final_state in raw_nodes:
-                nxt = node[raw_nodes[final_state]]
+            nxt = final_node[s["row"]]
+            if nxt is not None:
                 trans[(o, a, nxt)] = trans.get((o, a, nxt), 0) + 1
     H = cfg.max_steps
     V = [dict() for _ in range(H + 1)]
@@ -326,7 +332,9 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
     out = np.zeros(len(b.steps))
     for s in b.steps:
         task_c = [credit[q["row"]] for q in b.tasks[s["uid"]]]
-        c_hat = credit[s["row"]] / (math.sqrt(_sample_var(task_c)) + cfg.eps) if cfg.use_potential else 0.0
+        sd = math.sqrt(_sample_var(task_c))
+        no_spread = len(task_c) < 2 or sd <= 1e-12 * max(abs(x) for x in task_c)
+        c_hat = credit[s["row"]] / (sd + cfg.eps) if cfg.use_potential and not no_spread else 0.0
         a_p, rho = _peer(b, s)
         step = (rho * a_p if rho > 0 else 0.0) + (1 - rho) * c_hat
         out[s["row"]] = b.finish(s, cfg.beta_episode * b.episode_term(s) + cfg.omega * step)
