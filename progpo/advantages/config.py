@@ -58,7 +58,7 @@ class AdvantageConfig:
         eta: added to each depth variance in ivw fusion, w_d = 1/(e_d + eta) (5); > 0.
         potential_estimator: mc (pooled Monte-Carlo means of G, (3)-(5)) or graph (empirical MDP, E1).
         credit: transition (C = r + gamma Phi' - Phi, (6)) or action (C = Q - V, E2; needs graph).
-        credit_lambda: GAE-style accumulation of the transition credit, A^C_t = sum_k (gamma lambda)^k C_{t+k} over the rest of the trajectory, normalised after accumulation (Schulman et al. 2016, GAE eq. 16, Phi in place of V); 0 = the paper's one-step credit; in [0, 1].
+        credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1].
         zero_signal: a task whose trajectories all have the same episode return R gets advantage exactly 0 on every step, from every term, for every estimator (False: step terms still compare returns-to-go).
         state_key: anchor state for depth/graph/GiGPO/HGPO keys: obs or obs_inventory (E3; needs state_extra).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.

@@ -189,15 +189,15 @@ def transition_credit(p: Prepared, phi: np.ndarray) -> np.ndarray:
     return (p.r + p.cfg.gamma * nxt) - phi
 
 
-def accumulate_credit(p: Prepared, credit: np.ndarray) -> np.ndarray:
-    """GAE-style accumulation of the transition credit (``credit_lambda``):
-    ``A^C_t = sum_{k=0}^{T-1-t} (gamma lambda)^k C_{t+k}`` over the rest of the trajectory
+def accumulate_credit(p: Prepared, c_hat: np.ndarray) -> np.ndarray:
+    """GAE-style accumulation of the normalised transition credit (``credit_lambda``):
+    ``A^C_t = sum_{k=0}^{T-1-t} (gamma lambda)^k C^_{t+k}`` over the rest of the trajectory
     (Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE", eq. 16, with the potential
-    Phi in place of the value V; nothing is bootstrapped after the last step, as in (6)).
-    ``[S]`` in, ``[S]`` out (sorted rows). lambda = 0 returns ``C``; lambda = 1 telescopes to
-    ``G_t - Phi_t`` when gamma is the return's discount.
+    Phi in place of the value V and the per-task normalised residual ``C^`` of spec (6) in place of
+    delta; nothing is bootstrapped after the last step, as in (6)).
+    ``[S]`` in, ``[S]`` out (sorted rows). lambda = 0 returns ``C^``.
     """
-    return discounted_returns(credit, p.last, p.t, p.cfg.gamma * p.cfg.credit_lambda)
+    return discounted_returns(c_hat, p.last, p.t, p.cfg.gamma * p.cfg.credit_lambda)
 
 
 def normalise_credit(p: Prepared, credit: np.ndarray) -> np.ndarray:
@@ -224,8 +224,7 @@ def _tick(timings: dict | None, stage: str, t0: float) -> None:
 def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | None = None,
                     timings: dict | None = None) -> StepAdvantages:
     """ProGPO, spec (7): ``A = beta_episode A^E + omega (rho A^P + (1 - rho) C^)``, ``C^ = C / (std_u C + eps)``;
-    with ``credit_lambda > 0``, ``C`` is first accumulated (``accumulate_credit``) and ``C^`` normalises the
-    accumulated credit by its own task std.
+    with ``credit_lambda > 0``, ``C^`` is then accumulated over the rest of the trajectory (``accumulate_credit``).
 
     Args:
         batch: the rollout batch (``S`` steps). cfg: the config. encoder: texts -> unit vectors, or
@@ -259,9 +258,9 @@ def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | N
     diag.update(gdiag)
     t0 = time.perf_counter()
     diag["adv/frac_zero_credit"] = float(np.mean(credit == 0.0))
-    if cfg.credit_lambda > 0:
-        credit = accumulate_credit(p, credit)
     c_hat = normalise_credit(p, credit)
+    if cfg.credit_lambda > 0:
+        c_hat = accumulate_credit(p, c_hat)
     if not cfg.use_potential:
         c_hat = np.zeros(p.S)
     step = np.where(rho > 0, rho * a_p, 0.0) + (1.0 - rho) * c_hat

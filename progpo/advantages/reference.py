@@ -323,19 +323,22 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
         else:
             nxt = phi[traj[s["t"] + 1]["row"]] if s["t"] + 1 < len(traj) else 0.0
             credit[s["row"]] = (s["r"] + cfg.gamma * nxt) - phi[s["row"]]
-    if cfg.credit_lambda > 0:  # GAE-style accumulation over the rest of the trajectory
-        for traj in b.trajs.values():
-            acc = 0.0
-            for q in reversed(traj):
-                acc = credit[q["row"]] + cfg.gamma * cfg.credit_lambda * acc
-                credit[q["row"]] = acc
-    out = np.zeros(len(b.steps))
-    for s in b.steps:
+    c_hat = {}
+    for s in b.steps:  # (6): C^ = C / (std_u C + eps), 0 for a task whose credits have no spread
         task_c = [credit[q["row"]] for q in b.tasks[s["uid"]]]
         sd = math.sqrt(_sample_var(task_c))
         no_spread = len(task_c) < 2 or sd <= 1e-12 * max(abs(x) for x in task_c)
-        c_hat = credit[s["row"]] / (sd + cfg.eps) if cfg.use_potential and not no_spread else 0.0
+        c_hat[s["row"]] = 0.0 if no_spread else credit[s["row"]] / (sd + cfg.eps)
+    if cfg.credit_lambda > 0:  # GAE-style accumulation of C^ over the rest of the trajectory
+        for traj in b.trajs.values():
+            acc = 0.0
+            for q in reversed(traj):
+                acc = c_hat[q["row"]] + cfg.gamma * cfg.credit_lambda * acc
+                c_hat[q["row"]] = acc
+    out = np.zeros(len(b.steps))
+    for s in b.steps:
+        c_hat_s = c_hat[s["row"]] if cfg.use_potential else 0.0
         a_p, rho = _peer(b, s)
-        step = (rho * a_p if rho > 0 else 0.0) + (1 - rho) * c_hat
+        step = (rho * a_p if rho > 0 else 0.0) + (1 - rho) * c_hat_s
         out[s["row"]] = b.finish(s, cfg.beta_episode * b.episode_term(s) + cfg.omega * step)
     return out

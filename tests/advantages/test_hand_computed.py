@@ -186,8 +186,8 @@ SCALE = 10.0
 def _progpo_want(eta: float, lam: float = 0.0) -> tuple[dict[str, float], dict[str, float]]:
     """Expected ProGPO advantages (depths = 1) and raw transition credits, by the spec's formulas.
 
-    ``eta``: the ivw regulariser in reward units squared; ``lam``: credit_lambda, the credit accumulated
-    as A^C_t = sum_k (gamma lam)^k C_{t+k} over the rest of the trajectory, then normalised by its std.
+    ``eta``: the ivw regulariser in reward units squared; ``lam``: credit_lambda, the normalised credit
+    accumulated as A^C_t = sum_k (gamma lam)^k C^_{t+k} over the rest of the trajectory.
     """
     # sigma2_u: sample variance of G over the task's steps (both far above the floor 1e-2 * 10^2 = 1)
     s2a = variance([2.5, 5.0, 10.0, -0.05, -0.1, 0.0, 0.0, 0.0, 0.0])
@@ -219,14 +219,13 @@ def _progpo_want(eta: float, lam: float = 0.0) -> tuple[dict[str, float], dict[s
         "b1t0": 10 + 0 - phi["b1t0"], "b2t0": 0 + 0.5 * phi["b2t1"] - phi["b2t0"],
         "b2t1": 10 + 0 - phi["b2t1"], "b3t0": 0 + 0.5 * phi["b3t1"] - phi["b3t0"], "b3t1": 0 - 0.0,
     }
-    # credit_lambda: A^C_t = sum_k (0.5 lam)^k C_{t+k}, written out term by term
-    acc = {}
+    sd = {"a": stdev([v for k, v in c.items() if k[0] == "a"]), "b": stdev([v for k, v in c.items() if k[0] == "b"])}
+    one_step = {k: v / (sd[k[0]] + EPS) for k, v in c.items()}
+    # credit_lambda: A^C_t = sum_k (0.5 lam)^k C^_{t+k}, written out term by term
+    c_hat = {}
     for traj in TRAJS:
         for k, name in enumerate(traj):
-            acc[name] = sum((GAMMA * lam) ** j * c[later] for j, later in enumerate(traj[k:]))
-    sd = {"a": stdev([v for k, v in acc.items() if k[0] == "a"]),
-          "b": stdev([v for k, v in acc.items() if k[0] == "b"])}
-    c_hat = {k: v / (sd[k[0]] + EPS) for k, v in acc.items()}
+            c_hat[name] = sum((GAMMA * lam) ** j * one_step[later] for j, later in enumerate(traj[k:]))
     # Peers (2): t=0 prompts hold every trajectory of the task -> rho = 0; a1t1/a3t1 share a prompt:
     # |P| = 2, rho = 1/(1+8), A^P = z-score of G in [5, 0]; every other prompt is a singleton.
     rho = 1 / 9
@@ -255,13 +254,11 @@ def test_progpo_credit_lambda_hand_computed(lam):
     got = _run(estimator="progpo", depths=1, credit_lambda=lam)
     _check(got, want)
     # one value written out in full: a2t1's accumulated credit with lam = 0.8 is
-    # C(a2t1) + 0.4 C(a2t2) + 0.16 C(a2t3) (gamma lam = 0.5 * 0.8)
+    # (C(a2t1) + 0.4 C(a2t2) + 0.16 C(a2t3)) / (std of task A's nine one-step C + eps), gamma lam = 0.4
     if lam == 0.8:
-        acc = c["a2t1"] + 0.4 * c["a2t2"] + 0.16 * c["a2t3"]
-        others = [c["a1t0"] + 0.4 * c["a1t1"] + 0.16 * c["a1t2"], c["a1t1"] + 0.4 * c["a1t2"], c["a1t2"],
-                  c["a2t0"] + 0.4 * acc, acc, c["a2t2"] + 0.4 * c["a2t3"], c["a2t3"],
-                  c["a3t0"] + 0.4 * c["a3t1"], c["a3t1"]]
-        assert got["a2t1"] == pytest.approx(_ae("a2t1") + acc / (stdev(others) + EPS), rel=1e-9)
+        task_a = [v for k, v in c.items() if k[0] == "a"]
+        acc = (c["a2t1"] + 0.4 * c["a2t2"] + 0.16 * c["a2t3"]) / (stdev(task_a) + EPS)
+        assert got["a2t1"] == pytest.approx(_ae("a2t1") + acc, rel=1e-9)
 
 
 def test_progpo_ablations_hand_computed():
