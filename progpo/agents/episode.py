@@ -258,7 +258,7 @@ async def _one_step(
     res = await pool.step(eid, action)
     env_invalid = bool(res.info.get("invalid_action", False))
     charged = (not valid) or (cfg.penalize_env_invalid and env_invalid)
-    extra = info.get("inventory")
+    extra = info.get("state_extra")  # what the anchor observation does not show (progpo.envs.base)
     record = StepRecord(
         prompt_ids=prompt.prompt_ids,
         response_ids=list(gen.token_ids),

@@ -123,7 +123,7 @@ class AlfWorldEnv:
         success_reward: reward on the winning step (10.0 in GiGPO/verl-agent).
 
     Info keys after ``reset``/``step`` (beyond ``progpo.envs.base``): ``task_type`` (Pick, Look,
-    Clean, Heat, Cool or Pick2), ``inventory`` (the game's inventory sentence), ``game_file``
+    Clean, Heat, Cool or Pick2), ``inventory`` (the game's inventory sentence; also ``state_extra``), ``game_file``
     (absolute path), ``steps`` (steps taken). ``task`` is the instruction after
     "Your task is to: ", ``task_id`` the game id ``<split>/<task folder>/<trial>``.
 
@@ -251,6 +251,7 @@ class AlfWorldEnv:
             inventory=raw_info.get("inventory") or NOT_CARRYING,
             steps=self._steps,
         )
+        self._info["state_extra"] = self._info["inventory"]  # the protocol's optional key (envs.base)
         return dict(self._info, admissible_actions=list(admissible))
 
 

@@ -26,6 +26,10 @@ key                  type     meaning
 ``invalid_action``   bool     the last action was malformed or inadmissible (False after reset)
 ==================== ======== ===============================================================
 
+Optional key ``state_extra`` (str): state that matters but that ``anchor_observation`` does not show
+(ALFWorld: the inventory; WebShop: the options chosen on the current item). The episode loop records it
+as ``StepRecord.state_extra``; estimators with ``state_key = obs_inventory`` key states on it.
+
 Env-specific keys may be added (ALFWorld: ``task_type``, ``inventory``; WebShop:
 ``reward_breakdown``).
 """

@@ -10,6 +10,12 @@ state: the same page reached in different episodes of a group compares equal).
 ``info["admissible_actions"]``: ``"search[<your query>]"`` when the page has a search bar, then
 ``click[x]`` for every clickable (as verl-agent's WebShop wrapper lists them).
 
+``info["state_extra"]``: the options already chosen on the current item (``"Selected options: color: black,
+size: large."``, ``"Selected options: none."`` off item pages), the state that matters for the reward and
+that the default ``text`` page does not show: an item page reads the same before and after a click on an
+option (the original simulator keeps the choice in the page URL). The estimators key anchor states on
+(observation, state_extra) with ``state_key = obs_inventory``, as ALFWorld's inventory.
+
 Reward: 0 on every step except the purchase, where it is ``score * success_reward``; ``score`` in
 [0, 1] is the original WebShop reward (``info["score"]``, breakdown in ``info["reward_breakdown"]``).
 ``success_reward`` defaults to 10, the scale GiGPO (Feng et al. 2025) trains WebShop with.
@@ -18,10 +24,12 @@ Reward: 0 on every step except the purchase, where it is ``score * success_rewar
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import random
 from typing import Any
+from urllib.parse import unquote
 
 import requests
 
@@ -194,6 +202,7 @@ class WebShopEnv:
             "score": score,
             "reward_breakdown": view.get("reward_info") or {},
             "url": view["url"],
+            "state_extra": options_text(selected_options(view["url"])),
             "page": view["page"],
             "message": view.get("message", ""),
         }
@@ -214,6 +223,31 @@ _VIEW_FIELDS = ("session_id", "instruction", "goal_index", "observation", "avail
 
 def _finite_positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+_OPTION_PAGES = ("item_page", "item_sub_page", "done")
+
+
+def selected_options(url: str) -> dict[str, str]:
+    """The options chosen on the current item, from the page URL (the original WebShop's scheme:
+    ``/item_page/<sid>/<asin>/<keywords>/<page>/<options>``, ``/item_sub_page/.../<options>``,
+    ``/done/<sid>/<asin>/<options>``, the options a quoted Python dict); ``{}`` on other pages or when
+    the last part is not a dict."""
+    parts = url.split("?", 1)[0].split("/")
+    if len(parts) < 3 or parts[1] not in _OPTION_PAGES:
+        return {}
+    try:
+        value = ast.literal_eval(unquote(parts[-1]))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def options_text(options: dict[str, str]) -> str:
+    """``info["state_extra"]``: the chosen options sorted by name (the click order does not matter)."""
+    if not options:
+        return "Selected options: none."
+    return "Selected options: " + ", ".join(f"{k}: {v}" for k, v in sorted(options.items())) + "."
 
 
 def anchor_text(observation: str, instruction: str) -> str:

@@ -46,7 +46,7 @@ class FakeEnv:
             "invalid_action": invalid,
         }
         if self.style == "alfworld":
-            info["inventory"] = f"You carry {self.pos} keys."
+            info["inventory"] = info["state_extra"] = f"You carry {self.pos} keys."
             info["task_type"] = "corridor"
         return info
 

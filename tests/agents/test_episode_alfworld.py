@@ -89,7 +89,9 @@ def test_expert_walkthrough_wins_real_games(qwen3_tokenizer, walkthroughs) -> No
     assert episodes[0].uid != episodes[2].uid
     batch = episodes_to_step_batch(episodes)
     assert batch.num_steps == sum(len(ep.steps) for ep in episodes)
-    assert batch.state_extra is not None
+    # the inventory (info["state_extra"]) reaches the StepBatch row by row; the expert picks objects up
+    assert batch.state_extra.tolist() == [s.state_extra for ep in episodes for s in ep.steps]
+    assert any(x.startswith("You are carrying: ") for x in batch.state_extra)
     m = rollout_metrics(episodes)
     assert m["env/success_rate"] == 1.0 and m["rollout/prompt_len_max"] <= 2048
 

@@ -81,7 +81,7 @@ def test_scripted_shopper_buys_on_real_server(qwen3_tokenizer, webshop_url, admi
         assert 0.0 < score <= 1.0 and last.env_reward == pytest.approx(10.0 * score)
         assert ep.won == (score == 1.0)
         assert ep.episode_return == pytest.approx(10.0 * score - 0.1)
-        assert all(s.state_extra is None for s in ep.steps)
+        assert all(s.state_extra == "Selected options: none." for s in ep.steps)  # no option clicked
         # the prompt shows the page without the instruction (anchor), the task once
         first = qwen3_tokenizer.decode(ep.steps[0].prompt_ids)
         assert first.count("Instruction:") == 0 and "Your task is to:" in first
@@ -89,7 +89,8 @@ def test_scripted_shopper_buys_on_real_server(qwen3_tokenizer, webshop_url, admi
         assert a.uid == b.uid and [s.prefix_key for s in a.steps] == [s.prefix_key for s in b.steps]
         assert a.info["score"] == b.info["score"]
     batch = episodes_to_step_batch(episodes)
-    assert batch.num_steps == 16 and batch.state_extra is None
+    assert batch.num_steps == 16 and batch.state_extra is not None
+    assert set(batch.state_extra.tolist()) == {"Selected options: none."}
     assert batch.invalid.sum() == 4
 
 
@@ -150,3 +151,56 @@ def test_history_window_shows_min_t_k_most_recent_turns(qwen3_tokenizer, webshop
     expected_mean = sum(min(t, k) for t in range(max_steps)) / max_steps
     assert rollout_metrics([ep])["rollout/history_turns_mean"] == pytest.approx(expected_mean)
     assert sum(shown) / max_steps == pytest.approx(expected_mean)
+def test_chosen_options_reach_the_step_batch_the_page_text_does_not_show_them(qwen3_tokenizer, webshop_url,
+                                                                                admissible_parser) -> None:
+    """WebShop's analogue of ALFWorld's inventory: after a click on an option the item page reads the
+    same (text mode), but ``info["state_extra"]`` and the StepBatch's state_extra say what was chosen."""
+    env = webshop.WebShopEnv(webshop_url)
+    try:
+        _, info = env.reset(split="train", index=0)
+        assert info["state_extra"] == "Selected options: none."
+        res = env.step(f"search[{info['task']}]")
+        items = [a for a in res.info["admissible_actions"] if ASIN.match(a)]
+        found = None
+        for item in items:  # the first result whose page offers an option
+            page = env.step(item)
+            fixed = {"click[< prev]", "click[back to search]", "click[description]", "click[features]",
+                     "click[reviews]", "click[buy now]", "click[attributes]"}
+            options = [a for a in page.info["admissible_actions"] if a not in fixed]
+            if options:
+                found = (page, options[0])
+                break
+            env.step("click[< prev]")
+        assert found, "no product with options among the first results"
+        page, option = found
+        after = env.step(option)
+        assert not after.info["invalid_action"]
+        assert after.info["anchor_observation"] == page.info["anchor_observation"]  # aliased page text
+        assert page.info["state_extra"] == "Selected options: none."
+        label = option[len("click["):-1]
+        assert after.info["state_extra"].startswith("Selected options: ") and label in after.info["state_extra"]
+        again = env.step(option)  # the same option again: the same state
+        assert again.info["state_extra"] == after.info["state_extra"]
+    finally:
+        env.close()
+
+    def policy(prompt: str) -> str:  # search, open the product, choose the option, buy
+        actions = admissible_parser(prompt)
+        m = re.search(r"You are now at step (\d+)", prompt)
+        step = int(m.group(1)) if m else 1
+        if "search[<your query>]" in actions:
+            task = re.search(r"Your task is to: (.*?)\.?\n", prompt).group(1)
+            action = f"search[{task}]"
+        elif item in actions:
+            action = item
+        elif step == 3:
+            action = option
+        else:
+            action = "click[buy now]"
+        return f"<think>step {step}</think><action>{action}</action>"
+
+    episodes = _play(qwen3_tokenizer, webshop_url, policy, n=1)
+    batch = episodes_to_step_batch([ep for ep in episodes if ep.task_id == episodes[0].task_id])
+    extra = batch.state_extra.tolist()
+    assert extra[:3] == ["Selected options: none."] * 3 and label in extra[3]
+    assert batch.anchor_obs[2] == batch.anchor_obs[3]  # the state key needs state_extra to tell them apart

@@ -24,9 +24,11 @@ from envs.webshop_server.process import WebShopServerProcess
 def mods(openrlhf_stubs):
     stubs = openrlhf_stubs
     with stubs.stubbed():
-        from progpo.openrlhf import agent as openrlhf_agent, samples as openrlhf_samples
+        from progpo.openrlhf import agent as openrlhf_agent, experience as openrlhf_experience
+        from progpo.openrlhf import samples as openrlhf_samples
 
-        return SimpleNamespace(agent=openrlhf_agent, samples=openrlhf_samples, VllmParams=stubs.SamplingParams)
+        return SimpleNamespace(agent=openrlhf_agent, samples=openrlhf_samples, experience=openrlhf_experience,
+                               VllmParams=stubs.SamplingParams)
 
 
 
@@ -153,6 +155,18 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen3_tokenizer
     assert gen.last_stats["env/success_rate"] == pytest.approx((len(tasks) - 1) / len(tasks))
     first = rows[0]
     assert first.info["progpo/anchor_obs"] == ["Search"]
+    # the chosen options (WebShop's state_extra) reach the StepBatch the estimators read
+    batch = mods.experience.step_batch_from_experiences(rows)
+    assert batch.state_extra is not None and batch.state_extra[0] == "Selected options: none."
+    k = 0
+    for r in responses:
+        ep = r[mods.agent.RESPONSE_EPISODE_KEY]
+        task_text = ep.steps[0] and next(g for _, g in tasks if g["instruction_text"] in
+                                         qwen3_tokenizer.decode(ep.steps[0].prompt_ids))
+        buy = batch.state_extra[k + len(ep.steps) - 1]
+        if ep.won and task_text["goal_options"]:
+            assert all(str(v) in buy for v in task_text["goal_options"].values()), buy
+        k += len(ep.steps)
     assert qwen3_tokenizer.decode(first.sequences[0][first.action_mask[0].nonzero()[0, 0] + 1:]).startswith("<think>")
 
 

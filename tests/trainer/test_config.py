@@ -76,3 +76,25 @@ def test_cli_exit_code_and_message(capsys):
 
     assert main(["--rollout.batch_size", "0"]) == 2
     assert "--rollout.batch_size" in capsys.readouterr().err
+
+
+def test_preset_then_flags():
+    from progpo.advantages import config_from_preset
+
+    paper = config_from_args(["--progpo.preset", "paper", "--env.name", "alfworld"]).advantage
+    assert paper == config_from_preset("paper", estimator="progpo", max_steps=50)
+    assert paper.sigma2_floor_ref == "success_reward" and paper.credit_lambda == 0.0
+    # a flag overrides the preset; the preset applies to any estimator (fair comparisons)
+    cand = config_from_args(["--progpo.preset", "candidate", "--progpo.credit_lambda", "0.5",
+                             "--advantage_estimator", "gigpo"]).advantage
+    assert (cand.estimator, cand.state_key, cand.zero_signal, cand.credit_lambda) == ("gigpo", "obs_inventory",
+                                                                                     True, 0.5)
+    assert config_from_args(["--progpo.preset", "default"]).advantage == config_from_args([]).advantage
+
+
+def test_bad_preset_is_one_line_naming_the_flag(capsys):
+    from progpo.cli.train import main
+
+    assert main(["--progpo.preset", "papr"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--progpo.preset" in err[0] and "'paper'" in err[0]
