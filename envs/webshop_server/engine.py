@@ -4,12 +4,14 @@ Action semantics follow the original text environment (princeton-nlp/WebShop,
 ``web_agent_site/envs/web_agent_text_env.py``: ``WebAgentTextEnv.step`` and ``SimServer.receive``):
 
 * ``search[q]`` (q lower-cased, split on spaces) runs a search from any page and shows results page 1;
-* ``click[x]`` must be one of the page's clickables (not ``search``): ``buy now`` ends the session
-  with the reward; ``back to search`` returns to the search page (forgetting keywords, product,
-  options and visited products); ``next >`` / ``< prev`` page through results; ``< prev`` on an item
-  page returns to the results, on a sub page to the item page; ``description`` / ``features`` /
-  ``reviews`` / ``attributes`` open a sub page; a product ASIN opens its item page; an option value
-  selects it;
+* ``click[x]`` must name one of the page's clickables (not ``search``): x lower-cased equal to a
+  clickable (the original's exact rule) or, failing that, equal to one after
+  ``progpo.envs.base.normalize_action`` on both sides (:func:`resolve_clickable`, a documented
+  extension); ``buy now`` ends the session with the reward; ``back to search`` returns to the
+  search page (forgetting keywords, product, options and visited products); ``next >`` / ``< prev``
+  page through results; ``< prev`` on an item page returns to the results, on a sub page to the
+  item page; ``description`` / ``features`` / ``reviews`` / ``attributes`` open a sub page; a
+  product ASIN opens its item page; an option value selects it;
 * anything else changes nothing (``valid = False`` with a message naming why).
 
 Deviation (documented): after ``buy now`` the session is finished and every further action is a
@@ -33,6 +35,7 @@ import jinja2
 from envs.webshop_server import observation as obs
 from envs.webshop_server.reward import get_reward
 from envs.webshop_server.search import SEARCH_RETURN_N
+from progpo.envs.base import normalize_action
 
 PRODUCT_WINDOW = 10
 END_BUTTON = "buy now"
@@ -55,6 +58,28 @@ def parse_action(action: str) -> tuple[str, str | None]:
     if m is None:
         return action, None
     return m.group(1), m.group(2)
+
+
+def resolve_clickable(arg: str, clickables: list[str]) -> str | None:
+    """The clickable a ``click[arg]`` names, or None.
+
+    The original compares the lower-cased ``arg`` with the clickables exactly, so a label with
+    inner whitespace runs (``"black  |  white"`` from ``"Black / White"``), tabs or non-breaking
+    spaces could never be clicked by an agent whose parser normalises its actions. Rule: an exact
+    match wins (the original's behaviour, unchanged where it accepts); otherwise the clickables
+    whose ``normalize_action`` form equals ``normalize_action(arg)`` (the function the agent's
+    parser applies to the action): the one already in normal form if there is one (so every
+    normalised spelling of an action lands on the same label), else the first in page order.
+
+    Args:
+        arg: the text inside ``click[...]``.
+        clickables: the page's clickables (``available_actions()["clickables"]``), page order.
+    """
+    if arg in clickables:
+        return arg
+    key = normalize_action(arg)
+    matches = [c for c in clickables if normalize_action(c) == key]
+    return key if key in matches else next(iter(matches), None)
 
 
 def q(value: Any) -> str:
@@ -360,9 +385,10 @@ class Session:
             return self._result(True, "")
         if name != "click" or arg is None:
             return self._result(False, "actions are search[query] or click[label]")
-        if arg == "search" or arg not in self.actions["clickables"]:
+        label = resolve_clickable(arg, self.actions["clickables"])
+        if label is None or label == "search":
             return self._result(False, f"{arg!r} is not clickable on this page")
-        self._click(arg)
+        self._click(label)
         return self._result(True, "")
 
     def _click(self, arg: str) -> None:
