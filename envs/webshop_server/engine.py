@@ -38,6 +38,7 @@ from envs.webshop_server.search import SEARCH_RETURN_N
 from progpo.envs.base import normalize_action
 
 PRODUCT_WINDOW = 10
+SIM_BASE_URL = "http://127.0.0.1:3000"  # the original text env's fixed base URL (url observation)
 END_BUTTON = "buy now"
 NEXT_PAGE = "next >"
 PREV_PAGE = "< prev"
@@ -152,7 +153,14 @@ class Urls:
         return self.index
 
     def sim_url(self) -> str:
-        """The URL string the original simulator keeps (used by ``text_rich`` to mark clicked options)."""
+        """The URL path the original simulator keeps, without its base URL (``text_rich`` marks
+        clicked options by it; the ``url`` observation is ``SIM_BASE_URL + sim_url()``).
+
+        Forms (``SimServer`` of ``web_agent_text_env.py``): ``/<sid>``,
+        ``/search_results/<sid>/<kw1+kw2>/<page>``, ``/item_page/<sid>/<ASIN>/<kw>/<page>/<options as
+        JSON>``, ``/item_sub_page/<sid>/<ASIN>/<kw>/<page>/<Tab>/<options as Python dict>``,
+        ``/done/<sid>/<ASIN>/<options as Python dict>``; nothing is URL-quoted.
+        """
         st = self.st
         kw = "+".join(st.keywords or [])
         if st.kind == "search_results":
@@ -252,8 +260,7 @@ class Session:
             m.add(f"Page {st.page} (Total results: {len(hits)})")
             if st.page > 1:
                 m.button("< Prev")
-            if st.page * PRODUCT_WINDOW < len(hits):
-                m.button("Next >")
+            m.button("Next >")  # on every page, also past the last result (as the original)
             for asin in hits[lo:lo + PRODUCT_WINDOW]:
                 item = self.shop.catalog.by_asin[asin]
                 m.add(item["asin"], "product")
@@ -275,25 +282,21 @@ class Session:
             for tab in ("Description", "Features", "Reviews") + (("Attributes",) if self.shop.show_attrs else ()):
                 m.button(tab)
             m.button("Buy Now")
-        elif st.sub_page == "Description":
-            m.add(product["Description"] or "No Description")
+        elif st.sub_page == "Description":  # sub pages: no "No ..." fallbacks, as the original
+            m.add(product["Description"])
         elif st.sub_page == "Features":
-            if product["BulletPoints"]:
-                for bullet in product["BulletPoints"]:
-                    m.add(f" {bullet} ")
-            else:
-                m.add("No Features")
+            for bullet in product["BulletPoints"]:
+                m.add(f" {bullet}")
         elif st.sub_page == "Reviews":
-            if product["Reviews"]:
-                for review in product["Reviews"]:
-                    m.add(f'"{review.get("title", "")}"')
-                    m.add(review.get("score", ""))
-                    m.add(review.get("body", ""))
-            else:
-                m.add("No reviews found")
+            for review in product["Reviews"]:
+                m.add(f'"{review.get("title", "")}"')
+                m.add(review.get("score", ""))
+                m.add(review.get("body", ""))
         else:
             for attribute in product["Attributes"]:
-                m.add(f" {attribute} ")
+                m.add(f" {attribute}")
+            for key in ("category", "query", "product_category"):
+                m.add(product[key])
         return m
 
     def _render(self) -> None:
@@ -320,7 +323,11 @@ class Session:
         return Urls(self.sid, self.state).current
 
     def observation(self, mode: str = "text") -> str:
-        """The current page as ``text``, ``text_rich``, ``html`` or ``url``; ValueError otherwise."""
+        """The current page as ``text``, ``text_rich``, ``html`` or ``url``; ValueError otherwise.
+
+        ``url`` is the original text env's URL string (``SIM_BASE_URL`` + :meth:`Urls.sim_url`);
+        the page's address on this server is :attr:`url` (the view's ``url`` field).
+        """
         if mode == "text":
             if self._text is None:
                 self._text = obs.html_to_text(self._soup) if self.model is None else self.model.text()
@@ -332,8 +339,8 @@ class Session:
             return self.model.text_rich(url, self.visited)
         if mode == "html":
             return self.html
-        if mode == "url":
-            return self.url
+        if mode == "url":  # the original text env's url observation (not this server's browser URL)
+            return SIM_BASE_URL + Urls(self.sid, self.state).sim_url()
         raise ValueError(f"observation mode must be text, text_rich, html or url, got {mode!r}")
 
     # ----- actions -----------------------------------------------------------------------------
