@@ -23,6 +23,7 @@ from progpo.agents.parsing import parse_action
 from progpo.envs import alfworld, base
 from progpo.envs.base import normalize_action
 from progpo.envs.webshop import admissible_actions
+from progpo.testing import PATIENCE_S
 
 #: how a model may copy a label: verbatim, upper case, doubled spaces, tabs, NBSP, padded
 VARIANTS = {
@@ -195,8 +196,9 @@ def test_agent_buys_goal_with_double_spaced_option_over_http(synthetic_dir):
                        if shop.goals[i]["goal_options"]["color"] == "black  |  white")
     product = shop.catalog.by_asin[goal["asin"]]
     assert get_reward(product, goal, shop.catalog.prices[goal["asin"]], goal["goal_options"])[0] == 1.0
-    with WebShopServerProcess(data_dir=synthetic_dir, port=0, threads=2, extra_args=["--no-cache"]) as server:
-        env = WebShopEnv(server.url)
+    with WebShopServerProcess(data_dir=synthetic_dir, port=0, threads=2, start_timeout_s=PATIENCE_S,
+                              extra_args=["--no-cache"]) as server:
+        env = WebShopEnv(server.url, timeout_s=PATIENCE_S)
         env.reset(split="train", index=index)
         res = env.step("search[synthetic label test shirt]")
         steps = [f"click[{goal['asin'].lower()}]"] + [f"click[{v}]" for v in goal["goal_options"].values()]
