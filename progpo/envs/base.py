@@ -32,6 +32,12 @@ as ``StepRecord.state_extra``; estimators with ``state_key = obs_inventory`` key
 
 Env-specific keys may be added (ALFWorld: ``task_type``, ``inventory``; WebShop:
 ``reward_breakdown``).
+
+Actions are compared after one normalisation, :func:`normalize_action`: the agent's parser applies
+it to the model's action (``progpo.agents.parsing``), and every env applies the same function to
+the labels it matches an action against (WebShop's clickables, ALFWorld's admissible commands), so
+an action copied from the list of admissible actions is accepted whatever whitespace or case the
+label has.
 """
 
 from __future__ import annotations
@@ -47,6 +53,22 @@ REQUIRED_INFO_KEYS: dict[str, type | tuple[type, ...]] = {
     "won": bool,
     "invalid_action": bool,
 }
+
+
+def normalize_action(text: str) -> str:
+    """The one normalisation of actions and of the labels they are matched against.
+
+    Lower-cases, strips, and collapses every run of whitespace (any Unicode whitespace: spaces,
+    tabs, newlines, non-breaking spaces) to one space: ``"Click[Black  |\u00a0White]"`` ->
+    ``"click[black | white]"``. Idempotent.
+
+    Args:
+        text: an action, or a label (button text, option value, admissible command).
+
+    Returns:
+        The normalised string (``""`` for whitespace only).
+    """
+    return " ".join(str(text).lower().split())
 
 
 @dataclass(frozen=True)

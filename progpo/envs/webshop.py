@@ -8,7 +8,8 @@ Observation: the original WebShop ``text`` (or ``text_rich``) page observation, 
 instruction. ``info["anchor_observation"]`` is the page text after the instruction (GiGPO's anchor
 state: the same page reached in different episodes of a group compares equal).
 ``info["admissible_actions"]``: ``"search[<your query>]"`` when the page has a search bar, then
-``click[x]`` for every clickable (as verl-agent's WebShop wrapper lists them).
+``click[x]`` for every clickable (as verl-agent's WebShop wrapper lists them), ``x`` in the
+``normalize_action`` form the agent's parser gives actions (see :func:`admissible_actions`).
 
 ``info["state_extra"]``: the options already chosen on the current item (``"Selected options: color: black,
 size: large."``, ``"Selected options: none."`` off item pages), the state that matters for the reward and
@@ -33,7 +34,7 @@ from urllib.parse import unquote
 
 import requests
 
-from progpo.envs.base import EnvFailure, StepResult
+from progpo.envs.base import EnvFailure, StepResult, normalize_action
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
@@ -187,9 +188,7 @@ class WebShopEnv:
         return StepResult(self._last_obs, float(reward), terminated, truncated, dict(self._last_info))
 
     def _info(self, view: dict[str, Any], invalid: bool) -> dict[str, Any]:
-        actions = view["available_actions"]
-        admissible = [SEARCH_MARKER] if actions["has_search_bar"] else []
-        admissible += [f"click[{c}]" for c in actions["clickables"] if c != "search"]
+        admissible = admissible_actions(view["available_actions"])
         done = bool(view["done"])
         score = float(view["reward"]) if done else 0.0
         return {
@@ -248,6 +247,20 @@ def options_text(options: dict[str, str]) -> str:
     if not options:
         return "Selected options: none."
     return "Selected options: " + ", ".join(f"{k}: {v}" for k, v in sorted(options.items())) + "."
+def admissible_actions(available: dict[str, Any]) -> list[str]:
+    """The agent's action list for a page: ``search[<your query>]`` when it has a search bar, then
+    ``click[label]`` per clickable (not ``search``), each label in ``normalize_action`` form.
+
+    The agent's parser normalises every action with the same function and the server resolves a
+    click after it too (``envs.webshop_server.engine.resolve_clickable``), so each listed action is
+    exactly what a model that copies it sends. Labels equal after normalisation are listed once.
+
+    Args:
+        available: the server's ``available_actions`` (``has_search_bar``, ``clickables``).
+    """
+    admissible = [SEARCH_MARKER] if available["has_search_bar"] else []
+    labels = dict.fromkeys(normalize_action(c) for c in available["clickables"])
+    return admissible + [f"click[{c}]" for c in labels if c not in ("search", "")]
 
 
 def anchor_text(observation: str, instruction: str) -> str:

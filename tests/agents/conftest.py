@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from progpo.envs.base import StepResult
+from progpo.testing import PATIENCE_S
 
 class FakeEnv:
     """A deterministic corridor game behind the env protocol (``progpo.envs.base``).
@@ -99,7 +100,7 @@ def webshop_url(shared_data):
     path = shared_data / "webshop"
     if not path.is_dir():
         pytest.fail(f"WebShop data not found at {path}")
-    proc = process.WebShopServerProcess(data_dir=path, port=0, threads=8)
+    proc = process.WebShopServerProcess(data_dir=path, port=0, threads=8, start_timeout_s=PATIENCE_S)
     proc.start()
     try:
         yield proc.url

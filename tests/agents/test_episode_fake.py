@@ -14,6 +14,7 @@ from progpo.agents.episode import run_episodes, step_seed
 from progpo.agents.scripted import ScriptedGenerate
 from progpo.agents.types import SamplingParams
 from progpo.envs.local_pool import LocalEnvPool
+from progpo.testing import PATIENCE_S
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=64, seed=7)
 
@@ -142,25 +143,35 @@ def test_failed_reset_marks_episode_failed(qwen3_tokenizer, fake_env_cls) -> Non
 
 
 def test_episodes_run_concurrently_within_the_bound(qwen3_tokenizer, fake_env_cls) -> None:
-    def measure(max_concurrency):
+    def measure(max_concurrency, target):
+        """Peak number of generations in flight. The first ones wait (event, not a clock) until
+        ``target`` are in flight at once, so a slow machine cannot serialise them by accident."""
         pool = LocalEnvPool(functools.partial(fake_env_cls, max_steps=8), max_envs=16)
         inner = ScriptedGenerate(qwen3_tokenizer, forward_policy("alfworld"))
         state = {"now": 0, "peak": 0}
 
-        async def gen(prompt_ids, sampling):
-            state["now"] += 1
-            state["peak"] = max(state["peak"], state["now"])
-            await asyncio.sleep(0.05)  # a backend that takes time: others must get in meanwhile
-            state["now"] -= 1
-            return await inner(prompt_ids, sampling)
+        async def run():
+            reached = asyncio.Event()
 
-        asyncio.run(run_episodes([("train", 0), ("train", 1)], env_pool=pool, generate=gen,
-                                 tokenizer=qwen3_tokenizer, env_name="alfworld", n_samples_per_task=3,
-                                 sampling=SAMPLING, max_steps=8, max_concurrency=max_concurrency))
+            async def gen(prompt_ids, sampling):
+                state["now"] += 1
+                state["peak"] = max(state["peak"], state["now"])
+                if state["now"] >= target:
+                    reached.set()
+                await asyncio.wait_for(reached.wait(), PATIENCE_S)
+                await asyncio.sleep(0.01)  # a backend that takes time: others may get in meanwhile
+                state["now"] -= 1
+                return await inner(prompt_ids, sampling)
+
+            await run_episodes([("train", 0), ("train", 1)], env_pool=pool, generate=gen,
+                               tokenizer=qwen3_tokenizer, env_name="alfworld", n_samples_per_task=3,
+                               sampling=SAMPLING, max_steps=8, max_concurrency=max_concurrency)
+
+        asyncio.run(run())
         return state["peak"]
 
-    assert measure(None) > 2  # unbounded: many of the 2 x 3 episodes in flight at once
-    assert measure(2) == 2
+    assert measure(None, target=3) >= 3  # unbounded: many of the 2 x 3 episodes in flight at once
+    assert measure(2, target=2) == 2  # bounded: never more (a slow machine can only hide a breach)
 
 
 def test_step_batch_rows_align_with_records(qwen3_tokenizer, fake_env_cls) -> None:

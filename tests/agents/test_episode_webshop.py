@@ -13,6 +13,7 @@ from progpo.agents.episode import run_episodes
 from progpo.agents.scripted import ScriptedGenerate
 from progpo.agents.types import SamplingParams
 from progpo.envs.local_pool import LocalEnvPool
+from progpo.testing import PATIENCE_S
 
 webshop = pytest.importorskip("progpo.envs.webshop")
 
@@ -49,7 +50,7 @@ def shopper(admissible_parser, bad_at_step: int | None = None, buy: bool = True)
 
 
 def _play(tokenizer, url, policy, *, n=2, max_steps=6, max_prompt_tokens=4096):
-    pool = LocalEnvPool(functools.partial(webshop.WebShopEnv, url, max_steps=15), max_envs=8)
+    pool = LocalEnvPool(functools.partial(webshop.WebShopEnv, url, max_steps=15, timeout_s=PATIENCE_S), max_envs=8)
     gen = ScriptedGenerate(tokenizer, policy)
 
     async def go():

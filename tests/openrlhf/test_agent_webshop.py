@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from envs.webshop_server.process import WebShopServerProcess
+from progpo.testing import PATIENCE_S
 
 
 
@@ -47,7 +48,7 @@ def webshop(shared_data):
                               goal["goal_options"])
         if score == 1.0:
             winnable.append((gi - lo, goal))
-    with WebShopServerProcess(data_dir=data, port=0, threads=16) as server:
+    with WebShopServerProcess(data_dir=data, port=0, threads=16, start_timeout_s=PATIENCE_S) as server:
         yield SimpleNamespace(url=server.url, winnable=winnable)
 
 
@@ -107,7 +108,7 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen3_tokenizer
     n_rollouts = 4
     wrong = {tasks[0][1]["instruction_text"]}
     engine = ScriptedEngine(qwen3_tokenizer, {g["instruction_text"]: g for _, g in tasks}, wrong)
-    cfg = mods.agent.AgentConfig(env_name="webshop", env_kwargs={"base_url": webshop.url}, max_steps=15)
+    cfg = mods.agent.AgentConfig(env_name="webshop", env_kwargs={"base_url": webshop.url, "timeout_s": PATIENCE_S}, max_steps=15)
     executor = mods.agent.AgentExecutor(cfg)
     params = mods.VllmParams(temperature=1.0, top_p=1.0, max_tokens=96, logprobs=None)
 
