@@ -43,11 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     from envs.webshop_server.app import create_app
 
     t0 = time.perf_counter()
-    shop = Shop(ShopConfig(
-        data_dir=args.data_dir, products_file=args.products_file, num_products=args.num_products,
-        goal_source=args.goal_source, split_mode=args.split_mode, price_seed=args.price_seed,
-        session_ttl_s=args.session_ttl_s, max_sessions=args.max_sessions, show_attrs=args.attrs,
-        use_cache=not args.no_cache, cache_dir=args.cache_dir))
+    try:
+        shop = Shop(ShopConfig(
+            data_dir=args.data_dir, products_file=args.products_file, num_products=args.num_products,
+            goal_source=args.goal_source, split_mode=args.split_mode, price_seed=args.price_seed,
+            session_ttl_s=args.session_ttl_s, max_sessions=args.max_sessions, show_attrs=args.attrs,
+            use_cache=not args.no_cache, cache_dir=args.cache_dir))
+    except (ValueError, OSError) as e:  # bad data or flags: one line naming the file, no traceback
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     server = create_server(create_app(shop), host=args.host, port=args.port, threads=args.threads,
                            connection_limit=1000, channel_timeout=120, ident="webshop")
     port = server.effective_port  # type: ignore[attr-defined]

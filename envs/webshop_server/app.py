@@ -121,6 +121,14 @@ def parse_page(text: str) -> int:
     return int(text)
 
 
+def _require_goals(shop: Shop, split: str) -> None:
+    """409 naming the split and every split's size when ``split`` holds no goal (a small catalog)."""
+    if split in shop.splits.ranges and shop.splits.size(split) == 0:
+        sizes = ", ".join(f"{s} {shop.splits.size(s)}" for s in ("train", "eval", "test"))
+        raise ApiError(409, f"split {split!r} has no goals (this catalog's {len(shop.goals)} goals split as "
+                            f"{sizes}; use a larger catalog or another split)")
+
+
 def create_app(shop: Shop) -> Flask:
     """The Flask app serving ``shop`` (never run it with debug; use ``python -m envs.webshop_server``)."""
     app = Flask(__name__, static_folder="static", static_url_path="/static")
@@ -195,6 +203,7 @@ def create_app(shop: Shop) -> Flask:
             if not isinstance(split, str) or split not in shop.splits.ranges:
                 raise ApiError(400, f"field 'split' must be one of {list(shop.splits.ranges)}, got {split!r}")
             index, seed = _int_field(body, "index"), _int_field(body, "seed")
+            _require_goals(shop, split)
             if index is None:
                 if seed is None:
                     raise ApiError(400, "give 'index' or 'seed' (or 'goal_index')")
@@ -257,6 +266,7 @@ def create_app(shop: Shop) -> Flask:
         split = request.args.get("split")
         index = request.args.get("index")
         if split is not None or index is not None:
+            _require_goals(shop, split or "test")
             try:
                 goal_index = shop.splits.goal_index(split or "test", int(index or 0))
             except ValueError as e:

@@ -14,7 +14,7 @@ from typing import Any
 from envs.webshop_server.cache import load_or_build
 from envs.webshop_server.catalog import Catalog
 from envs.webshop_server.engine import Session
-from envs.webshop_server.goals import SPLITS, build_goals
+from envs.webshop_server.goals import SPLITS, build_goals, make_splits
 from envs.webshop_server.reward import nlp_ready, preload_nlp
 from envs.webshop_server.search import SearchIndex
 
@@ -82,12 +82,14 @@ class Shop:
     def __init__(self, config: ShopConfig, catalog: Catalog | None = None, rng: random.Random | None = None) -> None:
         t0 = time.perf_counter()
         self.config = config
-        index = None
         if catalog is None:
-            catalog, rng, index = load_or_build(config)
+            catalog, self.goals, self.index = load_or_build(config)
+            self.splits = make_splits(len(self.goals), config.split_mode)
+        else:
+            self.goals, self.splits = build_goals(catalog, rng or random.Random(config.price_seed),
+                                                  config.split_mode, config.goal_source)
+            self.index = SearchIndex(catalog.products)
         self.catalog = catalog
-        self.goals, self.splits = build_goals(catalog, rng or random.Random(config.price_seed), config.split_mode)
-        self.index = index if index is not None else SearchIndex(catalog.products)
         self.max_query_chars = config.max_query_chars
         self.show_attrs = config.show_attrs
         if config.preload_nlp:
@@ -95,8 +97,9 @@ class Shop:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self.load_seconds = time.perf_counter() - t0
-        log.info("shop ready: %d products, %d goals (%s split) in %.2f s",
-                 len(catalog.products), len(self.goals), self.splits.mode, self.load_seconds)
+        log.info("shop ready: %d products, %d %s goals (%s split: %s) in %.2f s", len(catalog.products),
+                 len(self.goals), "human" if catalog.human_goals else "synthetic", self.splits.mode,
+                 ", ".join(f"{s} {self.splits.size(s)}" for s in SPLITS), self.load_seconds)
 
     def search(self, query: str) -> list[str]:
         """Top ASINs for ``query`` (BM25, Lucene parameters)."""

@@ -93,6 +93,8 @@ class WebShopEnv:
         ValueError on other 4xx (the server refused the request itself)."""
         if status >= 500 or status == 404 and path.startswith("/api/sessions/"):
             raise EnvFailure(f"WebShop server error {status} on {path}: {text[:300]}")
+        if status == 409:  # the server cannot serve this at all (e.g. an empty split): not the agent's doing
+            raise EnvFailure(f"WebShop server at {self.base_url} cannot serve {path}: {_error_text(text)}")
         if status >= 400:
             raise ValueError(f"WebShop server rejected {path}: {status} {text[:300]}")
         try:
@@ -119,13 +121,14 @@ class WebShopEnv:
 
         Raises:
             ValueError: unknown split, index out of range, or neither index nor seed given.
+            EnvFailure: the server is unreachable or broken, or ``split`` holds no goal.
         """
         if split not in SPLITS:
             raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
         if index is None:
             if seed is None:
                 raise ValueError("reset needs index or seed")
-            index = random.Random(seed).randrange(self.split_sizes()[split])
+            index = self._index_from_seed(split, seed, self.split_sizes())
         self.close()
         view = self._call("POST", "/api/sessions",
                           json={"split": split, "index": index, "observation_mode": self.observation_mode})
@@ -137,6 +140,13 @@ class WebShopEnv:
         self._last_obs = view["observation"]
         self._last_info = self._info(view, invalid=False)
         return self._last_obs, dict(self._last_info)
+
+    def _index_from_seed(self, split: str, seed: int, sizes: dict[str, int]) -> int:
+        """Task index drawn from ``seed``; EnvFailure naming the split when it holds no goal."""
+        if not sizes.get(split):
+            raise EnvFailure(f"WebShop split {split!r} has no goals at {self.base_url} (goals per split: "
+                             f"{', '.join(f'{k} {v}' for k, v in sizes.items())}); use a larger catalog")
+        return random.Random(seed).randrange(sizes[split])
 
     def step(self, action: str) -> StepResult:
         """Send one action (``search[...]`` / ``click[...]``); never raises for a bad action."""
@@ -210,6 +220,14 @@ class WebShopEnv:
 
 _VIEW_FIELDS = ("session_id", "instruction", "goal_index", "observation", "available_actions", "url", "page",
                 "done", "reward")
+
+
+def _error_text(text: str) -> str:
+    """The ``error`` field of a JSON error answer, else the text's start."""
+    try:
+        return str(json.loads(text)["error"])
+    except (ValueError, KeyError, TypeError):
+        return text[:300]
 
 
 def _finite_positive(value: Any) -> bool:

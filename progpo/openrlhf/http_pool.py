@@ -72,7 +72,7 @@ class AsyncWebShopEnv(WebShopEnv):
             if seed is None:
                 raise ValueError("reset needs index or seed")
             sizes = dict((await self._acall("GET", "/health"))["splits"])
-            index = random.Random(seed).randrange(sizes[split])
+            index = self._index_from_seed(split, seed, sizes)
         await self.aclose()
         view = await self._acall("POST", "/api/sessions",
                                  json={"split": split, "index": index, "observation_mode": self.observation_mode})
