@@ -183,8 +183,8 @@ def make_goals(goal_products: Iterable[dict[str, Any]], prices: Mapping[str, flo
     if human:
         goals = human_goals(products, prices, rng)
         n_written = sum(len(p.get("instructions", [])) for p in products)
-        log.info("human goals: %d usable from %s (%d instructions on catalog products, %d without attributes "
-                 "skipped; instructions of products not in the catalog dropped)",
+        log.info("human goals: %d usable from %s (%d instructions on catalog products, %d of them without "
+                 "attributes skipped; instructions on products not in the catalog dropped)",
                  len(goals), human_file, n_written, n_written - len(goals))
         if not goals:
             if goal_source == "human":

@@ -34,7 +34,8 @@ class WebShopServerProcess:
         num_products: keep only the first N products.
         products_file: products file name inside ``data_dir``.
         goal_source, split_mode, price_seed, threads, session_ttl_s, max_sessions: server flags.
-        start_timeout_s: seconds to wait for ``/health``.
+        start_timeout_s: seconds to wait for ``/health``; None: 120 s plus 0.25 s per MiB of the
+            products file (a first start on the 5 GB full catalog builds its cache for minutes).
         extra_args: more command-line flags.
 
     Raises:
@@ -57,12 +58,12 @@ class WebShopServerProcess:
         threads: int = 8,
         session_ttl_s: float = 3600.0,
         max_sessions: int = 10_000,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float | None = None,
         extra_args: list[str] | None = None,
     ) -> None:
         if not 0 <= port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {port}")
-        if not start_timeout_s > 0:
+        if start_timeout_s is not None and not start_timeout_s > 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
         self.host, self.port = host, port
         self.start_timeout_s = start_timeout_s
@@ -92,7 +93,9 @@ class WebShopServerProcess:
         """
         if self.proc is not None:
             raise RuntimeError("server already started")
-        resolve_files(self.data_dir, self.products_file)
+        files = resolve_files(self.data_dir, self.products_file)
+        if self.start_timeout_s is None:
+            self.start_timeout_s = 120.0 + 0.25 * files["products"].stat().st_size / 2**20
         self.url = None  # a failed earlier start may have seen another port
         self._log = tempfile.NamedTemporaryFile("w+", prefix="webshop_server_", suffix=".log", delete=False)
         env = dict(os.environ, PYTHONUNBUFFERED="1")

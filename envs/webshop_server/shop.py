@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import secrets
@@ -19,6 +20,7 @@ from envs.webshop_server.reward import nlp_ready, preload_nlp
 from envs.webshop_server.search import SearchIndex
 
 log = logging.getLogger(__name__)
+SEARCH_CACHE = 4096
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Shop:
         self.show_attrs = config.show_attrs
         if config.preload_nlp:
             threading.Thread(target=preload_nlp, name="spacy-preload", daemon=True).start()
+        self._search = functools.lru_cache(maxsize=SEARCH_CACHE)(self._search_uncached)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self.load_seconds = time.perf_counter() - t0
@@ -102,8 +105,12 @@ class Shop:
                  ", ".join(f"{s} {self.splits.size(s)}" for s in SPLITS), self.load_seconds)
 
     def search(self, query: str) -> list[str]:
-        """Top ASINs for ``query`` (BM25, Lucene parameters)."""
-        return self.index.search(query)
+        """Top ASINs for ``query`` (BM25, Lucene parameters); the last ``SEARCH_CACHE`` distinct
+        queries' results are kept (the rollouts of one task often search the same words)."""
+        return list(self._search(query))
+
+    def _search_uncached(self, query: str) -> tuple[str, ...]:
+        return tuple(self.index.search(query))
 
     def describe(self) -> dict[str, Any]:
         """Summary for ``/health``."""

@@ -224,6 +224,8 @@ def open_store(folder: Path) -> tuple[Catalog, list[dict], SearchIndex]:
     with open(folder / "goals.pkl", "rb") as f:
         saved = pickle.load(f)
     human_file = Path(meta["human_file"]) if meta["human_file"] else None
+    log.info("cached goals: %d usable %s goals%s", len(saved["goals"]), "human" if saved["human"] else "synthetic",
+             f" from {human_file}" if human_file else "")
     catalog = Catalog(store, _ByAsin(store), _Prices(store), saved["human"], Path(meta["products_file"]), human_file)
     index = SearchIndex.load(folder / "index", store.asins, store.asin_rank)
     return catalog, saved["goals"], index

@@ -47,6 +47,8 @@ INSTRUCTION_FRAC = 0.415  # 415 of the 1,000 products of items_ins_v2_1000.json 
 _ASIN_SPACE = 36 ** 8
 _ASIN_MUL = 1_125_899_906_842_597 % _ASIN_SPACE | 1  # odd and not a multiple of 3: a bijection mod 36^8
 _DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+GENERATOR_VERSION = 1
+MARKER = "synth.json"
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -249,7 +251,13 @@ def generate(out: Path, n_products: int, *, seed: int = 0, human_goals: int = HU
         json.dump(human, fh)
     for key, name in names.items():
         os.replace(tmp[key], out / name)
+    (out / MARKER).write_text(json.dumps(describe(n_products, seed, human_goals)))
     return {k: out / v for k, v in names.items()}
+
+
+def describe(n_products: int, seed: int, human_goals: int) -> dict[str, Any]:
+    """What ``synth.json`` records about a generated folder (to reuse it instead of generating again)."""
+    return {"generator": GENERATOR_VERSION, "products": n_products, "seed": seed, "human_goals": human_goals}
 
 
 def default_out(n_products: int, seed: int) -> Path:
