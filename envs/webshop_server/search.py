@@ -110,7 +110,7 @@ class IndexBuilder:
         if not self._texts:
             return
         raw, stem = self._raw, _stemmer().stemWord
-        for token in set().union(*self._texts).difference(raw):
+        for token in sorted(set().union(*self._texts).difference(raw)):  # ids independent of hash seed
             raw[token] = -1 if token in LUCENE_STOPWORDS else self.vocab.setdefault(stem(token), len(self.vocab))
         lens = np.fromiter(map(len, self._texts), dtype=np.int64, count=len(self._texts))
         ids = np.fromiter(map(raw.__getitem__, itertools.chain.from_iterable(self._texts)),
@@ -280,3 +280,77 @@ def asin_ranks(asins: Sequence[str]) -> np.ndarray:
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     return rank
+
+
+def _builder_worker(conn: Any, spill_dir: str | None, chunk_docs: int) -> None:
+    """Child process of ``BackgroundIndexBuilder``: builds the index from the texts it receives."""
+    builder = IndexBuilder(Path(spill_dir) if spill_dir else None, chunk_docs)
+    try:
+        while (texts := conn.recv()) is not None:
+            for text in texts:
+                builder.add(text)
+        folder = conn.recv()
+        builder.finish(Path(folder))
+        conn.send({"num_docs": builder.num_docs, "vocab": len(builder.vocab), "postings": builder.num_postings})
+    except EOFError:  # the parent is gone: nothing to finish
+        pass
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which raises it
+        conn.send({"error": f"{type(e).__name__}: {e}"})
+
+
+class BackgroundIndexBuilder:
+    """``IndexBuilder`` in a child process: ``add`` ships texts in chunks, so tokenising and
+    indexing run on a second core while the caller parses (same files as ``IndexBuilder``).
+
+    Raises:
+        RuntimeError: (from ``add``/``finish``) the child failed, with its error.
+    """
+
+    def __init__(self, spill_dir: Path | None = None, chunk_docs: int = 20_000) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # a clean interpreter, not a copy of the caller's memory
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_builder_worker, args=(child, str(spill_dir) if spill_dir else None,
+                                                                chunk_docs), daemon=True, name="bm25-builder")
+        self._proc.start()
+        child.close()
+        self._texts: list[str] = []
+        self.chunk_docs = chunk_docs
+        self.num_docs = self.num_postings = 0
+        self.vocab_size = 0
+
+    def _send(self, obj: Any) -> None:
+        try:
+            self._conn.send(obj)
+        except (BrokenPipeError, EOFError, OSError) as e:
+            raise RuntimeError(f"BM25 index builder process died (exit code {self._proc.exitcode}): {e}") from None
+
+    def add(self, text: str) -> None:
+        """Queue one document (its text as ``document_text`` makes it)."""
+        self._texts.append(text)
+        if len(self._texts) >= self.chunk_docs:
+            self._send(self._texts)
+            self._texts = []
+
+    def finish(self, folder: Path) -> dict[str, int]:
+        """Finish and write the index into ``folder``; returns its sizes."""
+        if self._texts:
+            self._send(self._texts)
+        self._send(None)
+        self._send(str(folder))
+        try:
+            out = self._conn.recv()
+        except EOFError:
+            out = {"error": f"exit code {self._proc.exitcode}"}
+        self._proc.join()
+        if "error" in out:
+            raise RuntimeError(f"BM25 index builder process failed: {out['error']}")
+        self.num_docs, self.vocab_size, self.num_postings = out["num_docs"], out["vocab"], out["postings"]
+        return out
+
+    def close(self) -> None:
+        """Stop the child (after an error in the caller)."""
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()

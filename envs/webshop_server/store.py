@@ -39,7 +39,7 @@ import orjson
 
 from envs.webshop_server.catalog import Catalog, check_options, draw_price, iter_products
 from envs.webshop_server.goals import make_goals
-from envs.webshop_server.search import IndexBuilder, SearchIndex, document_text
+from envs.webshop_server.search import BackgroundIndexBuilder, IndexBuilder, SearchIndex, document_text
 
 log = logging.getLogger(__name__)
 STORE_VERSION = 1
@@ -138,12 +138,15 @@ def _write_lookup(folder: Path, asins: list[str]) -> np.ndarray:
 
 
 def build_store(files: dict[str, Path | None], folder: Path, *, num_products: int | None = None,
-                goal_source: str = "auto", price_seed: int = 0, log_every: int = 100_000) -> dict[str, Any]:
+                goal_source: str = "auto", price_seed: int = 0, log_every: int = 100_000,
+                background_index: bool = True) -> dict[str, Any]:
     """Stream ``files`` (``catalog.resolve_files``) into a store in ``folder`` (created; must be new).
 
     One pass over the products: normalise, write the record, draw the price (``Random(price_seed)``,
     catalog order, as the original), feed the index builder; the goals are then made from the
-    rows that can carry one (continuing the same RNG) and the index is finished.
+    rows that can carry one (continuing the same RNG) and the index is finished. With
+    ``background_index`` the texts are tokenised and indexed in a child process
+    (``search.BackgroundIndexBuilder``), on a second core.
 
     Returns:
         the ``meta.json`` content (sizes, counts, seconds per stage).
@@ -153,12 +156,25 @@ def build_store(files: dict[str, Path | None], folder: Path, *, num_products: in
     """
     check_options(num_products, goal_source)
     folder.mkdir(parents=True)
+    builder = BackgroundIndexBuilder(spill_dir=folder) if background_index else IndexBuilder(spill_dir=folder)
+    try:
+        meta = _write_store(files, folder, builder, num_products=num_products, goal_source=goal_source,
+                            price_seed=price_seed, log_every=log_every)
+    except BaseException:
+        if isinstance(builder, BackgroundIndexBuilder):
+            builder.close()
+        raise
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def _write_store(files: dict[str, Path | None], folder: Path, builder: Any, *, num_products: int | None,
+                 goal_source: str, price_seed: int, log_every: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     rng = random.Random(price_seed)
     asins: list[str] = []
     offsets, prices = array("q", [0]), array("d")
     human_rows, synthetic_rows = array("q"), array("q")
-    builder = IndexBuilder(spill_dir=folder)
     with open(folder / "products.bin", "wb") as out:
         for product in iter_products(files, num_products=num_products, goal_source=goal_source):
             row = len(asins)
@@ -196,16 +212,15 @@ def build_store(files: dict[str, Path | None], folder: Path, *, num_products: in
         pickle.dump({"goals": goals, "human": human_used}, f, protocol=pickle.HIGHEST_PROTOCOL)
     t_goals = time.perf_counter() - t0 - t_parse
     builder.finish(folder / "index")
-    meta = {
+    return {
         "version": STORE_VERSION, "num_products": len(offsets) - 1, "num_goals": len(goals),
         "human_goals": human_used, "products_file": str(files["products"]),
-        "human_file": str(files["human"]) if human_used else None, "vocab": len(builder.vocab),
+        "human_file": str(files["human"]) if human_used else None,
+        "vocab": builder.vocab_size if hasattr(builder, "vocab_size") else len(builder.vocab),
         "postings": int(builder.num_postings), "seconds": {
-            "parse_normalise_tokenise": round(t_parse, 2), "goals": round(t_goals, 2),
+            "stream": round(t_parse, 2), "goals": round(t_goals, 2),
             "index": round(time.perf_counter() - t0 - t_parse - t_goals, 2)},
     }
-    (folder / "meta.json").write_text(json.dumps(meta, indent=1))
-    return meta
 
 
 def open_store(folder: Path) -> tuple[Catalog, list[dict], SearchIndex]:

@@ -204,3 +204,19 @@ def test_search_index_rejects_a_mismatched_catalog(synth_dir, tmp_path):
     folder = shop.catalog.products.folder / "index"
     with pytest.raises(ValueError, match="index holds 2000 documents, catalog 3"):
         SearchIndex.load(folder, ["a", "b", "c"])
+
+
+def test_background_builder_writes_the_same_store(synth_dir, tmp_path):
+    import filecmp
+
+    from envs.webshop_server.catalog import resolve_files
+    from envs.webshop_server.store import build_store
+
+    files = resolve_files(synth_dir, None)
+    for background in (False, True):
+        build_store(files, tmp_path / str(background), background_index=background)
+    written = sorted(p.relative_to(tmp_path / "False") for p in (tmp_path / "False").rglob("*") if p.is_file())
+    assert len(written) >= 14 and not list((tmp_path / "True").glob("chunk*.npz"))
+    for rel in written:
+        if rel.name != "meta.json":  # holds the seconds
+            assert filecmp.cmp(tmp_path / "False" / rel, tmp_path / "True" / rel, shallow=False), rel
