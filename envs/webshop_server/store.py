@@ -28,6 +28,7 @@ import logging
 import os
 import pickle
 import random
+import resource
 import time
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
@@ -164,6 +165,8 @@ def build_store(files: dict[str, Path | None], folder: Path, *, num_products: in
         if isinstance(builder, BackgroundIndexBuilder):
             builder.close()
         raise
+    if background_index:  # the child's peak memory (it has been waited for)
+        meta["index_builder_peak_mib"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)
     (folder / "meta.json").write_text(json.dumps(meta, indent=1))
     return meta
 
