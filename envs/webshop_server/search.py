@@ -247,29 +247,42 @@ class SearchIndex:
         self._set(arrays, asins, asin_ranks(asins) if asin_rank is None else asin_rank)
         return self
 
+    def _terms(self, query: str) -> list[int]:
+        return [t for t in map(self._vocab.get, analyze(query)) if t is not None]
+
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every product for ``query``; float32 ``[n_products]``.
 
         Postings of one term hold each document once, so a plain indexed add accumulates them.
         """
+        return self._accumulate(self._terms(query))
+
+    def _accumulate(self, terms: list[int]) -> np.ndarray:
         scores = np.zeros(self.num_docs, dtype=np.float32)
-        for term in analyze(query):
-            t = self._vocab.get(term)
-            if t is None:
-                continue
+        for t in terms:
             lo, hi = self._indptr[t], self._indptr[t + 1]
             scores[self._indices[lo:hi]] += self._data[lo:hi]
         return scores
 
     def search(self, query: str, k: int = SEARCH_RETURN_N) -> list[str]:
-        """ASINs of the top ``k`` products with a positive score, by score then ASIN."""
-        scores = self.scores(query)
-        hits = np.flatnonzero(scores > 0)
+        """ASINs of the top ``k`` products with a positive score, by score then ASIN.
+
+        The candidates are the documents scoring at least the ``k``-th best score among the
+        postings of one query term (the rarest with ``k`` or more postings): a lower bound of the
+        overall ``k``-th best score, so the candidates hold the top ``k`` and ties, and the
+        selection touches a few thousand documents instead of every one with a positive score.
+        """
+        terms = self._terms(query)
+        scores = self._accumulate(terms)
+        df = {t: int(self._indptr[t + 1] - self._indptr[t]) for t in terms}
+        probe = min((t for t in df if df[t] >= k), key=df.__getitem__, default=None)
+        if probe is None:  # every term is rare: few documents score at all
+            hits = np.flatnonzero(scores > 0)
+        else:
+            sample = scores[self._indices[self._indptr[probe]:self._indptr[probe + 1]]]
+            hits = np.flatnonzero(scores >= np.partition(sample, len(sample) - k)[len(sample) - k])
         if hits.size == 0:
             return []
-        if hits.size > 4 * k:
-            kth = np.partition(scores[hits], hits.size - k)[hits.size - k]
-            hits = hits[scores[hits] >= kth]
         order = np.lexsort((self._asin_rank[hits], -scores[hits]))
         return [str(self.asins[i]) for i in hits[order[:k]]]
 

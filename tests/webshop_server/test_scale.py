@@ -220,3 +220,24 @@ def test_background_builder_writes_the_same_store(synth_dir, tmp_path):
     for rel in written:
         if rel.name != "meta.json":  # holds the seconds
             assert filecmp.cmp(tmp_path / "False" / rel, tmp_path / "True" / rel, shallow=False), rel
+
+
+def _brute_force(index: SearchIndex, query: str, k: int) -> list[str]:
+    scores = index.scores(query)
+    hits = [i for i in range(len(scores)) if scores[i] > 0]
+    return [index.asins[i] for i in sorted(hits, key=lambda i: (-scores[i], index.asins[i]))[:k]]
+
+
+def test_pruned_top_k_equals_a_full_sort(webshop_dir, synth_dir):
+    shop = Shop(ShopConfig(data_dir=str(synth_dir), use_cache=False, preload_nlp=False))
+    queries = [g["instruction_text"] for g in shop.goals[:60]] + ["red", "size", "zzzz", "men women"]
+    for k in (1, 7, 50):
+        for q in queries:
+            assert shop.index.search(q, k) == _brute_force(shop.index, q, k), (q, k)
+    base = list(iter_json_array(webshop_dir / "items_shuffle_prefix.json"))[:3]
+    twins = [dict(p, asin=f"Z{i:03d}{j}") for j in range(40) for i, p in enumerate(base)]  # ties everywhere
+    from envs.webshop_server.catalog import normalise_product
+
+    index = SearchIndex([normalise_product(p, None, None, {}) for p in twins])
+    for q in ("console table", "the", "shoes table"):
+        assert index.search(q, 50) == _brute_force(index, q, 50)
