@@ -130,6 +130,7 @@ def latency(url: str, n_sessions: int, n_steps: int, queries: list[str], pid: in
     server's CPU time per step (``pid``), which a loaded machine does not inflate."""
     server = psutil.Process(pid)
     server_cpu0 = sum(server.cpu_times()[:2])
+    cache0 = requests.get(f"{url}/health", timeout=30).json()["search_cache"]
     n_train = requests.get(f"{url}/health", timeout=30).json()["splits"]["train"]
     out: dict[str, list] = {"rtt": [], "app": [], "errors": [], "kind": []}
     threads = [threading.Thread(target=_client, args=(url, (k * 7919) % n_train, n_steps, k, queries, out))
@@ -141,6 +142,8 @@ def latency(url: str, n_sessions: int, n_steps: int, queries: list[str], pid: in
         t.join()
     wall = time.perf_counter() - t0
     server_cpu = sum(server.cpu_times()[:2]) - server_cpu0
+    cache1 = requests.get(f"{url}/health", timeout=30).json()["search_cache"]
+    hits, misses = cache1["hits"] - cache0["hits"], cache1["misses"] - cache0["misses"]
     searches = sum(k == "search" for k in out["kind"])
     return {"sessions": n_sessions, "steps": len(out["rtt"]), "errors": len(out["errors"]),
             "error_examples": out["errors"][:3], "search_frac": searches / max(1, len(out["kind"])),
@@ -148,6 +151,7 @@ def latency(url: str, n_sessions: int, n_steps: int, queries: list[str], pid: in
             "app_p50_ms": _pct(out["app"], 50), "app_p99_ms": _pct(out["app"], 99),
             "steps_per_s": len(out["rtt"]) / wall, "loadavg": _loadavg(),
             "server_cpu_ms_per_step": 1000 * server_cpu / max(1, len(out["rtt"])),
+            "search_cache_hit_frac": hits / max(1, hits + misses),
             "machine_busy_frac": _busy(cpu0, psutil.cpu_times())}
 
 
@@ -157,10 +161,11 @@ def _busy(a: Any, b: Any) -> float:
 
 
 # ----- our server -----------------------------------------------------------------------------------
-def start_ours(data_dir: Path, cache_dir: Path, threads: int, label: str) -> tuple[WebShopServerProcess, dict]:
+def start_ours(data_dir: Path, cache_dir: Path, threads: int, label: str,
+               search_cache: int = 4096) -> tuple[WebShopServerProcess, dict]:
     """Spawn our server; measure spawn-to-healthy time and memory once spaCy has loaded."""
-    srv = WebShopServerProcess(data_dir=data_dir, port=0, threads=threads, start_timeout_s=3600,
-                               max_sessions=10_000, extra_args=["--cache-dir", str(cache_dir)])
+    srv = WebShopServerProcess(data_dir=data_dir, port=0, threads=threads, start_timeout_s=3600, max_sessions=10_000,
+                               extra_args=["--cache-dir", str(cache_dir), "--search-cache", str(search_cache)])
     cpu0 = time.process_time()
     srv.start()
     row: dict[str, Any] = {"label": label, "start_s": srv.start_seconds, "loadavg": _loadavg()}
@@ -370,7 +375,8 @@ def report(res: dict[str, Any]) -> str:
         rows.append(f"| step round trip p50 / p99, {r['sessions']} sessions | {r['rtt_p50_ms']:.1f} / {r['rtt_p99_ms']:.1f} ms "
                     f"(in app {r['app_p50_ms']:.1f} / {r['app_p99_ms']:.1f}; {r['steps']} steps, {r['errors']} errors, "
                     f"{r['steps_per_s']:.0f} steps/s, server CPU {r.get('server_cpu_ms_per_step', float('nan')):.2f} ms/step, "
-                    f"{100 * r['search_frac']:.0f}% searches; load {r['loadavg']}, "
+                    f"{100 * r['search_frac']:.0f}% searches, {100 * r.get('search_cache_hit_frac', float('nan')):.0f}% "
+                    f"of them from the result cache; load {r['loadavg']}, "
                     f"machine {100 * r['machine_busy_frac']:.0f}% busy) | - | {target} |")
     if res.get("episodes"):
         e = res["episodes"]
@@ -422,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40, help="steps per session")
     p.add_argument("--threads", type=int, default=32, help="waitress worker threads")
     p.add_argument("--search-queries", type=int, default=500)
+    p.add_argument("--search-cache", type=int, default=4096, help="the server's result cache (0: every search runs)")
     p.add_argument("--original", default=None, help="a princeton-nlp/WebShop checkout: also run its load_products")
     p.add_argument("--original-mem-gb", type=float, default=8.0, help="stop the original past this RSS")
     p.add_argument("--original-time-s", type=float, default=1800.0)
@@ -446,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         srv, res["cold"] = start_ours(data, cache, args.threads, "cold")
         srv.stop()
         print(f"cold start {res['cold']['start_s']:.1f} s, peak {res['cold']['peak_at_start_mib']:.0f} MiB", flush=True)
-    srv, res["warm"] = start_ours(data, cache, args.threads, "warm")
+    srv, res["warm"] = start_ours(data, cache, args.threads, "warm", args.search_cache)
     print(f"warm start {res['warm']['start_s']:.1f} s; {res['warm']['goal_log']}", flush=True)
     try:
         if "latency" not in args.skip:

@@ -43,6 +43,7 @@ class ShopConfig:
         cache_min_mb: products files smaller than this many MiB are never cached.
         preload_nlp: load spaCy (title nouns of the reward) in a background thread at start, so
             the first purchase does not wait for it.
+        search_cache: distinct queries whose results are kept (0: none).
     """
 
     data_dir: str | None = None
@@ -59,12 +60,15 @@ class ShopConfig:
     cache_dir: str | None = None
     cache_min_mb: float = 32.0
     preload_nlp: bool = True
+    search_cache: int = SEARCH_CACHE
 
     def __post_init__(self) -> None:
         if not self.session_ttl_s > 0:  # NaN too: it compares false with every idle time
             raise ValueError(f"session_ttl_s must be > 0, got {self.session_ttl_s}")
         if self.max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.search_cache < 0:
+            raise ValueError(f"search_cache must be >= 0, got {self.search_cache}")
         if self.max_query_chars < 1:
             raise ValueError(f"max_query_chars must be >= 1, got {self.max_query_chars}")
 
@@ -96,7 +100,7 @@ class Shop:
         self.show_attrs = config.show_attrs
         if config.preload_nlp:
             threading.Thread(target=preload_nlp, name="spacy-preload", daemon=True).start()
-        self._search = functools.lru_cache(maxsize=SEARCH_CACHE)(self._search_uncached)
+        self._search = functools.lru_cache(maxsize=config.search_cache)(self._search_uncached)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self.load_seconds = time.perf_counter() - t0
@@ -105,8 +109,8 @@ class Shop:
                  ", ".join(f"{s} {self.splits.size(s)}" for s in SPLITS), self.load_seconds)
 
     def search(self, query: str) -> list[str]:
-        """Top ASINs for ``query`` (BM25, Lucene parameters); the last ``SEARCH_CACHE`` distinct
-        queries' results are kept (the rollouts of one task often search the same words)."""
+        """Top ASINs for ``query`` (BM25, Lucene parameters); the last ``config.search_cache``
+        distinct queries' results are kept (the rollouts of one task often search the same words)."""
         return list(self._search(query))
 
     def _search_uncached(self, query: str) -> tuple[str, ...]:
@@ -121,6 +125,7 @@ class Shop:
             "split_mode": self.splits.mode,
             "splits": {s: self.splits.size(s) for s in SPLITS},
             "sessions": len(self._sessions),
+            "search_cache": {"hits": self._search.cache_info().hits, "misses": self._search.cache_info().misses},
             "nlp_ready": nlp_ready(),
             "products_file": Path(self.catalog.source).name,
         }
