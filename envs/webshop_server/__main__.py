@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attrs", action="store_true", help="show the Attributes tab on item pages")
     p.add_argument("--no-cache", action="store_true", help="never cache large catalogs/indexes on disk")
     p.add_argument("--cache-dir", default=None, help="cache folder (default ~/.cache/progpo/webshop)")
+    p.add_argument("--cache-min-mb", type=float, default=32.0, help="products files smaller than this load into memory")
     p.add_argument("--search-cache", type=int, default=4096, help="distinct queries whose results are kept (0: none)")
     p.add_argument("--prepare", action="store_true",
                    help="load the catalog (building its cache on a first start), print its summary and exit")
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
             data_dir=args.data_dir, products_file=args.products_file, num_products=args.num_products,
             goal_source=args.goal_source, split_mode=args.split_mode, price_seed=args.price_seed,
             session_ttl_s=args.session_ttl_s, max_sessions=args.max_sessions, show_attrs=args.attrs,
-            use_cache=not args.no_cache, cache_dir=args.cache_dir, search_cache=args.search_cache))
+            use_cache=not args.no_cache, cache_dir=args.cache_dir, search_cache=args.search_cache,
+            cache_min_mb=args.cache_min_mb))
     except (ValueError, OSError) as e:  # bad data or flags: one line naming the file, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -241,3 +241,20 @@ def test_pruned_top_k_equals_a_full_sort(webshop_dir, synth_dir):
     index = SearchIndex([normalise_product(p, None, None, {}) for p in twins])
     for q in ("console table", "the", "shoes table"):
         assert index.search(q, 50) == _brute_force(index, q, 50)
+
+
+def test_episode_loop_on_a_store_backed_server(synth_dir, tmp_path):
+    """The episode loop + scripted shopper through HTTP on a server serving from the disk store."""
+    import requests
+
+    from envs.webshop_server.bench import scripted_episodes
+    from envs.webshop_server.process import WebShopServerProcess
+
+    with WebShopServerProcess(data_dir=synth_dir, threads=8, extra_args=[
+            "--cache-min-mb", "0", "--cache-dir", str(tmp_path)]) as srv:
+        assert _store_dirs(tmp_path)  # served from the store, not from memory
+        out = scripted_episodes(srv.url, 4, 2, max_steps=6)
+        health = requests.get(f"{srv.url}/health").json()
+    assert out["episodes"] == 8 and out["failed"] == 0 and out["bought"] == 8
+    assert 0 < out["mean_score"] <= 1
+    assert health["search_cache"]["hits"] >= 1  # rollouts of one task searched the same instruction
