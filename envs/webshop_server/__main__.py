@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--price-seed", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=3000, help="port (0: any free port, printed on stdout)")
-    p.add_argument("--threads", type=int, default=8, help="waitress worker threads")
+    p.add_argument("--threads", type=int, default=8, help="waitress worker threads (per worker process)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes sharing the loaded catalog (sessions stay on their worker)")
     p.add_argument("--session-ttl-s", type=float, default=3600.0)
     p.add_argument("--max-sessions", type=int, default=10_000)
     p.add_argument("--attrs", action="store_true", help="show the Attributes tab on item pages")
@@ -39,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not 0 <= args.port < 65536:
         raise SystemExit(f"--port must be in [0, 65535], got {args.port}")
-    if args.threads < 1:
-        raise SystemExit(f"--threads must be >= 1, got {args.threads}")
+    if args.threads < 1 or args.workers < 1:
+        raise SystemExit(f"--threads and --workers must be >= 1, got {args.threads}, {args.workers}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from waitress import create_server
 
@@ -53,13 +55,17 @@ def main(argv: list[str] | None = None) -> int:
             goal_source=args.goal_source, split_mode=args.split_mode, price_seed=args.price_seed,
             session_ttl_s=args.session_ttl_s, max_sessions=args.max_sessions, show_attrs=args.attrs,
             use_cache=not args.no_cache, cache_dir=args.cache_dir, search_cache=args.search_cache,
-            cache_min_mb=args.cache_min_mb))
+            cache_min_mb=args.cache_min_mb, preload_nlp=args.workers == 1))
     except (ValueError, OSError) as e:  # bad data or flags: one line naming the file, no traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     if args.prepare:
         print(f"prepared in {time.perf_counter() - t0:.1f} s: {shop.describe()}", flush=True)
         return 0
+    if args.workers > 1:
+        from envs.webshop_server.workers import serve
+
+        return serve(shop, args.host, args.port, args.workers, args.threads, t0)
     server = create_server(create_app(shop), host=args.host, port=args.port, threads=args.threads,
                            connection_limit=1000, channel_timeout=120, ident="webshop")
     port = server.effective_port  # type: ignore[attr-defined]

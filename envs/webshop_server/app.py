@@ -47,6 +47,14 @@ class ApiError(Exception):
         self.status, self.message = status, message
 
 
+class Redirect(Exception):
+    """Answered with HTTP 307 to ``location`` (a session of another worker process)."""
+
+    def __init__(self, location: str) -> None:
+        super().__init__(location)
+        self.location = location
+
+
 def _json_body() -> dict[str, Any]:
     raw = request.get_data(cache=False)
     if not raw:
@@ -139,6 +147,12 @@ def create_app(shop: Shop) -> Flask:
     def _api_error(e: ApiError):
         return jsonify(error=e.message, status=e.status), e.status
 
+    @app.errorhandler(Redirect)
+    def _redirect(e: Redirect):
+        response = jsonify(error="session held by another worker", location=e.location, status=307)
+        response.status_code, response.headers["Location"] = 307, e.location
+        return response
+
     @app.errorhandler(HTTPException)
     def _http_error(e: HTTPException):
         return jsonify(error=e.description, status=e.code), e.code
@@ -164,6 +178,9 @@ def create_app(shop: Shop) -> Flask:
     def session_or_404(sid: str) -> Session:
         if len(sid) > 100:
             raise ApiError(404, "unknown session id")
+        owner = shop.owner_url(sid)
+        if owner is not None:  # another worker process holds it: send the client there
+            raise Redirect(owner + request.path + (f"?{request.query_string.decode()}" if request.query_string else ""))
         session = shop.get_session(sid)
         if session is None:
             raise ApiError(404, f"unknown or expired session id {sid[:40]!r}")
@@ -183,6 +200,8 @@ def create_app(shop: Shop) -> Flask:
             "reward": session.reward if session.done else 0.0,
             "steps": session.steps,
         }
+        if shop.session_url is not None:
+            view["session_url"] = shop.session_url
         if session.done:
             view["reward_info"] = session.reward_info
             view["purchase"] = {k: v for k, v in (session.purchase or {}).items() if k != "reward_info"}
@@ -244,6 +263,8 @@ def create_app(shop: Shop) -> Flask:
 
     @app.delete("/api/sessions/<sid>")
     def api_delete(sid: str):
+        if shop.owner_url(sid) is not None:
+            session_or_404(sid)  # redirects
         if not shop.close_session(sid):
             raise ApiError(404, f"unknown or expired session id {sid[:40]!r}")
         return jsonify(closed=True)
@@ -277,7 +298,7 @@ def create_app(shop: Shop) -> Flask:
             session = shop.create_session(goal_index)
         except ShopFull as e:
             raise ApiError(503, str(e)) from None
-        return redirect(f"/{session.sid}")
+        return redirect(f"{shop.session_url or ''}/{session.sid}")
 
     @app.route("/<sid>", methods=["GET", "POST"])
     def index(sid: str):

@@ -69,8 +69,18 @@ def _vm_hwm_mib(pid: int) -> float:
 
 
 def _memory(pid: int) -> dict[str, float]:
-    info = psutil.Process(pid).memory_full_info()
-    return {"rss": info.rss / 2**20, "pss": info.pss / 2**20, "uss": info.uss / 2**20, "peak": _vm_hwm_mib(pid)}
+    """RSS / PSS / USS / peak (MiB) summed over ``pid`` and its worker processes (PSS counts shared
+    pages once, split between the processes mapping them)."""
+    root = psutil.Process(pid)
+    out = {"rss": 0.0, "pss": 0.0, "uss": 0.0, "peak": 0.0, "processes": 0}
+    for proc in [root, *root.children(recursive=True)]:
+        info = proc.memory_full_info()
+        out["rss"] += info.rss / 2**20
+        out["pss"] += info.pss / 2**20
+        out["uss"] += info.uss / 2**20
+        out["peak"] += _vm_hwm_mib(proc.pid)
+        out["processes"] += 1
+    return out
 
 
 def real_queries(src: Path) -> tuple[list[str], list[str]]:
@@ -102,6 +112,10 @@ def _client(url: str, index: int, n_steps: int, seed: int, queries: list[str], o
             out["errors"].append(f"create {status}")
             return
         sid, first = view["session_id"], True
+        if view.get("session_url"):  # several workers: talk to the one holding the session
+            own = urlsplit(view["session_url"])
+            conn.close()
+            conn = http.client.HTTPConnection(own.hostname, own.port, timeout=120)
         for _ in range(n_steps):
             clicks = [c for c in view["available_actions"]["clickables"] if c not in ("search", "buy now")]
             if view["available_actions"]["has_search_bar"] or not clicks or rng.random() < 0.1:
@@ -129,7 +143,7 @@ def latency(url: str, n_sessions: int, n_steps: int, queries: list[str], pid: in
     """Closed-loop step round trip with ``n_sessions`` concurrent agents (one thread each); also the
     server's CPU time per step (``pid``), which a loaded machine does not inflate."""
     server = psutil.Process(pid)
-    server_cpu0 = sum(server.cpu_times()[:2])
+    server_cpu0 = _tree_cpu(server)
     cache0 = requests.get(f"{url}/health", timeout=30).json()["search_cache"]
     n_train = requests.get(f"{url}/health", timeout=30).json()["splits"]["train"]
     out: dict[str, list] = {"rtt": [], "app": [], "errors": [], "kind": []}
@@ -141,7 +155,7 @@ def latency(url: str, n_sessions: int, n_steps: int, queries: list[str], pid: in
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    server_cpu = sum(server.cpu_times()[:2]) - server_cpu0
+    server_cpu = _tree_cpu(server) - server_cpu0
     cache1 = requests.get(f"{url}/health", timeout=30).json()["search_cache"]
     hits, misses = cache1["hits"] - cache0["hits"], cache1["misses"] - cache0["misses"]
     searches = sum(k == "search" for k in out["kind"])
@@ -155,17 +169,23 @@ def latency(url: str, n_sessions: int, n_steps: int, queries: list[str], pid: in
             "machine_busy_frac": _busy(cpu0, psutil.cpu_times())}
 
 
+def _tree_cpu(proc: psutil.Process) -> float:
+    """User + system CPU seconds of ``proc`` and its live worker processes."""
+    return sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
+
+
 def _busy(a: Any, b: Any) -> float:
     total = sum(b) - sum(a)
     return 1 - (b.idle - a.idle) / total if total > 0 else float("nan")
 
 
 # ----- our server -----------------------------------------------------------------------------------
-def start_ours(data_dir: Path, cache_dir: Path, threads: int, label: str,
-               search_cache: int = 4096) -> tuple[WebShopServerProcess, dict]:
+def start_ours(data_dir: Path, cache_dir: Path, threads: int, label: str, search_cache: int = 4096,
+               workers: int = 1) -> tuple[WebShopServerProcess, dict]:
     """Spawn our server; measure spawn-to-healthy time and memory once spaCy has loaded."""
     srv = WebShopServerProcess(data_dir=data_dir, port=0, threads=threads, start_timeout_s=3600, max_sessions=10_000,
-                               extra_args=["--cache-dir", str(cache_dir), "--search-cache", str(search_cache)])
+                               extra_args=["--cache-dir", str(cache_dir), "--search-cache", str(search_cache),
+                                           "--workers", str(workers)])
     cpu0 = time.process_time()
     srv.start()
     row: dict[str, Any] = {"label": label, "start_s": srv.start_seconds, "loadavg": _loadavg()}
@@ -173,7 +193,9 @@ def start_ours(data_dir: Path, cache_dir: Path, threads: int, label: str,
     row["server_cpu_s"] = sum(proc.cpu_times()[:4])  # user + system, with the index builder child's
     row["peak_at_start_mib"] = _vm_hwm_mib(srv.pid)
     deadline = time.monotonic() + 300
-    while not requests.get(f"{srv.url}/health", timeout=30).json()["nlp_ready"] and time.monotonic() < deadline:
+    ready = 0
+    while ready < 4 and time.monotonic() < deadline:  # every worker answers /health in turn
+        ready = ready + 1 if requests.get(f"{srv.url}/health", timeout=30).json()["nlp_ready"] else 0
         time.sleep(0.2)  # spaCy loads in the background after /health answers
     row["memory_idle"] = _memory(srv.pid)
     row["health"] = requests.get(f"{srv.url}/health", timeout=30).json()
@@ -426,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: <catalog folder>.bench-cache)")
     p.add_argument("--sessions", type=int, nargs="+", default=[1, 32, 128])
     p.add_argument("--steps", type=int, default=40, help="steps per session")
-    p.add_argument("--threads", type=int, default=32, help="waitress worker threads")
+    p.add_argument("--threads", type=int, default=32, help="waitress threads per worker process")
+    p.add_argument("--workers", type=int, default=1, help="server worker processes (warm server)")
     p.add_argument("--search-queries", type=int, default=500)
     p.add_argument("--search-cache", type=int, default=4096, help="the server's result cache (0: every search runs)")
     p.add_argument("--original", default=None, help="a princeton-nlp/WebShop checkout: also run its load_products")
@@ -453,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         srv, res["cold"] = start_ours(data, cache, args.threads, "cold")
         srv.stop()
         print(f"cold start {res['cold']['start_s']:.1f} s, peak {res['cold']['peak_at_start_mib']:.0f} MiB", flush=True)
-    srv, res["warm"] = start_ours(data, cache, args.threads, "warm", args.search_cache)
+    srv, res["warm"] = start_ours(data, cache, args.threads, "warm", args.search_cache, args.workers)
     print(f"warm start {res['warm']['start_s']:.1f} s; {res['warm']['goal_log']}", flush=True)
     try:
         if "latency" not in args.skip:

@@ -99,9 +99,10 @@ class Shop:
         self.max_query_chars = config.max_query_chars
         self.show_attrs = config.show_attrs
         if config.preload_nlp:
-            threading.Thread(target=preload_nlp, name="spacy-preload", daemon=True).start()
+            self.start_nlp_preload()
         self._search = functools.lru_cache(maxsize=config.search_cache)(self._search_uncached)
         self._sessions: dict[str, Session] = {}
+        self.worker_index, self.worker_urls = 0, []
         self._lock = threading.Lock()
         self.load_seconds = time.perf_counter() - t0
         log.info("shop ready: %d products, %d %s goals (%s split: %s) in %.2f s", len(catalog.products),
@@ -125,10 +126,42 @@ class Shop:
             "split_mode": self.splits.mode,
             "splits": {s: self.splits.size(s) for s in SPLITS},
             "sessions": len(self._sessions),
+            "workers": max(1, len(self.worker_urls)),
+            "worker": self.worker_index,
             "search_cache": {"hits": self._search.cache_info().hits, "misses": self._search.cache_info().misses},
             "nlp_ready": nlp_ready(),
             "products_file": Path(self.catalog.source).name,
         }
+
+    def start_nlp_preload(self) -> None:
+        """Load spaCy in a background thread (the first purchase then does not wait for it)."""
+        threading.Thread(target=preload_nlp, name="spacy-preload", daemon=True).start()
+
+    # ----- worker processes ----------------------------------------------------------------------
+    def set_worker(self, index: int, urls: list[str]) -> None:
+        """Serve as worker ``index`` of ``len(urls)`` processes; ``urls[i]`` is worker i's own address.
+
+        Session ids then start with ``w<index>.``; a request for another worker's session is
+        answered with a redirect to that worker (``owner_url``).
+        """
+        if not 0 <= index < len(urls):
+            raise ValueError(f"worker index {index} out of range for {len(urls)} workers")
+        self.worker_index, self.worker_urls = index, list(urls)
+        self._search.cache_clear()
+
+    def owner_url(self, sid: str) -> str | None:
+        """Address of the other worker that owns ``sid``, or None (ours, unknown, or one process)."""
+        if not self.worker_urls or not sid.startswith("w") or "." not in sid[:8]:
+            return None
+        head = sid[1:sid.index(".")]
+        if not head.isdigit() or int(head) == self.worker_index or int(head) >= len(self.worker_urls):
+            return None
+        return self.worker_urls[int(head)]
+
+    @property
+    def session_url(self) -> str | None:
+        """This worker's own address (where its sessions are served), None with one process."""
+        return self.worker_urls[self.worker_index] if self.worker_urls else None
 
     # ----- sessions ----------------------------------------------------------------------------
     def _expire(self, now: float) -> None:
@@ -148,6 +181,8 @@ class Shop:
         if not 0 <= goal_index < len(self.goals):
             raise ValueError(f"goal index {goal_index} out of range [0, {len(self.goals)})")
         sid = secrets.token_urlsafe(18)
+        if self.worker_urls:  # the worker's index travels in the id, so any worker can route it
+            sid = f"w{self.worker_index}.{sid}"
         session = Session(sid, self.goals[goal_index], goal_index, self)
         with self._lock:
             now = time.monotonic()

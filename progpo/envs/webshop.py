@@ -70,6 +70,7 @@ class WebShopEnv:
         self.timeout_s = timeout_s
         self._http = requests.Session()
         self._sid: str | None = None
+        self._session_base: str | None = None
         self._split_sizes: dict[str, int] | None = None
         self._task = ""
         self._task_id = ""
@@ -83,10 +84,17 @@ class WebShopEnv:
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """One request; EnvFailure when the server is gone/broken, ValueError on a 4xx answer."""
         try:
-            r = self._http.request(method, self.base_url + path, timeout=self.timeout_s, **kwargs)
+            r = self._http.request(method, self._url(path), timeout=self.timeout_s, **kwargs)
         except requests.RequestException as e:
             raise EnvFailure(f"WebShop server at {self.base_url} unreachable: {e}") from e
         return self._answer(path, r.status_code, r.text)
+
+    def _url(self, path: str) -> str:
+        """Where ``path`` goes: a session's own requests to the worker process holding it (the
+        ``session_url`` of its views, when the server runs several workers), others to ``base_url``."""
+        if self._session_base is not None and path.startswith("/api/sessions/"):
+            return self._session_base + path
+        return self.base_url + path
 
     def _answer(self, path: str, status: int, text: str) -> dict[str, Any]:
         """Decode one answer: EnvFailure on 5xx, unknown session, non-JSON or a view missing fields;
@@ -133,6 +141,7 @@ class WebShopEnv:
         view = self._call("POST", "/api/sessions",
                           json={"split": split, "index": index, "observation_mode": self.observation_mode})
         self._sid = view["session_id"]
+        self._session_base = _session_base(view)
         self._task = view["instruction"]
         self._task_id = str(view["goal_index"])
         self._steps = 0
@@ -212,14 +221,20 @@ class WebShopEnv:
         """Drop the server session (ignores a dead server)."""
         if self._sid is not None:
             try:
-                self._http.delete(f"{self.base_url}/api/sessions/{self._sid}", timeout=self.timeout_s)
+                self._http.delete(self._url(f"/api/sessions/{self._sid}"), timeout=self.timeout_s)
             except requests.RequestException:
                 pass
-            self._sid = None
+            self._sid = self._session_base = None
 
 
 _VIEW_FIELDS = ("session_id", "instruction", "goal_index", "observation", "available_actions", "url", "page",
                 "done", "reward")
+
+
+def _session_base(view: dict[str, Any]) -> str | None:
+    """The worker address a session view names (``session_url``), if it is an http(s) URL."""
+    url = view.get("session_url")
+    return url.rstrip("/") if isinstance(url, str) and url.startswith(("http://", "https://")) else None
 
 
 def _error_text(text: str) -> str:

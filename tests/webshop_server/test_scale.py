@@ -258,3 +258,43 @@ def test_episode_loop_on_a_store_backed_server(synth_dir, tmp_path):
     assert out["episodes"] == 8 and out["failed"] == 0 and out["bought"] == 8
     assert 0 < out["mean_score"] <= 1
     assert health["search_cache"]["hits"] >= 1  # rollouts of one task searched the same instruction
+
+
+def test_worker_processes_share_the_store_and_route_sessions(synth_dir, tmp_path):
+    """--workers 2: sessions live on their worker; a request reaching the other one is redirected;
+    the client follows ``session_url``; stopping the server stops every worker."""
+    import psutil
+    import requests
+
+    from envs.webshop_server.bench import scripted_episodes
+    from envs.webshop_server.process import WebShopServerProcess
+
+    with WebShopServerProcess(data_dir=synth_dir, threads=4, extra_args=[
+            "--cache-min-mb", "0", "--cache-dir", str(tmp_path), "--workers", "2"]) as srv:
+        parent = psutil.Process(srv.pid)
+        workers = [p for p in parent.children() if p.cmdline() == parent.cmdline()]  # forks, not helpers
+        assert len(workers) == 2
+        seen, owners = set(), {}
+        for k in range(40):  # new connections are spread over both workers by the kernel
+            with requests.Session() as http:
+                view = http.post(f"{srv.url}/api/sessions", json={"split": "train", "index": k}).json()
+            seen.add(view["session_url"])
+            owners[view["session_id"]] = view["session_url"]
+        assert len(seen) == 2 and all(sid.startswith(("w0.", "w1.")) for sid in owners)
+        for sid, url in list(owners.items())[:10]:
+            r = requests.post(f"{srv.url}/api/sessions/{sid}/step", json={"action": "search[tea]"},
+                              allow_redirects=False)
+            assert r.status_code in (200, 307)
+            if r.status_code == 307:  # reached the other worker: sent to the owner
+                assert r.headers["Location"] == f"{url}/api/sessions/{sid}/step"
+            r = requests.post(f"{url}/api/sessions/{sid}/step", json={"action": "click[back to search]"})
+            assert r.status_code == 200 and r.json()["steps"] >= 1
+        sid, url = next(iter(owners.items()))
+        other = next(u for u in seen if u != url)
+        r = requests.get(f"{other}/api/sessions/{sid}?mode=text", allow_redirects=False)
+        assert r.status_code == 307 and r.headers["Location"] == f"{url}/api/sessions/{sid}?mode=text"
+        assert requests.get(f"{other}/api/sessions/{sid}").json()["session_id"] == sid  # followed
+        assert requests.delete(f"{other}/api/sessions/{sid}").json() == {"closed": True}
+        out = scripted_episodes(srv.url, 4, 2, max_steps=6)  # WebShopEnv follows session_url
+        assert out["failed"] == 0 and out["bought"] == 8
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
