@@ -346,7 +346,10 @@ def resolve_files(data_dir: str | Path | None, products_file: str | None) -> dic
         if not found:
             raise FileNotFoundError(f"no WebShop products file in {root}; tried {list(PRODUCT_FILES)}")
         prod = found[0]
-    attrs = [root / n for n in ATTRIBUTE_FILES if (root / n).exists()]
+    # the attributes file of the same release: *_1000 files together (the 87-product prefix is
+    # part of the 1k catalog), the full catalog with the full attributes file
+    order = ATTRIBUTE_FILES if ("_1000" in prod.name or "prefix" in prod.name) else ATTRIBUTE_FILES[::-1]
+    attrs = [root / n for n in order if (root / n).exists()]
     if not attrs:
         raise FileNotFoundError(f"no WebShop attributes file in {root}; tried {list(ATTRIBUTE_FILES)}")
     human = root / HUMAN_GOALS_FILE

@@ -298,3 +298,14 @@ def test_worker_processes_share_the_store_and_route_sessions(synth_dir, tmp_path
         out = scripted_episodes(srv.url, 4, 2, max_steps=6)  # WebShopEnv follows session_url
         assert out["failed"] == 0 and out["bought"] == 8
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+
+def test_full_products_file_pairs_with_the_full_attributes_file(synth_dir, webshop_dir, tmp_path):
+    from envs.webshop_server.catalog import resolve_files
+
+    for f in synth_dir.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    (tmp_path / "items_ins_v2_1000.json").symlink_to(webshop_dir / "items_ins_v2_1000.json")
+    (tmp_path / "items_shuffle_prefix.json").symlink_to(webshop_dir / "items_shuffle_prefix.json")
+    assert resolve_files(tmp_path, "items_shuffle.json")["attributes"].name == "items_ins_v2.json"
+    assert resolve_files(tmp_path, "items_shuffle_prefix.json")["attributes"].name == "items_ins_v2_1000.json"
