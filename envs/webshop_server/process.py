@@ -35,7 +35,9 @@ class WebShopServerProcess:
         num_products: keep only the first N products.
         products_file: products file name inside ``data_dir``.
         goal_source, split_mode, price_seed, threads, session_ttl_s, max_sessions: server flags.
-        start_timeout_s: seconds to wait for a healthy (and, with ``wait_nlp``, ready) server.
+        start_timeout_s: seconds to wait for a healthy (and, with ``wait_nlp``, ready) server; None:
+            300 s plus 0.25 s per MiB of the products file (a first start on the 5 GB full catalog
+            builds its cache for minutes).
         wait_nlp: also wait until ``/health`` says ``nlp_ready``: the server loads spaCy in a
             background thread after it starts answering, and requests that arrive meanwhile (the
             first purchase waits for the load; all compete with it for the CPU) can take tens of
@@ -63,13 +65,13 @@ class WebShopServerProcess:
         threads: int = 8,
         session_ttl_s: float = 3600.0,
         max_sessions: int = 10_000,
-        start_timeout_s: float = 300.0,
+        start_timeout_s: float | None = None,
         wait_nlp: bool = True,
         extra_args: list[str] | None = None,
     ) -> None:
         if not 0 <= port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {port}")
-        if not start_timeout_s > 0:
+        if start_timeout_s is not None and not start_timeout_s > 0:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
         self.host, self.port = host, port
         self.start_timeout_s = start_timeout_s
@@ -100,7 +102,9 @@ class WebShopServerProcess:
         """
         if self.proc is not None:
             raise RuntimeError("server already started")
-        resolve_files(self.data_dir, self.products_file)
+        files = resolve_files(self.data_dir, self.products_file)
+        if self.start_timeout_s is None:
+            self.start_timeout_s = 300.0 + 0.25 * files["products"].stat().st_size / 2**20
         self.url = None  # a failed earlier start may have seen another port
         self.start_seconds = None
         self._log = tempfile.NamedTemporaryFile("w+", prefix="webshop_server_", suffix=".log", delete=False)

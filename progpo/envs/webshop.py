@@ -79,6 +79,7 @@ class WebShopEnv:
         self.timeout_s = timeout_s
         self._http = requests.Session()
         self._sid: str | None = None
+        self._session_base: str | None = None
         self._split_sizes: dict[str, int] | None = None
         self._task = ""
         self._task_id = ""
@@ -92,16 +93,25 @@ class WebShopEnv:
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """One request; EnvFailure when the server is gone/broken, ValueError on a 4xx answer."""
         try:
-            r = self._http.request(method, self.base_url + path, timeout=self.timeout_s, **kwargs)
+            r = self._http.request(method, self._url(path), timeout=self.timeout_s, **kwargs)
         except requests.RequestException as e:
             raise EnvFailure(f"WebShop server at {self.base_url} unreachable: {e}") from e
         return self._answer(path, r.status_code, r.text)
+
+    def _url(self, path: str) -> str:
+        """Where ``path`` goes: a session's own requests to the worker process holding it (the
+        ``session_url`` of its views, when the server runs several workers), others to ``base_url``."""
+        if self._session_base is not None and path.startswith("/api/sessions/"):
+            return self._session_base + path
+        return self.base_url + path
 
     def _answer(self, path: str, status: int, text: str) -> dict[str, Any]:
         """Decode one answer: EnvFailure on 5xx, unknown session, non-JSON or a view missing fields;
         ValueError on other 4xx (the server refused the request itself)."""
         if status >= 500 or status == 404 and path.startswith("/api/sessions/"):
             raise EnvFailure(f"WebShop server error {status} on {path}: {text[:300]}")
+        if status == 409:  # the server cannot serve this at all (e.g. an empty split): not the agent's doing
+            raise EnvFailure(f"WebShop server at {self.base_url} cannot serve {path}: {_error_text(text)}")
         if status >= 400:
             raise ValueError(f"WebShop server rejected {path}: {status} {text[:300]}")
         try:
@@ -128,17 +138,19 @@ class WebShopEnv:
 
         Raises:
             ValueError: unknown split, index out of range, or neither index nor seed given.
+            EnvFailure: the server is unreachable or broken, or ``split`` holds no goal.
         """
         if split not in SPLITS:
             raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
         if index is None:
             if seed is None:
                 raise ValueError("reset needs index or seed")
-            index = random.Random(seed).randrange(self.split_sizes()[split])
+            index = self._index_from_seed(split, seed, self.split_sizes())
         self.close()
         view = self._call("POST", "/api/sessions",
                           json={"split": split, "index": index, "observation_mode": self.observation_mode})
         self._sid = view["session_id"]
+        self._session_base = _session_base(view)
         self._task = view["instruction"]
         self._task_id = str(view["goal_index"])
         self._steps = 0
@@ -146,6 +158,13 @@ class WebShopEnv:
         self._last_obs = view["observation"]
         self._last_info = self._info(view, invalid=False)
         return self._last_obs, dict(self._last_info)
+
+    def _index_from_seed(self, split: str, seed: int, sizes: dict[str, int]) -> int:
+        """Task index drawn from ``seed``; EnvFailure naming the split when it holds no goal."""
+        if not sizes.get(split):
+            raise EnvFailure(f"WebShop split {split!r} has no goals at {self.base_url} (goals per split: "
+                             f"{', '.join(f'{k} {v}' for k, v in sizes.items())}); use a larger catalog")
+        return random.Random(seed).randrange(sizes[split])
 
     def step(self, action: str) -> StepResult:
         """Send one action (``search[...]`` / ``click[...]``); never raises for a bad action."""
@@ -210,14 +229,28 @@ class WebShopEnv:
         """Drop the server session (ignores a dead server)."""
         if self._sid is not None:
             try:
-                self._http.delete(f"{self.base_url}/api/sessions/{self._sid}", timeout=self.timeout_s)
+                self._http.delete(self._url(f"/api/sessions/{self._sid}"), timeout=self.timeout_s)
             except requests.RequestException:
                 pass
-            self._sid = None
+            self._sid = self._session_base = None
 
 
 _VIEW_FIELDS = ("session_id", "instruction", "goal_index", "observation", "available_actions", "url", "page",
                 "done", "reward")
+
+
+def _session_base(view: dict[str, Any]) -> str | None:
+    """The worker address a session view names (``session_url``), if it is an http(s) URL."""
+    url = view.get("session_url")
+    return url.rstrip("/") if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
+def _error_text(text: str) -> str:
+    """The ``error`` field of a JSON error answer, else the text's start."""
+    try:
+        return str(json.loads(text)["error"])
+    except (ValueError, KeyError, TypeError):
+        return text[:300]
 
 
 def _finite_positive(value: Any) -> bool:
