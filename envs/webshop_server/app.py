@@ -47,6 +47,14 @@ class ApiError(Exception):
         self.status, self.message = status, message
 
 
+class Redirect(Exception):
+    """Answered with HTTP 307 to ``location`` (a session of another worker process)."""
+
+    def __init__(self, location: str) -> None:
+        super().__init__(location)
+        self.location = location
+
+
 def _json_body() -> dict[str, Any]:
     raw = request.get_data(cache=False)
     if not raw:
@@ -121,6 +129,14 @@ def parse_page(text: str) -> int:
     return int(text)
 
 
+def _require_goals(shop: Shop, split: str) -> None:
+    """409 naming the split and every split's size when ``split`` holds no goal (a small catalog)."""
+    if split in shop.splits.ranges and shop.splits.size(split) == 0:
+        sizes = ", ".join(f"{s} {shop.splits.size(s)}" for s in ("train", "eval", "test"))
+        raise ApiError(409, f"split {split!r} has no goals (this catalog's {len(shop.goals)} goals split as "
+                            f"{sizes}; use a larger catalog or another split)")
+
+
 def create_app(shop: Shop) -> Flask:
     """The Flask app serving ``shop`` (never run it with debug; use ``python -m envs.webshop_server``)."""
     app = Flask(__name__, static_folder="static", static_url_path="/static")
@@ -130,6 +146,12 @@ def create_app(shop: Shop) -> Flask:
     @app.errorhandler(ApiError)
     def _api_error(e: ApiError):
         return jsonify(error=e.message, status=e.status), e.status
+
+    @app.errorhandler(Redirect)
+    def _redirect(e: Redirect):
+        response = jsonify(error="session held by another worker", location=e.location, status=307)
+        response.status_code, response.headers["Location"] = 307, e.location
+        return response
 
     @app.errorhandler(HTTPException)
     def _http_error(e: HTTPException):
@@ -156,6 +178,9 @@ def create_app(shop: Shop) -> Flask:
     def session_or_404(sid: str) -> Session:
         if len(sid) > 100:
             raise ApiError(404, "unknown session id")
+        owner = shop.owner_url(sid)
+        if owner is not None:  # another worker process holds it: send the client there
+            raise Redirect(owner + request.path + (f"?{request.query_string.decode()}" if request.query_string else ""))
         session = shop.get_session(sid)
         if session is None:
             raise ApiError(404, f"unknown or expired session id {sid[:40]!r}")
@@ -175,6 +200,8 @@ def create_app(shop: Shop) -> Flask:
             "reward": session.reward if session.done else 0.0,
             "steps": session.steps,
         }
+        if shop.session_url is not None:
+            view["session_url"] = shop.session_url
         if session.done:
             view["reward_info"] = session.reward_info
             view["purchase"] = {k: v for k, v in (session.purchase or {}).items() if k != "reward_info"}
@@ -195,6 +222,7 @@ def create_app(shop: Shop) -> Flask:
             if not isinstance(split, str) or split not in shop.splits.ranges:
                 raise ApiError(400, f"field 'split' must be one of {list(shop.splits.ranges)}, got {split!r}")
             index, seed = _int_field(body, "index"), _int_field(body, "seed")
+            _require_goals(shop, split)
             if index is None:
                 if seed is None:
                     raise ApiError(400, "give 'index' or 'seed' (or 'goal_index')")
@@ -235,6 +263,8 @@ def create_app(shop: Shop) -> Flask:
 
     @app.delete("/api/sessions/<sid>")
     def api_delete(sid: str):
+        if shop.owner_url(sid) is not None:
+            session_or_404(sid)  # redirects
         if not shop.close_session(sid):
             raise ApiError(404, f"unknown or expired session id {sid[:40]!r}")
         return jsonify(closed=True)
@@ -257,6 +287,7 @@ def create_app(shop: Shop) -> Flask:
         split = request.args.get("split")
         index = request.args.get("index")
         if split is not None or index is not None:
+            _require_goals(shop, split or "test")
             try:
                 goal_index = shop.splits.goal_index(split or "test", int(index or 0))
             except ValueError as e:
@@ -267,7 +298,7 @@ def create_app(shop: Shop) -> Flask:
             session = shop.create_session(goal_index)
         except ShopFull as e:
             raise ApiError(503, str(e)) from None
-        return redirect(f"/{session.sid}")
+        return redirect(f"{shop.session_url or ''}/{session.sid}")
 
     @app.route("/<sid>", methods=["GET", "POST"])
     def index(sid: str):

@@ -21,10 +21,15 @@ split would leave no training goals). ``auto`` uses ``standard`` when ``n >= 200
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 PRICE_RANGE = [10.0 * i for i in range(1, 100)]
 SHUFFLE_SEED = 233
@@ -40,7 +45,7 @@ def _price_bound(price: float, rng: random.Random) -> tuple[float, str]:
     return 1000000, ""
 
 
-def synthetic_goals(products: list[dict[str, Any]], prices: dict[str, float], rng: random.Random) -> list[dict]:
+def synthetic_goals(products: Iterable[dict[str, Any]], prices: Mapping[str, float], rng: random.Random) -> list[dict]:
     """Synthetic goals for every product with an instruction (see module docstring).
 
     Raises:
@@ -78,7 +83,7 @@ def synthetic_goals(products: list[dict[str, Any]], prices: dict[str, float], rn
     return goals
 
 
-def human_goals(products: list[dict[str, Any]], prices: dict[str, float], rng: random.Random) -> list[dict]:
+def human_goals(products: Iterable[dict[str, Any]], prices: Mapping[str, float], rng: random.Random) -> list[dict]:
     """Goals from ``items_human_ins.json`` (products carry ``instructions``); weight 1 each.
 
     Instructions with no attributes are skipped, as in the original.
@@ -151,11 +156,57 @@ def make_splits(n_goals: int, mode: str = "auto") -> GoalSplits:
     return GoalSplits(mode, ranges)
 
 
-def build_goals(catalog: Any, rng: random.Random, split_mode: str = "auto") -> tuple[list[dict], GoalSplits]:
-    """Goals for ``catalog`` (human or synthetic), shuffled with ``Random(233)``, and their splits."""
-    make = human_goals if catalog.human_goals else synthetic_goals
-    goals = make(catalog.products, catalog.prices, rng)
+def make_goals(goal_products: Iterable[dict[str, Any]], prices: Mapping[str, float], rng: random.Random, *,
+               human: bool, goal_source: str = "auto", human_file: Path | None = None,
+               fallback: Callable[[], Iterable[dict[str, Any]]] | None = None) -> tuple[list[dict], bool]:
+    """Goals from the products that can carry one, shuffled with ``Random(233)``.
+
+    Args:
+        goal_products: products in catalog order (only those with ``instructions`` or an
+            ``instruction_text`` matter; others are skipped without consuming ``rng``).
+        prices, rng: the catalog's prices and the RNG after the price draws.
+        human: human instructions were attached to the products.
+        goal_source: ``auto`` falls back to synthetic goals, with a warning, when the human file
+            gives no usable goal (e.g. a placeholder ``{}``); ``human`` then raises.
+        human_file: the human instructions file (for messages).
+        fallback: gives the products for synthetic goals when falling back (default: ``goal_products``).
+
+    Returns:
+        (goals, human_used). The count of usable goals is logged: human goals whose product is not
+        in the catalog never reach here (dropped, as in the original) and instructions without
+        attributes are skipped.
+
+    Raises:
+        ValueError: no goal at all, or ``goal_source="human"`` with no usable human goal.
+    """
+    products = list(goal_products) if not isinstance(goal_products, list) else goal_products
+    if human:
+        goals = human_goals(products, prices, rng)
+        n_written = sum(len(p.get("instructions", [])) for p in products)
+        log.info("human goals: %d usable from %s (%d instructions on catalog products, %d of them without "
+                 "attributes skipped; instructions on products not in the catalog dropped)",
+                 len(goals), human_file, n_written, n_written - len(goals))
+        if not goals:
+            if goal_source == "human":
+                raise ValueError(f"{human_file}: 0 usable human goals ({n_written} instructions on catalog "
+                                 "products have attributes); use --goal-source auto or synthetic")
+            log.warning("%s gives 0 usable human goals; falling back to synthetic goals (--goal-source auto)",
+                        human_file)
+            human = False
+            products = list(fallback()) if fallback is not None else products
+    if not human:
+        goals = synthetic_goals(products, prices, rng)
+        log.info("synthetic goals: %d", len(goals))
     if not goals:
-        raise ValueError(f"no goals could be made from {catalog.source}")
+        raise ValueError("no goals could be made from the catalog (no product has an instruction)")
     random.Random(SHUFFLE_SEED).shuffle(goals)
+    return goals, human
+
+
+def build_goals(catalog: Any, rng: random.Random, split_mode: str = "auto",
+                goal_source: str = "auto") -> tuple[list[dict], GoalSplits]:
+    """Goals for an in-memory ``catalog`` (see ``make_goals``) and their splits."""
+    goals, human = make_goals(catalog.products, catalog.prices, rng, human=catalog.human_goals,
+                              goal_source=goal_source, human_file=catalog.human_file)
+    catalog.human_goals = human
     return goals, make_splits(len(goals), split_mode)

@@ -102,10 +102,13 @@ def download_alfworld(root: Path, timeout_s: float) -> Path:
 def where(root: Path) -> str:
     """The expected layout of the data folder, as text."""
     return (f"data folder: {root}\n"
-            f"  {root / 'webshop'}/   items_shuffle_1000.json (or items_shuffle.json), items_ins_v2_1000.json,\n"
-            f"      items_human_ins.json (WebShop setup.sh files)\n"
+            f"  {root / 'webshop'}/   items_shuffle_1000.json, items_ins_v2_1000.json, items_human_ins.json\n"
+            f"      (WebShop setup.sh files; the full catalog: items_shuffle.json, 5.1 GB, 1,181,436 products,\n"
+            f"      with items_ins_v2.json; the server caches it after its first start)\n"
             f"  {root / 'alfworld'}/  json_2.1.1/ (what alfworld-download writes)\n"
-            "The trainer also reads $PROGPO_DATA or --env.data_dir with the same layout.")
+            "The trainer also reads $PROGPO_DATA or --env.data_dir with the same layout.\n"
+            "Without the full catalog, a synthetic one in the same format and size (for load tests):\n"
+            "  python -m envs.webshop_server.synth --products 1181436 --out DIR")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,14 @@ Observation: the original WebShop ``text`` (or ``text_rich``) page observation, 
 instruction. ``info["anchor_observation"]`` is the page text after the instruction (GiGPO's anchor
 state: the same page reached in different episodes of a group compares equal).
 ``info["admissible_actions"]``: ``"search[<your query>]"`` when the page has a search bar, then
-``click[x]`` for every clickable (as verl-agent's WebShop wrapper lists them).
+``click[x]`` for every clickable (as verl-agent's WebShop wrapper lists them), ``x`` in the
+``normalize_action`` form the agent's parser gives actions (see :func:`admissible_actions`).
+
+``info["state_extra"]``: the options already chosen on the current item (``"Selected options: color: black,
+size: large."``, ``"Selected options: none."`` off item pages), the state that matters for the reward and
+that the default ``text`` page does not show: an item page reads the same before and after a click on an
+option (the original simulator keeps the choice in the page URL). The estimators key anchor states on
+(observation, state_extra) with ``state_key = obs_inventory``, as ALFWorld's inventory.
 
 Reward: 0 on every step except the purchase, where it is ``score * success_reward``; ``score`` in
 [0, 1] is the original WebShop reward (``info["score"]``, breakdown in ``info["reward_breakdown"]``).
@@ -18,14 +25,16 @@ Reward: 0 on every step except the purchase, where it is ``score * success_rewar
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import random
 from typing import Any
+from urllib.parse import unquote
 
 import requests
 
-from progpo.envs.base import EnvFailure, StepResult
+from progpo.envs.base import EnvFailure, StepResult, normalize_action
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
@@ -70,6 +79,7 @@ class WebShopEnv:
         self.timeout_s = timeout_s
         self._http = requests.Session()
         self._sid: str | None = None
+        self._session_base: str | None = None
         self._split_sizes: dict[str, int] | None = None
         self._task = ""
         self._task_id = ""
@@ -83,16 +93,25 @@ class WebShopEnv:
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """One request; EnvFailure when the server is gone/broken, ValueError on a 4xx answer."""
         try:
-            r = self._http.request(method, self.base_url + path, timeout=self.timeout_s, **kwargs)
+            r = self._http.request(method, self._url(path), timeout=self.timeout_s, **kwargs)
         except requests.RequestException as e:
             raise EnvFailure(f"WebShop server at {self.base_url} unreachable: {e}") from e
         return self._answer(path, r.status_code, r.text)
+
+    def _url(self, path: str) -> str:
+        """Where ``path`` goes: a session's own requests to the worker process holding it (the
+        ``session_url`` of its views, when the server runs several workers), others to ``base_url``."""
+        if self._session_base is not None and path.startswith("/api/sessions/"):
+            return self._session_base + path
+        return self.base_url + path
 
     def _answer(self, path: str, status: int, text: str) -> dict[str, Any]:
         """Decode one answer: EnvFailure on 5xx, unknown session, non-JSON or a view missing fields;
         ValueError on other 4xx (the server refused the request itself)."""
         if status >= 500 or status == 404 and path.startswith("/api/sessions/"):
             raise EnvFailure(f"WebShop server error {status} on {path}: {text[:300]}")
+        if status == 409:  # the server cannot serve this at all (e.g. an empty split): not the agent's doing
+            raise EnvFailure(f"WebShop server at {self.base_url} cannot serve {path}: {_error_text(text)}")
         if status >= 400:
             raise ValueError(f"WebShop server rejected {path}: {status} {text[:300]}")
         try:
@@ -119,17 +138,19 @@ class WebShopEnv:
 
         Raises:
             ValueError: unknown split, index out of range, or neither index nor seed given.
+            EnvFailure: the server is unreachable or broken, or ``split`` holds no goal.
         """
         if split not in SPLITS:
             raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
         if index is None:
             if seed is None:
                 raise ValueError("reset needs index or seed")
-            index = random.Random(seed).randrange(self.split_sizes()[split])
+            index = self._index_from_seed(split, seed, self.split_sizes())
         self.close()
         view = self._call("POST", "/api/sessions",
                           json={"split": split, "index": index, "observation_mode": self.observation_mode})
         self._sid = view["session_id"]
+        self._session_base = _session_base(view)
         self._task = view["instruction"]
         self._task_id = str(view["goal_index"])
         self._steps = 0
@@ -137,6 +158,13 @@ class WebShopEnv:
         self._last_obs = view["observation"]
         self._last_info = self._info(view, invalid=False)
         return self._last_obs, dict(self._last_info)
+
+    def _index_from_seed(self, split: str, seed: int, sizes: dict[str, int]) -> int:
+        """Task index drawn from ``seed``; EnvFailure naming the split when it holds no goal."""
+        if not sizes.get(split):
+            raise EnvFailure(f"WebShop split {split!r} has no goals at {self.base_url} (goals per split: "
+                             f"{', '.join(f'{k} {v}' for k, v in sizes.items())}); use a larger catalog")
+        return random.Random(seed).randrange(sizes[split])
 
     def step(self, action: str) -> StepResult:
         """Send one action (``search[...]`` / ``click[...]``); never raises for a bad action."""
@@ -179,9 +207,7 @@ class WebShopEnv:
         return StepResult(self._last_obs, float(reward), terminated, truncated, dict(self._last_info))
 
     def _info(self, view: dict[str, Any], invalid: bool) -> dict[str, Any]:
-        actions = view["available_actions"]
-        admissible = [SEARCH_MARKER] if actions["has_search_bar"] else []
-        admissible += [f"click[{c}]" for c in actions["clickables"] if c != "search"]
+        admissible = admissible_actions(view["available_actions"])
         done = bool(view["done"])
         score = float(view["reward"]) if done else 0.0
         return {
@@ -194,6 +220,7 @@ class WebShopEnv:
             "score": score,
             "reward_breakdown": view.get("reward_info") or {},
             "url": view["url"],
+            "state_extra": options_text(selected_options(view["url"])),
             "page": view["page"],
             "message": view.get("message", ""),
         }
@@ -202,18 +229,71 @@ class WebShopEnv:
         """Drop the server session (ignores a dead server)."""
         if self._sid is not None:
             try:
-                self._http.delete(f"{self.base_url}/api/sessions/{self._sid}", timeout=self.timeout_s)
+                self._http.delete(self._url(f"/api/sessions/{self._sid}"), timeout=self.timeout_s)
             except requests.RequestException:
                 pass
-            self._sid = None
+            self._sid = self._session_base = None
 
 
 _VIEW_FIELDS = ("session_id", "instruction", "goal_index", "observation", "available_actions", "url", "page",
                 "done", "reward")
 
 
+def _session_base(view: dict[str, Any]) -> str | None:
+    """The worker address a session view names (``session_url``), if it is an http(s) URL."""
+    url = view.get("session_url")
+    return url.rstrip("/") if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
+def _error_text(text: str) -> str:
+    """The ``error`` field of a JSON error answer, else the text's start."""
+    try:
+        return str(json.loads(text)["error"])
+    except (ValueError, KeyError, TypeError):
+        return text[:300]
+
+
 def _finite_positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+_OPTION_PAGES = ("item_page", "item_sub_page", "done")
+
+
+def selected_options(url: str) -> dict[str, str]:
+    """The options chosen on the current item, from the page URL (the original WebShop's scheme:
+    ``/item_page/<sid>/<asin>/<keywords>/<page>/<options>``, ``/item_sub_page/.../<options>``,
+    ``/done/<sid>/<asin>/<options>``, the options a quoted Python dict); ``{}`` on other pages or when
+    the last part is not a dict."""
+    parts = url.split("?", 1)[0].split("/")
+    if len(parts) < 3 or parts[1] not in _OPTION_PAGES:
+        return {}
+    try:
+        value = ast.literal_eval(unquote(parts[-1]))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def options_text(options: dict[str, str]) -> str:
+    """``info["state_extra"]``: the chosen options sorted by name (the click order does not matter)."""
+    if not options:
+        return "Selected options: none."
+    return "Selected options: " + ", ".join(f"{k}: {v}" for k, v in sorted(options.items())) + "."
+def admissible_actions(available: dict[str, Any]) -> list[str]:
+    """The agent's action list for a page: ``search[<your query>]`` when it has a search bar, then
+    ``click[label]`` per clickable (not ``search``), each label in ``normalize_action`` form.
+
+    The agent's parser normalises every action with the same function and the server resolves a
+    click after it too (``envs.webshop_server.engine.resolve_clickable``), so each listed action is
+    exactly what a model that copies it sends. Labels equal after normalisation are listed once.
+
+    Args:
+        available: the server's ``available_actions`` (``has_search_bar``, ``clickables``).
+    """
+    admissible = [SEARCH_MARKER] if available["has_search_bar"] else []
+    labels = dict.fromkeys(normalize_action(c) for c in available["clickables"])
+    return admissible + [f"click[{c}]" for c in labels if c not in ("search", "")]
 
 
 def anchor_text(observation: str, instruction: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from progpo.envs.base import EnvFailure, StepResult
-from progpo.envs.webshop import SPLITS, WebShopEnv
+from progpo.envs.webshop import SPLITS, WebShopEnv, _session_base
 
 
 class RequestStats:
@@ -57,7 +57,7 @@ class AsyncWebShopEnv(WebShopEnv):
     async def _acall(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         self._stats.enter()
         try:
-            r = await self._client.request(method, self.base_url + path, timeout=self.timeout_s, **kwargs)
+            r = await self._client.request(method, self._url(path), timeout=self.timeout_s, **kwargs)
         except httpx.HTTPError as e:
             raise EnvFailure(f"WebShop server at {self.base_url} unreachable: {e}") from e
         finally:
@@ -72,11 +72,12 @@ class AsyncWebShopEnv(WebShopEnv):
             if seed is None:
                 raise ValueError("reset needs index or seed")
             sizes = dict((await self._acall("GET", "/health"))["splits"])
-            index = random.Random(seed).randrange(sizes[split])
+            index = self._index_from_seed(split, seed, sizes)
         await self.aclose()
         view = await self._acall("POST", "/api/sessions",
                                  json={"split": split, "index": index, "observation_mode": self.observation_mode})
         self._sid, self._task, self._task_id = view["session_id"], view["instruction"], str(view["goal_index"])
+        self._session_base = _session_base(view)
         self._steps, self._done = 0, False
         self._last_obs = view["observation"]
         self._last_info = self._info(view, invalid=False)
@@ -101,9 +102,10 @@ class AsyncWebShopEnv(WebShopEnv):
         if self._sid is not None:
             sid, self._sid = self._sid, None
             try:
-                await self._client.delete(f"{self.base_url}/api/sessions/{sid}", timeout=self.timeout_s)
+                await self._client.delete(self._url(f"/api/sessions/{sid}"), timeout=self.timeout_s)
             except httpx.HTTPError:
                 pass
+            self._session_base = None
 
 
 class AsyncWebShopPool:

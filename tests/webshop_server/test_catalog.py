@@ -67,18 +67,21 @@ def test_bad_config_names_the_field(tmp_path):
 
 
 def test_disk_cache_gives_identical_shop(webshop_dir, tmp_path):
-    from envs.webshop_server.bench import make_synthetic
+    from envs.webshop_server.synth import generate
 
-    data = make_synthetic(webshop_dir, 300, 100, tmp_path / "data")
-    cfg = ShopConfig(data_dir=str(data), cache_min_mb=0, cache_dir=str(tmp_path / "cache"))
+    generate(tmp_path / "data", 300, human_goals=0, src=webshop_dir)
+    (tmp_path / "data" / "items_human_ins.json").unlink()
+    cfg = ShopConfig(data_dir=str(tmp_path / "data"), cache_min_mb=0, cache_dir=str(tmp_path / "cache"))
     cold = Shop(cfg)
-    assert len(list((tmp_path / "cache").iterdir())) == 1
+    assert [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()] == [cold.catalog.products.folder.name]
     warm = Shop(cfg)
+    memory = Shop(ShopConfig(data_dir=str(tmp_path / "data"), use_cache=False))
     for query in ["red shirt for men", "tea", "wig", "nothing-at-all"]:
-        assert cold.search(query) == warm.search(query)
-    assert [g["instruction_text"] for g in cold.goals] == [g["instruction_text"] for g in warm.goals]
-    assert cold.catalog.prices == warm.catalog.prices
-    assert len(cold.catalog.products) == 300
+        assert cold.search(query) == warm.search(query) == memory.search(query)
+    assert [g["instruction_text"] for g in cold.goals] == [g["instruction_text"] for g in warm.goals] \
+        == [g["instruction_text"] for g in memory.goals]
+    assert cold.catalog.prices == warm.catalog.prices == memory.catalog.prices
+    assert len(cold.catalog.products) == 300 and not cold.catalog.human_goals
 
 
 def test_idle_sessions_expire_and_cap(webshop_dir, monkeypatch):
