@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from scipy import stats
 
-from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
+from progpo.advantages import PRESETS, AdvantageConfig, StepBatch, compute_advantages
 from progpo.bench.oracle import ExactOracle
 from progpo.bench.synthetic_mdp import SyntheticTask
 
@@ -190,15 +190,14 @@ def parse_row(spec: str) -> Variant:
     """A row from ``ESTIMATOR [preset=NAME] [field=value ...]`` (fields of :class:`AdvantageConfig`).
 
     Fields and their types come from ``dataclasses.fields(AdvantageConfig)``, so fields added later
-    need no change here. ``preset=NAME`` applies ``progpo.advantages.PRESETS[NAME]`` first (where that
-    mapping exists), explicit fields after it. The row's name is the spec itself.
+    need no change here. ``preset=NAME`` applies ``progpo.advantages.PRESETS[NAME]`` where it stands in
+    the spec (fields after it win), except the env fields :data:`ENV_FIELDS` (the family's step limit,
+    discount and success reward hold for every row alike). The row's name is the spec itself.
 
     Raises:
         ValueError: naming the row: an unknown estimator, field or preset, a malformed token, or a
             value ``AdvantageConfig`` rejects.
     """
-    import progpo.advantages as adv_pkg
-
     tokens = spec.split()
     if not tokens:
         raise ValueError("empty row spec")
@@ -213,12 +212,10 @@ def parse_row(spec: str) -> Variant:
         if not eq:
             raise ValueError(f"row {spec!r}: token {tok!r} is not field=value")
         if name == "preset":
-            presets = getattr(adv_pkg, "PRESETS", None)
-            if presets is None:
-                raise ValueError(f"row {spec!r}: preset= needs progpo.advantages.PRESETS, absent in this version")
-            if text not in presets:
-                raise ValueError(f"row {spec!r}: unknown preset {text!r}; presets: {list(presets)}")
-            over.update(presets[text])
+            if text not in PRESETS:
+                raise ValueError(f"row {spec!r}: unknown preset {text!r}; presets: {list(PRESETS)}")
+            # the family fixes the env's step limit, discount and success reward for every row alike
+            over.update({k: v for k, v in PRESETS[text].items() if k not in ENV_FIELDS})
             continue
         if name not in types or name == "estimator":
             raise ValueError(f"row {spec!r}: AdvantageConfig has no field {name!r}; fields: {sorted(types)}")
@@ -228,6 +225,10 @@ def parse_row(spec: str) -> Variant:
     except (TypeError, ValueError) as exc:
         raise ValueError(f"row {spec!r}: {exc}") from None
     return Variant(spec, tuple(over.items()), cfg.estimator == "progpo" and cfg.semantic_expansion)
+
+
+#: AdvantageConfig fields that describe the env, set by :func:`config_base` from the task family.
+ENV_FIELDS = ("max_steps", "gamma", "success_reward")
 
 
 def config_base(horizon: int, gamma: float, success_reward: float) -> dict[str, object]:

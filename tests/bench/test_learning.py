@@ -87,3 +87,20 @@ def test_quick_pipeline_runs(argv, tmp_path, capsys):
     assert list(tmp_path.glob("*.png")) and list(tmp_path.glob("learning*-quick.md"))
     runs = pickle.loads(next(tmp_path.glob("learning*-quick-runs.pkl")).read_bytes())
     assert set(runs["final"]) >= {"gigpo", "progpo"} and runs["final"]["gigpo"][0].steps.size == 4
+
+
+def test_row_specs_accept_presets():
+    from progpo.advantages import PRESETS
+
+    env = {"max_steps": 30, "gamma": 0.9, "success_reward": 5.0}
+    paper = parse_row("progpo preset=paper").config(env)
+    for name, value in PRESETS["paper"].items():
+        want = env[name] if name in env else value  # the family's env fields hold for every row
+        assert getattr(paper, name) == want, name
+    cand = parse_row("progpo preset=candidate").config(env)
+    assert (cand.state_key, cand.credit_lambda, cand.zero_signal) == ("obs_inventory", 0.8, True)
+    # fields after the preset win; the estimator stays the row's
+    row = parse_row("gigpo preset=paper sigma2_floor_ref=batch").config(env)
+    assert (row.estimator, row.sigma2_floor_ref, row.state_key) == ("gigpo", "batch", "obs")
+    with pytest.raises(ValueError, match=r"row 'progpo preset=nope': unknown preset 'nope'"):
+        parse_row("progpo preset=nope")
