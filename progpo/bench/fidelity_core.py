@@ -138,13 +138,13 @@ def all_variants() -> list[Variant]:
         _v("progpo pool=loo", True, **pg, potential_pool="loo"),
         _v("progpo state=obs_inv", True, **pg, state_key="obs_inventory"),
         _v("progpo graph (E1)", True, **pg, potential_estimator="graph"),
-        _v("progpo graph+action (E1+E2)", True, **pg, potential_estimator="graph", credit="action"),
-        _v("progpo E1+E2 beta_ep=0", True, **pg, potential_estimator="graph", credit="action", beta_episode=0.0),
+        _v("progpo graph+action (E1+E2)", True, **pg, potential_estimator="graph", credit="action", credit_lambda=0.0),
+        _v("progpo E1+E2 beta_ep=0", True, **pg, potential_estimator="graph", credit="action", credit_lambda=0.0, beta_episode=0.0),
         # E1+E2 on E3 keys (observation + inventory): the synthetic observations alias holding / not holding
         # the object (docs/fidelity.md, "Why E1+E2 does not learn").
-        _v("progpo E1+E2 state=obs_inv", True, **pg, potential_estimator="graph", credit="action",
+        _v("progpo E1+E2 state=obs_inv", True, **pg, potential_estimator="graph", credit="action", credit_lambda=0.0,
            state_key="obs_inventory"),
-        _v("progpo E1+E2 beta_ep=0 state=obs_inv", True, **pg, potential_estimator="graph", credit="action",
+        _v("progpo E1+E2 beta_ep=0 state=obs_inv", True, **pg, potential_estimator="graph", credit="action", credit_lambda=0.0,
            beta_episode=0.0, state_key="obs_inventory"),
     ]
 

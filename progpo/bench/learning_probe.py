@@ -104,7 +104,7 @@ def rollout_batch(tasks: Sequence[SyntheticTask], policy: LogLinearPolicy, n_rol
 
 
 
-E12 = dict(estimator="progpo", potential_estimator="graph", credit="action")
+E12 = dict(estimator="progpo", potential_estimator="graph", credit="action", credit_lambda=0.0)
 ROWS = {"gigpo": dict(estimator="gigpo"), "E1+E2": E12, "E1+E2 beta_ep=0": {**E12, "beta_episode": 0.0},
         "E1+E2 beta_ep=0 state=obs_inv": {**E12, "beta_episode": 0.0, "state_key": "obs_inventory"}}
 

@@ -98,7 +98,7 @@ def test_row_specs_accept_presets():
         want = env[name] if name in env else value  # the family's env fields hold for every row
         assert getattr(paper, name) == want, name
     cand = parse_row("progpo preset=candidate").config(env)
-    assert (cand.state_key, cand.credit_lambda, cand.zero_signal) == ("obs_inventory", 0.8, True)
+    assert (cand.state_key, cand.credit_lambda, cand.zero_signal) == ("obs_inventory", 0.8, "task")
     # fields after the preset win; the estimator stays the row's
     row = parse_row("gigpo preset=paper sigma2_floor_ref=batch").config(env)
     assert (row.estimator, row.sigma2_floor_ref, row.state_key) == ("gigpo", "batch", "obs")
