@@ -71,6 +71,8 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     ``rollout/prompt_len_mean|max`` and ``rollout/response_len_mean|max`` (tokens),
     ``rollout/guard_truncated_frac`` (steps whose prompt the context guard shortened),
     ``rollout/guard_dropped_turns`` and ``rollout/guard_obs_tokens_cut`` (totals),
+    ``rollout/truncated_response_frac`` (steps whose response was cut at the token limit:
+    ``finish_reason == "length"``),
     ``rollout/num_steps`` and ``rollout/num_episodes``. Means over the non-failed episodes / their steps.
     """
     eps = training_episodes(episodes)
@@ -99,5 +101,6 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         ),
         "rollout/guard_dropped_turns": float(sum(s.prompt_truncated_turns for s in steps)),
         "rollout/guard_obs_tokens_cut": float(sum(s.prompt_obs_truncated_tokens for s in steps)),
+        "rollout/truncated_response_frac": float(np.mean([s.finish_reason == "length" for s in steps])),
     })
     return out

@@ -270,5 +270,6 @@ async def _one_step(
         format_invalid=not valid,
         env_invalid=env_invalid,
         prompt_obs_truncated_tokens=prompt.obs_truncated_tokens,
+        finish_reason=gen.finish_reason,
     )
     return record, res

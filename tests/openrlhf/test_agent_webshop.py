@@ -18,16 +18,12 @@ import pytest
 from envs.webshop_server.process import WebShopServerProcess
 
 
-
-
 @pytest.fixture(scope="module")
-def mods(openrlhf_stubs):
-    stubs = openrlhf_stubs
-    with stubs.stubbed():
+def mods(cpu_compat):
+    with cpu_compat.import_shims():
         from progpo.openrlhf import agent as openrlhf_agent, samples as openrlhf_samples
 
-        return SimpleNamespace(agent=openrlhf_agent, samples=openrlhf_samples, VllmParams=stubs.SamplingParams)
-
+        return SimpleNamespace(agent=openrlhf_agent, samples=openrlhf_samples, VllmParams=cpu_compat.SamplingParams)
 
 
 @pytest.fixture(scope="module")

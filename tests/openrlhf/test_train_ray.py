@@ -12,15 +12,13 @@ import pytest
 from progpo.advantages import AdvantageConfig
 
 
-
-
 @pytest.fixture(scope="module")
-def cli(openrlhf_stubs):
-    with openrlhf_stubs.stubbed():
+def cli(cpu_compat):
+    with cpu_compat.import_shims():
         from progpo.cli import train_ray
         from progpo.openrlhf import trainer as openrlhf_trainer
 
-        train_ray.build_parser()  # runs OpenRLHF's __main__ block once while the stubs are present
+        train_ray.build_parser()  # runs OpenRLHF's __main__ block once while the import shims are present
         return SimpleNamespace(train_ray=train_ray, trainer=openrlhf_trainer)
 
 
