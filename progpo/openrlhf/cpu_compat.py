@@ -402,7 +402,6 @@ def install() -> None:
 
 def worker_setup_hook() -> None:
     """Ray ``worker_process_setup_hook`` of a CPU run: :func:`install` in every worker process."""
-    logging.basicConfig(level=logging.INFO)
     install()
 
 
