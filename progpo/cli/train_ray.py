@@ -346,6 +346,7 @@ CPU_REFUSED = {  # flag -> (value that is refused, why): features with no CPU pa
     "ds.use_liger_kernel": (True, "Liger kernels are Triton (GPU)"),
     "ds.deepcompile": (True, "DeepCompile needs a GPU"),
     "ds.adam_offload": (True, "the optimizer already lives in RAM (DeepSpeedCPUAdam would compile C++)"),
+    "ds.enable_sleep": (True, "DeepSpeed's offload_states needs FusedAdam (a C++ build); the states already live in RAM"),
     "train.enable_ema": (True, "OpenRLHF's EMA update is hard-wired to cuda"),
     "train.async_enable": (True, "the CPU engine has no pause/resume (partial rollout)"),
     "vllm.sync_with_ray": (True, "Ray's gloo collective would replace DeepSpeed's process group"),

@@ -230,6 +230,7 @@ def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path)
 @pytest.mark.parametrize("argv, flag", [
     (["--ds.packing_samples"], "--ds.packing_samples"),
     (["--ds.adam_offload"], "--ds.adam_offload"),
+    (["--ds.enable_sleep"], "--ds.enable_sleep"),
     (["--train.enable_ema"], "--train.enable_ema"),
     (["--vllm.sync_with_ray"], "--vllm.sync_with_ray"),
     (["--vllm.tensor_parallel_size", "2"], "--vllm.tensor_parallel_size"),
