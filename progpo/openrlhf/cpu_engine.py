@@ -119,7 +119,8 @@ class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
 
         ``max_tokens=None`` means ``max_model_len - len(prompt)`` (vLLM's default); temperature 0
         is greedy (a temperature of 1e-6); logprobs are returned when ``sampling_params.logprobs``
-        is set: ``log softmax(logits / T)`` of each sampled token.
+        is set: ``log softmax(logits / T)`` of each sampled token (the local backend's; equal to
+        vLLM's ``processed_logprobs`` at ``top_p = 1``, not renormalised over a smaller nucleus).
 
         Raises:
             RuntimeError: the engine is asleep (OpenRLHF must ``wake_up`` it first).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -101,6 +102,7 @@ def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, i
     finally:
         wall = time.monotonic() - t0
         leftover = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     log = res.stdout + res.stderr
     (root / "job.log").write_text(log)
     print(f"\n[cpu job {estimator} x{iters}] wall {wall:.0f} s, exit {res.returncode}, load {os.getloadavg()}")
