@@ -102,7 +102,8 @@ def _raises(name: str, why: str):
 
 @dataclasses.dataclass
 class SamplingParams:
-    """The fields of ``vllm.SamplingParams`` that OpenRLHF's samples generator sets and engines read.
+    """The fields of ``vllm.SamplingParams`` that OpenRLHF's samples generator sets and engines read,
+    with vLLM's defaults (including every field of ``progpo.agents.types.VLLM_NEUTRAL_SAMPLING``).
 
     A plain data class (vLLM's own is a msgspec struct); used only when vLLM is not installed.
     """
@@ -110,8 +111,16 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     max_tokens: int | None = 16
     min_tokens: int = 0
+    logit_bias: dict | None = None
+    allowed_token_ids: list | None = None
+    bad_words: list | None = None
+    ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
     seed: int | None = None

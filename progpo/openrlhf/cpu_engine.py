@@ -34,7 +34,7 @@ import torch
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor, _load_agent_executor
 from openrlhf.utils.agent import SingleTurnAgentExecutor
 
-from progpo.agents.types import SamplingParams
+from progpo.agents.types import VLLM_NEUTRAL_SAMPLING, SamplingParams
 from progpo.openrlhf.cpu_compat import NeedsGPUStack, StatelessGlooGroup
 
 logger = logging.getLogger(__name__)
@@ -71,9 +71,18 @@ class RequestOutput:
     finished: bool = True
 
 
-def finish_reason(token_ids: list[int], eos_ids: list[int]) -> str:
-    """``"stop"`` when the response ends with an EOS token, else ``"length"`` (cut at the limit)."""
-    return "stop" if token_ids and token_ids[-1] in eos_ids else "length"
+def check_neutral(sampling_params: Any) -> None:
+    """Refuse vLLM sampling fields the CPU engine does not implement (it samples from temperature and
+    top-p only, like the local backend), unless they hold their neutral value.
+
+    Raises:
+        ValueError: naming the first field with a non-neutral value (``VLLM_NEUTRAL_SAMPLING``).
+    """
+    for name, neutral in VLLM_NEUTRAL_SAMPLING.items():
+        value = getattr(sampling_params, name, neutral)
+        if value != neutral and not (name == "top_k" and value in (0, -1, None)):
+            raise ValueError(f"the CPU engine samples from temperature and top_p only; {name}={value!r} "
+                             f"(neutral: {neutral!r}) is not supported")
 
 
 @ray.remote
@@ -124,10 +133,12 @@ class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
 
         Raises:
             RuntimeError: the engine is asleep (OpenRLHF must ``wake_up`` it first).
-            ValueError: multimodal input, or no room left for a response.
+            ValueError: multimodal input, a sampling field other than temperature / top_p / limits
+                set away from its neutral value (:func:`check_neutral`), or no room left for a response.
         """
         if multi_modal_data:
             raise ValueError("the CPU engine is text-only")
+        check_neutral(sampling_params)
         if set(SLEEP_TAGS) - self._awake:
             raise RuntimeError(f"generate() while asleep (awake: {sorted(self._awake)}); call wake_up() first")
         prompt = list(prompt_token_ids)
@@ -145,8 +156,7 @@ class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
         logprobs = None
         if getattr(sampling_params, "logprobs", None) is not None:
             logprobs = [{tok: Logprob(lp)} for tok, lp in zip(gen.token_ids, gen.logprobs)]
-        reason = finish_reason(gen.token_ids, self.generator.eos_ids)
-        return RequestOutput(prompt, [CompletionOutput(list(gen.token_ids), gen.text, logprobs, reason)])
+        return RequestOutput(prompt, [CompletionOutput(list(gen.token_ids), gen.text, logprobs, gen.finish_reason)])
 
     def get_num_unfinished_requests(self) -> int:
         """Requests waiting for or inside a ``generate`` call."""

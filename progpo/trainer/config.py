@@ -237,7 +237,9 @@ def build_parser(prog: str = "python -m progpo.cli.train") -> argparse.ArgumentP
     a("--ds.zero_stage", type=int, default=0)
     a("--ds.bf16", action="store_true")
     a("--ds.gradient_checkpointing", action="store_true")
-    a("--algo.kl.init_coef", type=float, default=0.01, help="k3 KL loss coefficient (0 = no reference model)")
+    a("--algo.kl.init_coef", type=float, default=0.01, help="KL loss coefficient (0 = no reference model)")
+    a("--algo.kl.estimator", default="k3", help="KL estimator of the KL loss: k1, k2 or k3 (as OpenRLHF)")
+    a("--actor.dual_clip", type=float, default=None, help="dual-clip PPO bound (> 1) for negative advantages")
     a("--algo.entropy.coef", type=float, default=0.0)
     a("--algo.eps_clip_low_high", type=float, nargs=2, default=[0.2, 0.2], metavar=("LOW", "HIGH"))
     a("--env.name", default="webshop", choices=sorted(ENV_DEFAULTS))
@@ -312,6 +314,7 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
     low, high = ns["algo.eps_clip_low_high"]
     update = UpdateConfig(batch_size=ns["train.batch_size"], epochs=ns["train.max_epochs"], clip_eps_low=low,
                           clip_eps_high=high, kl_coef=kl, entropy_coef=ns["algo.entropy.coef"],
+                          kl_estimator=ns["algo.kl.estimator"], dual_clip=ns["actor.dual_clip"],
                           temperature=rollout.temperature)
     adv = _advantage_config({**ns, "_env_max_steps": env.max_steps})
     run = RunSettings(

@@ -1,4 +1,4 @@
-"""Fixtures for the episode-loop tests: a tiny in-process fake env (the Qwen2.5 tokenizer is in tests/conftest.py).
+"""Fixtures for the episode-loop tests: a tiny in-process fake env (the Qwen3 tokenizer is in tests/conftest.py).
 
 Helpers are handed out as fixtures (not imported from a module): an installed OpenRLHF ships its
 own top-level ``tests`` package, so ``import tests.agents...`` would be ambiguous.

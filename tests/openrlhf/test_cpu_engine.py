@@ -47,11 +47,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_finish_reason(mods):
-    finish_reason = mods.engine.finish_reason
-    assert finish_reason([5, 2], [2]) == "stop"
-    assert finish_reason([5, 6], [2]) == "length"
-    assert finish_reason([], [2]) == "length"
+def test_sampling_fields_it_cannot_honour_are_refused(mods):
+    mods.engine.check_neutral(mods.VllmParams(top_k=-1, min_tokens=0))
+    for field, value in (("top_k", 20), ("repetition_penalty", 1.1), ("min_tokens", 1), ("ignore_eos", True)):
+        with pytest.raises(ValueError, match=field):
+            mods.engine.check_neutral(mods.VllmParams(**{field: value}))
 
 
 def test_generate_returns_a_vllm_shaped_output(mods, model_path):

@@ -133,3 +133,10 @@ def test_evaluate_stops_its_webshop_server_on_sigterm(tmp_path, tiny_model):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_metrics_line_shows_cut_responses():
+    from progpo.cli.train import format_metrics
+
+    line = format_metrics(3, {"rollout/invalid_format_frac": 0.5, "rollout/truncated_response_frac": 0.25})
+    assert line == "iter 3 invalid=0.50 cut=0.25"

@@ -21,6 +21,9 @@ def test_defaults_and_dotted_flags():
     assert cfg.advantage.max_steps == 50  # estimator horizon follows --env.max_steps
     assert cfg.run.save_path == "runs/alfworld_gigpo"
     assert not config_from_args(["--algo.kl.init_coef", "0"]).actor.use_ref
+    assert (cfg.update.kl_estimator, cfg.update.dual_clip) == ("k3", None)  # defaults
+    loss_flags = config_from_args(["--algo.kl.estimator", "k2", "--actor.dual_clip", "3"]).update
+    assert (loss_flags.kl_estimator, loss_flags.dual_clip) == ("k2", 3.0)
 
 
 def test_every_advantage_field_has_a_flag():
@@ -48,6 +51,8 @@ def test_progpo_flags_reach_the_config():
     (["--actor.adam.lr", "-1"], "--actor.adam.lr"),
     (["--ds.zero_stage", "4"], "--ds.zero_stage"),
     (["--algo.kl.init_coef", "-0.1"], "--algo.kl.init_coef"),
+    (["--algo.kl.estimator", "k4"], "--algo.kl.estimator"),
+    (["--actor.dual_clip", "1.0"], "--actor.dual_clip"),
     (["--env.max_steps", "0"], "--env.max_steps"),
     (["--env.history_length", "-1"], "--env.history_length"),
     (["--progpo.kappa", "-1"], "--progpo.kappa"),
