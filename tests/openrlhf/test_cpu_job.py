@@ -102,12 +102,13 @@ def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, i
     finally:
         wall = time.monotonic() - t0
         leftover = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        ray_sessions = list(ray_tmp.glob("ray/session_*"))  # the head really ran under our temp dir
         shutil.rmtree(ray_tmp, ignore_errors=True)
     log = res.stdout + res.stderr
     (root / "job.log").write_text(log)
     print(f"\n[cpu job {estimator} x{iters}] wall {wall:.0f} s, exit {res.returncode}, load {os.getloadavg()}")
     return {"rc": res.returncode, "log": log, "wall": wall, "out": out, "dump": dump, "leftover": leftover,
-            "ray_tmp": str(ray_tmp), "webshop_port": webshop_port}
+            "ray_tmp": str(ray_tmp), "ray_sessions": ray_sessions, "webshop_port": webshop_port}
 
 
 def tensorboard_scalars(out: Path) -> dict[str, list[float]]:
@@ -182,6 +183,7 @@ def test_job_ends_cleanly(progpo_job):
     assert progpo_job["rc"] == 0, progpo_job["log"][-6000:]
     assert "local Ray head shut down" in progpo_job["log"]
     # its Ray head, workers and WebShop server are gone (only ours: our temp dir and port)
+    assert progpo_job["ray_sessions"], "the local Ray head did not use the job's RAY_TMPDIR"
     assert progpo_job["ray_tmp"] not in progpo_job["leftover"]
     assert f"--port {progpo_job['webshop_port']}" not in progpo_job["leftover"]
 
