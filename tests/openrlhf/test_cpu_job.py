@@ -168,9 +168,18 @@ def assert_actor_trained_on_step_advantages(dump: Path, estimator: str, iters: i
         assert distinct >= min_distinct, f"{distinct} distinct step advantages: the check could not tell rows apart"
 
 
+WARM_VERSION = "1"  # bump when warm_started_tiny_model changes
+
+
 @pytest.fixture(scope="module")
-def start_model(tmp_path_factory) -> Path:
-    return warm_started_tiny_model(tmp_path_factory.mktemp("warm") / "tiny-webshop")
+def start_model() -> Path:
+    """The warm-started tiny model, built once per machine next to the tiny model (deterministic)."""
+    from progpo.trainer.tiny_model import tiny_model_path
+
+    out = tiny_model_path().parent / f"{tiny_model_path().name}-webshop-warm{WARM_VERSION}"
+    if not (out / "model.safetensors").is_file():
+        warm_started_tiny_model(out)
+    return out
 
 
 @pytest.fixture(scope="module")
