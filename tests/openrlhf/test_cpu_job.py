@@ -1,7 +1,7 @@
 """The distributed path, whole, on CPU: ``bash examples/scripts/train_progpo_webshop_cpu.sh`` for real.
 
-One run of the CPU launch script (tiny Qwen2 from ``progpo/trainer/tiny_model.py``; 2 tasks x 4
-rollouts x up to 3 steps; 2 iterations) starts the WebShop server and, through
+One run of the CPU launch script (tiny Qwen2 from ``progpo/trainer/tiny_model.py``, warm-started
+by :func:`warm_started_tiny_model`; 2 tasks x 4 rollouts x up to 3 steps; 2 iterations) starts the WebShop server and, through
 ``python -m progpo.cli.train_ray --device cpu``, a local Ray head with OpenRLHF 0.11.2's own PPO
 trainer, policy (DeepSpeed ZeRO-3 over gloo) and reference actors and the CPU engine actor. Every
 check reads what the job itself wrote: the final HF checkpoint (OpenRLHF's ``save_model``),
@@ -9,7 +9,7 @@ TensorBoard (OpenRLHF's logger), and the ``--debug.dump_dir`` files (the step ba
 maker computed advantages on, and the replay buffer the policy actor trained on). Then GiGPO and
 GRPO run the same job for one iteration each, without the reference model (cheaper variant).
 
-Cost on a 2-core machine: see docs/distributed.md ("What ran where"); ~4 jobs of 1-3 minutes.
+Cost on a 2-core machine: see docs/distributed.md ("What ran where"): three jobs of 1-2 minutes each.
 """
 
 from __future__ import annotations
