@@ -65,6 +65,8 @@ def summarize(env_name: str, episodes: list[Episode]) -> dict[str, Any]:
         "return": mean_interval([ep.episode_return for ep in done]),
         "episode_length": mean_interval([len(ep.steps) for ep in done]),
         "invalid_action_frac": float(np.mean([s.invalid for ep in done for s in ep.steps])) if done else math.nan,
+        "format_invalid": rate_interval(sum(s.format_invalid for ep in done for s in ep.steps),
+                                        sum(len(ep.steps) for ep in done)),
     }
     out.update(EVAL_EXTRAS[env_name](done))
     return out
