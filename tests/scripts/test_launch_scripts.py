@@ -21,7 +21,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "scripts"
-ALL = sorted([*SCRIPTS.glob("*.sh"), *SCRIPTS.glob("*.sbatch"), *SCRIPTS.glob("lib/*.sh")])
+ALL = sorted([*SCRIPTS.glob("*.sh"), *SCRIPTS.glob("*.sbatch"), *SCRIPTS.glob("lib/*.sh"),
+              REPO / "scripts" / "install.sh", REPO / ".ci" / "run"])
 TRAIN = sorted(SCRIPTS.glob("train_*.sh"))
 
 
@@ -34,7 +35,7 @@ def test_expected_scripts_exist():
     assert (SCRIPTS / "slurm_train_ray.sbatch").is_file()
 
 
-@pytest.mark.parametrize("script", ALL, ids=lambda p: str(p.relative_to(SCRIPTS)))
+@pytest.mark.parametrize("script", ALL, ids=lambda p: str(p.relative_to(REPO)))
 def test_bash_syntax(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
 
