@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A CPU run that visibly learns (opt-in; ~40 min of an idle 2-core machine, ~11 GB of memory):
+# A CPU run that visibly learns (opt-in; ~30-40 min of an idle 2-core machine, ~11 GB of memory):
 # behaviour-cloning warm start of SmolLM2-135M-Instruct on WebShop expert trajectories, then ProGPO
 # from it, with evaluations before SFT, after SFT, per RL iteration and after RL.
 #
@@ -26,13 +26,13 @@ MAX_STEPS=${MAX_STEPS:-6}
 HISTORY_LENGTH=${HISTORY_LENGTH:-2}
 MAX_PROMPT_TOKENS=${MAX_PROMPT_TOKENS:-512}
 MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
-SFT_TASKS=${SFT_TASKS:-12}
+SFT_TASKS=${SFT_TASKS:-8}
 SFT_EPOCHS=${SFT_EPOCHS:-2}
 SFT_LR=${SFT_LR:-5e-5}
 RL_ITERS=${RL_ITERS:-2}
 RL_LR=${RL_LR:-1e-5}
 EVAL_TRAIN_TASKS=${EVAL_TRAIN_TASKS:-8}
-EVAL_TEST_TASKS=${EVAL_TEST_TASKS:-16}
+EVAL_TEST_TASKS=${EVAL_TEST_TASKS:-12}
 bash scripts/install.sh
 mkdir -p "$OUT"
 PROTOCOL=(--env.name webshop --env.max_steps "$MAX_STEPS" --env.history_length "$HISTORY_LENGTH"
