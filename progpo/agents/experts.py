@@ -150,21 +150,20 @@ def alfworld_walkthrough(game_file: str | Path) -> list[str]:
 
 
 def _alfworld_think(action: str) -> str:
-    verb = action.split(" ", 1)[0]
+    """A short templated reason for a walkthrough command, by its verb."""
     templates = {
-        "go": "I should go to {rest} next.",
-        "take": "I need to pick up {rest}.",
-        "put": "Now I put {rest}.",
-        "open": "I open {rest} to look inside.",
-        "close": "I close {rest}.",
-        "heat": "The task needs it hot: heat {rest}.",
-        "cool": "The task needs it cool: cool {rest}.",
-        "clean": "The task needs it clean: clean {rest}.",
-        "use": "I use {rest} to look at the object.",
-        "slice": "I slice {rest}.",
+        "go": "Next I {action}.",
+        "take": "I need to {action}.",
+        "put": "Now I {action}.",
+        "open": "I {action} to look inside.",
+        "close": "I {action}.",
+        "heat": "The task needs it hot, so I {action}.",
+        "cool": "The task needs it cool, so I {action}.",
+        "clean": "The task needs it clean, so I {action}.",
+        "use": "I {action} to look at the object.",
+        "slice": "I {action}.",
     }
-    rest = action.split(" ", 1)[1] if " " in action else action
-    return templates.get(verb, "Next I {rest}.").format(rest=rest)
+    return templates.get(action.split(" ", 1)[0], "Next I {action}.").format(action=action)
 
 
 class AlfWorldExpert:

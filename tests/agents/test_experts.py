@@ -92,3 +92,11 @@ def test_alfworld_walkthroughs_win_through_the_episode_loop(shared_data, qwen_to
         prompt = qwen_tokenizer.decode(ep.steps[2].prompt_ids)
         assert f"Action 1: '{walk[0]}'" in prompt and f"Action 2: '{walk[1]}'" in prompt
         assert ep.steps[2].response_text.startswith("<think>") and ep.steps[2].response_text.endswith("</action>")
+
+
+def test_alfworld_think_text_is_short_and_reads_right():
+    from progpo.agents.experts import _alfworld_think
+
+    assert _alfworld_think("go to dresser 1") == "Next I go to dresser 1."
+    assert _alfworld_think("heat mug 1 with microwave 1") == "The task needs it hot, so I heat mug 1 with microwave 1."
+    assert _alfworld_think("inventory") == "Next I inventory."
