@@ -138,3 +138,13 @@ def _same(trainer, state):
     live = trainer.actor.model.state_dict()
     for name, tensor in state.items():
         assert torch.equal(tensor, live[name]), name
+
+
+@pytest.mark.parametrize("flag, value", [("--sft.num_tasks", "0"), ("--train.max_epochs", "0"),
+                                         ("--actor.adam.lr", "-1"), ("--rollout.max_prompt_tokens", "0")])
+def test_sft_cli_bad_values_name_the_flag(tmp_path, capsys, flag, value):
+    from progpo.cli import sft
+
+    assert sft.main(["--pretrain", "tiny", "--save_path", str(tmp_path / "x"), flag, value]) == 2
+    assert flag.lstrip("-") in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # nothing written
