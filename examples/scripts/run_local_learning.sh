@@ -68,4 +68,6 @@ evaluate "$OUT/rl" test "$EVAL_TEST_TASKS" 0.4 "$OUT/eval_rl_test.json"
 log "6/6 report"
 python3 -m progpo.cli.learning_report "$OUT"
 log "done in $((SECONDS - START)) s wall"
-times | tee -a "$OUT/timing.txt"  # CPU time: this shell, then its children (user, system)
+# CPU time (user, system): this shell, then its children (not in a pipe: a subshell has no children)
+times >>"$OUT/timing.txt"
+tail -2 "$OUT/timing.txt"
