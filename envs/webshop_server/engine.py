@@ -4,12 +4,14 @@ Action semantics follow the original text environment (princeton-nlp/WebShop,
 ``web_agent_site/envs/web_agent_text_env.py``: ``WebAgentTextEnv.step`` and ``SimServer.receive``):
 
 * ``search[q]`` (q lower-cased, split on spaces) runs a search from any page and shows results page 1;
-* ``click[x]`` must be one of the page's clickables (not ``search``): ``buy now`` ends the session
-  with the reward; ``back to search`` returns to the search page (forgetting keywords, product,
-  options and visited products); ``next >`` / ``< prev`` page through results; ``< prev`` on an item
-  page returns to the results, on a sub page to the item page; ``description`` / ``features`` /
-  ``reviews`` / ``attributes`` open a sub page; a product ASIN opens its item page; an option value
-  selects it;
+* ``click[x]`` must name one of the page's clickables (not ``search``): x lower-cased equal to a
+  clickable (the original's exact rule) or, failing that, equal to one after
+  ``progpo.envs.base.normalize_action`` on both sides (:func:`resolve_clickable`, a documented
+  extension); ``buy now`` ends the session with the reward; ``back to search`` returns to the
+  search page (forgetting keywords, product, options and visited products); ``next >`` / ``< prev``
+  page through results; ``< prev`` on an item page returns to the results, on a sub page to the
+  item page; ``description`` / ``features`` / ``reviews`` / ``attributes`` open a sub page; a
+  product ASIN opens its item page; an option value selects it;
 * anything else changes nothing (``valid = False`` with a message naming why).
 
 Deviation (documented): after ``buy now`` the session is finished and every further action is a
@@ -33,8 +35,10 @@ import jinja2
 from envs.webshop_server import observation as obs
 from envs.webshop_server.reward import get_reward
 from envs.webshop_server.search import SEARCH_RETURN_N
+from progpo.envs.base import normalize_action
 
 PRODUCT_WINDOW = 10
+SIM_BASE_URL = "http://127.0.0.1:3000"  # the original text env's fixed base URL (url observation)
 END_BUTTON = "buy now"
 NEXT_PAGE = "next >"
 PREV_PAGE = "< prev"
@@ -55,6 +59,28 @@ def parse_action(action: str) -> tuple[str, str | None]:
     if m is None:
         return action, None
     return m.group(1), m.group(2)
+
+
+def resolve_clickable(arg: str, clickables: list[str]) -> str | None:
+    """The clickable a ``click[arg]`` names, or None.
+
+    The original compares the lower-cased ``arg`` with the clickables exactly, so a label with
+    inner whitespace runs (``"black  |  white"`` from ``"Black / White"``), tabs or non-breaking
+    spaces could never be clicked by an agent whose parser normalises its actions. Rule: an exact
+    match wins (the original's behaviour, unchanged where it accepts); otherwise the clickables
+    whose ``normalize_action`` form equals ``normalize_action(arg)`` (the function the agent's
+    parser applies to the action): the one already in normal form if there is one (so every
+    normalised spelling of an action lands on the same label), else the first in page order.
+
+    Args:
+        arg: the text inside ``click[...]``.
+        clickables: the page's clickables (``available_actions()["clickables"]``), page order.
+    """
+    if arg in clickables:
+        return arg
+    key = normalize_action(arg)
+    matches = [c for c in clickables if normalize_action(c) == key]
+    return key if key in matches else next(iter(matches), None)
 
 
 def q(value: Any) -> str:
@@ -127,7 +153,14 @@ class Urls:
         return self.index
 
     def sim_url(self) -> str:
-        """The URL string the original simulator keeps (used by ``text_rich`` to mark clicked options)."""
+        """The URL path the original simulator keeps, without its base URL (``text_rich`` marks
+        clicked options by it; the ``url`` observation is ``SIM_BASE_URL + sim_url()``).
+
+        Forms (``SimServer`` of ``web_agent_text_env.py``): ``/<sid>``,
+        ``/search_results/<sid>/<kw1+kw2>/<page>``, ``/item_page/<sid>/<ASIN>/<kw>/<page>/<options as
+        JSON>``, ``/item_sub_page/<sid>/<ASIN>/<kw>/<page>/<Tab>/<options as Python dict>``,
+        ``/done/<sid>/<ASIN>/<options as Python dict>``; nothing is URL-quoted.
+        """
         st = self.st
         kw = "+".join(st.keywords or [])
         if st.kind == "search_results":
@@ -227,8 +260,7 @@ class Session:
             m.add(f"Page {st.page} (Total results: {len(hits)})")
             if st.page > 1:
                 m.button("< Prev")
-            if st.page * PRODUCT_WINDOW < len(hits):
-                m.button("Next >")
+            m.button("Next >")  # on every page, also past the last result (as the original)
             for asin in hits[lo:lo + PRODUCT_WINDOW]:
                 item = self.shop.catalog.by_asin[asin]
                 m.add(item["asin"], "product")
@@ -250,25 +282,21 @@ class Session:
             for tab in ("Description", "Features", "Reviews") + (("Attributes",) if self.shop.show_attrs else ()):
                 m.button(tab)
             m.button("Buy Now")
-        elif st.sub_page == "Description":
-            m.add(product["Description"] or "No Description")
+        elif st.sub_page == "Description":  # sub pages: no "No ..." fallbacks, as the original
+            m.add(product["Description"])
         elif st.sub_page == "Features":
-            if product["BulletPoints"]:
-                for bullet in product["BulletPoints"]:
-                    m.add(f" {bullet} ")
-            else:
-                m.add("No Features")
+            for bullet in product["BulletPoints"]:
+                m.add(f" {bullet}")
         elif st.sub_page == "Reviews":
-            if product["Reviews"]:
-                for review in product["Reviews"]:
-                    m.add(f'"{review.get("title", "")}"')
-                    m.add(review.get("score", ""))
-                    m.add(review.get("body", ""))
-            else:
-                m.add("No reviews found")
+            for review in product["Reviews"]:
+                m.add(f'"{review.get("title", "")}"')
+                m.add(review.get("score", ""))
+                m.add(review.get("body", ""))
         else:
             for attribute in product["Attributes"]:
-                m.add(f" {attribute} ")
+                m.add(f" {attribute}")
+            for key in ("category", "query", "product_category"):
+                m.add(product[key])
         return m
 
     def _render(self) -> None:
@@ -295,7 +323,11 @@ class Session:
         return Urls(self.sid, self.state).current
 
     def observation(self, mode: str = "text") -> str:
-        """The current page as ``text``, ``text_rich``, ``html`` or ``url``; ValueError otherwise."""
+        """The current page as ``text``, ``text_rich``, ``html`` or ``url``; ValueError otherwise.
+
+        ``url`` is the original text env's URL string (``SIM_BASE_URL`` + :meth:`Urls.sim_url`);
+        the page's address on this server is :attr:`url` (the view's ``url`` field).
+        """
         if mode == "text":
             if self._text is None:
                 self._text = obs.html_to_text(self._soup) if self.model is None else self.model.text()
@@ -307,8 +339,8 @@ class Session:
             return self.model.text_rich(url, self.visited)
         if mode == "html":
             return self.html
-        if mode == "url":
-            return self.url
+        if mode == "url":  # the original text env's url observation (not this server's browser URL)
+            return SIM_BASE_URL + Urls(self.sid, self.state).sim_url()
         raise ValueError(f"observation mode must be text, text_rich, html or url, got {mode!r}")
 
     # ----- actions -----------------------------------------------------------------------------
@@ -360,9 +392,10 @@ class Session:
             return self._result(True, "")
         if name != "click" or arg is None:
             return self._result(False, "actions are search[query] or click[label]")
-        if arg == "search" or arg not in self.actions["clickables"]:
+        label = resolve_clickable(arg, self.actions["clickables"])
+        if label is None or label == "search":
             return self._result(False, f"{arg!r} is not clickable on this page")
-        self._click(arg)
+        self._click(label)
         return self._result(True, "")
 
     def _click(self, arg: str) -> None:

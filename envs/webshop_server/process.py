@@ -25,7 +25,8 @@ class WebShopServerProcess:
     """A ``python -m envs.webshop_server`` subprocess bound to ``host:port``.
 
     Usable as a context manager. ``start()`` spawns the server and polls ``/health`` until it answers
-    (or ``start_timeout_s`` passes); ``stop()`` terminates it (SIGTERM, then SIGKILL after 5 s).
+    and (with ``wait_nlp``) reports the reward's spaCy pipeline loaded, or ``start_timeout_s``
+    passes; ``stop()`` terminates it (SIGTERM, then SIGKILL after 5 s).
 
     Args:
         data_dir: WebShop data folder (None: ``data_root()/webshop``).
@@ -34,7 +35,12 @@ class WebShopServerProcess:
         num_products: keep only the first N products.
         products_file: products file name inside ``data_dir``.
         goal_source, split_mode, price_seed, threads, session_ttl_s, max_sessions: server flags.
-        start_timeout_s: seconds to wait for ``/health``.
+        start_timeout_s: seconds to wait for a healthy (and, with ``wait_nlp``, ready) server.
+        wait_nlp: also wait until ``/health`` says ``nlp_ready``: the server loads spaCy in a
+            background thread after it starts answering, and requests that arrive meanwhile (the
+            first purchase waits for the load; all compete with it for the CPU) can take tens of
+            seconds on a loaded machine, past a client's timeout. False: return at the first
+            ``/health`` answer (the benchmark measures that start time).
         extra_args: more command-line flags.
 
     Raises:
@@ -57,7 +63,8 @@ class WebShopServerProcess:
         threads: int = 8,
         session_ttl_s: float = 3600.0,
         max_sessions: int = 10_000,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float = 300.0,
+        wait_nlp: bool = True,
         extra_args: list[str] | None = None,
     ) -> None:
         if not 0 <= port < 65536:
@@ -66,6 +73,7 @@ class WebShopServerProcess:
             raise ValueError(f"start_timeout_s must be > 0, got {start_timeout_s}")
         self.host, self.port = host, port
         self.start_timeout_s = start_timeout_s
+        self.wait_nlp = wait_nlp
         args = ["--host", host, "--port", str(port), "--goal-source", goal_source,
                 "--split-mode", split_mode, "--price-seed", str(price_seed), "--threads", str(threads),
                 "--session-ttl-s", str(session_ttl_s), "--max-sessions", str(max_sessions)]
@@ -94,6 +102,7 @@ class WebShopServerProcess:
             raise RuntimeError("server already started")
         resolve_files(self.data_dir, self.products_file)
         self.url = None  # a failed earlier start may have seen another port
+        self.start_seconds = None
         self._log = tempfile.NamedTemporaryFile("w+", prefix="webshop_server_", suffix=".log", delete=False)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -116,16 +125,25 @@ class WebShopServerProcess:
                 m = _LISTENING.search(Path(self._log.name).read_text(errors="replace"))
                 if m:
                     self.url = m.group(1)
-            if self.url is not None:
-                try:
-                    if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
-                        self.start_seconds = time.perf_counter() - t0
-                        log.info("WebShop server at %s (%.2f s)", self.url, self.start_seconds)
-                        return self.url
-                except requests.RequestException:
-                    pass
+            health = self._health(deadline) if self.url is not None else None
+            if health is not None:
+                if self.start_seconds is None:  # answering: the start time (as the benchmark reports it)
+                    self.start_seconds = time.perf_counter() - t0
+                if not self.wait_nlp or health.get("nlp_ready"):
+                    log.info("WebShop server at %s (%.2f s; ready after %.2f s)", self.url, self.start_seconds,
+                             time.perf_counter() - t0)
+                    return self.url
             time.sleep(0.05)  # polling interval, not a blind wait
-        raise RuntimeError(f"WebShop server not healthy after {self.start_timeout_s} s:\n{self.log_tail()}")
+        what = "ready (spaCy loaded)" if self.wait_nlp and self.start_seconds is not None else "healthy"
+        raise RuntimeError(f"WebShop server not {what} after {self.start_timeout_s} s:\n{self.log_tail()}")
+
+    def _health(self, deadline: float) -> dict[str, Any] | None:
+        """One ``/health`` poll: its JSON when it answered 200, else None."""
+        try:
+            r = requests.get(f"{self.url}/health", timeout=max(0.5, min(10.0, deadline - time.monotonic())))
+            return r.json() if r.status_code == 200 else None
+        except (requests.RequestException, ValueError):
+            return None
 
     def log_tail(self, n_chars: int = 4000) -> str:
         """The last ``n_chars`` of the server's log."""

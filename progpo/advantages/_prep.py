@@ -67,6 +67,10 @@ def combine(*codes: np.ndarray) -> tuple[np.ndarray, int]:
 def group_stats(g: np.ndarray, n: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-group count, mean and sum of squared deviations (two-pass, stable).
 
+    A group whose values are all equal gets exactly that value as its mean (and ssd 0): the
+    floating-point sum/count of six 9.8s is not 9.8, and ``x - mean`` must be exactly 0 there, so
+    that all-equal returns give exactly zero advantages (issue 12 case 8).
+
     Args:
         g: ``[S]`` group codes in ``0..n-1``; x: ``[S]`` float64 values.
     Returns:
@@ -75,6 +79,11 @@ def group_stats(g: np.ndarray, n: int, x: np.ndarray) -> tuple[np.ndarray, np.nd
     cnt = np.bincount(g, minlength=n).astype(np.float64)
     tot = np.bincount(g, weights=x, minlength=n)
     mean = np.divide(tot, cnt, out=np.zeros(n), where=cnt > 0)
+    lo = np.full(n, np.inf)
+    hi = np.full(n, -np.inf)
+    np.minimum.at(lo, g, x)
+    np.maximum.at(hi, g, x)
+    mean = np.where((cnt > 0) & (lo == hi), lo, mean)
     dev = x - mean[g]
     ssd = np.bincount(g, weights=dev * dev, minlength=n)
     return cnt, mean, ssd

@@ -28,10 +28,11 @@ def rloo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages
     A task with one trajectory gets 0 (no baseline sample). Raises ValueError on a bad batch.
     """
     p = prepare(batch, cfg)
-    cnt = np.bincount(p.traj_task, minlength=p.n_tasks).astype(np.float64)[p.traj_task]
-    tot = np.bincount(p.traj_task, weights=p.R, minlength=p.n_tasks)[p.traj_task]
-    loo_mean = np.divide(tot - p.R, cnt - 1.0, out=p.R.copy(), where=cnt > 1)
-    return finish(p, (p.R - loo_mean)[p.traj], {})
+    cnt, mean, _ = group_stats(p.traj_task, p.n_tasks, p.R)
+    n = cnt[p.traj_task]
+    # R_i - (sum R - R_i)/(n-1) = n (R_i - mean R)/(n-1): exactly 0 when the task's returns are equal
+    adv = np.divide(n * (p.R - mean[p.traj_task]), n - 1.0, out=np.zeros(p.n_traj), where=n > 1)
+    return finish(p, adv[p.traj], {})
 
 
 def _step_group_adv(p, codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -25,6 +25,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "credit": ("transition", "action"),
     "state_key": ("obs", "obs_inventory"),
     "diagnostics": ("full", "basic"),
+    "sigma2_floor_ref": ("batch", "success_reward"),
 }
 
 
@@ -49,13 +50,16 @@ class AdvantageConfig:
         tau: cosine-similarity threshold for semantic expansion and graph-node merging, in (0, 1].
         depths: D, deepest history depth of the potentials (3) (and HGPO's K); >= 0.
         m0: prior pseudo-samples shrinking each pool variance toward sigma2_u (3); > 0.
-        sigma2_floor_coef: floor of sigma2_u as a fraction of success_reward**2 (3); > 0.
-        success_reward: reward of a successful episode (reward units), scales the variance floor; > 0.
+        sigma2_floor_coef: floor of sigma2_u as a fraction of the squared reward scale (3); > 0.
+        sigma2_floor_ref: reward scale of that floor: batch = max |r| over the batch's steps (scale-invariant) or success_reward (the paper reading, fixed reward units).
+        success_reward: reward of a successful episode (reward units); only the variance floor with sigma2_floor_ref=success_reward reads it; > 0.
         potential_pool: inclusive (own return in its pools) or loo (own trajectory left out) (3).
         fusion: across-depth fusion (5): ivw, ivw_bias, or none (unweighted mean of the depth estimates).
         eta: added to each depth variance in ivw fusion, w_d = 1/(e_d + eta) (5); > 0.
         potential_estimator: mc (pooled Monte-Carlo means of G, (3)-(5)) or graph (empirical MDP, E1).
         credit: transition (C = r + gamma Phi' - Phi, (6)) or action (C = Q - V, E2; needs graph).
+        credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1].
+        zero_signal: a task whose trajectories all have the same episode return R gets advantage exactly 0 on every step, from every term, for every estimator (False: step terms still compare returns-to-go).
         state_key: anchor state for depth/graph/GiGPO/HGPO keys: obs or obs_inventory (E3; needs state_extra).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
         max_steps: H, the env's step limit, horizon of the graph backward induction (E1); >= 1.
@@ -79,12 +83,15 @@ class AdvantageConfig:
     depths: int = 2
     m0: float = 2.0
     sigma2_floor_coef: float = 1e-2
+    sigma2_floor_ref: Literal["batch", "success_reward"] = "batch"
     success_reward: float = 10.0
     potential_pool: Literal["inclusive", "loo"] = "inclusive"
     fusion: Literal["ivw", "ivw_bias", "none"] = "ivw"
     eta: float = 1e-6
     potential_estimator: Literal["mc", "graph"] = "mc"
     credit: Literal["transition", "action"] = "transition"
+    credit_lambda: float = 0.0
+    zero_signal: bool = False
     state_key: Literal["obs", "obs_inventory"] = "obs"
     hgpo_alpha: float = 1.0
     max_steps: int = 50
@@ -112,6 +119,7 @@ class AdvantageConfig:
                 raise ValueError(f"AdvantageConfig.{f.name} must be a bool, got {value!r}")
         ranges = {
             "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
+            "credit_lambda": (0.0 <= self.credit_lambda <= 1.0, "in [0, 1]"),
             "eps": (self.eps > 0, "> 0"),
             # advantages are O(1) before weighting; a weight beyond 1e6 can only overflow
             "omega": (0 <= self.omega <= 1e6, "in [0, 1e6]"),
@@ -142,6 +150,11 @@ class AdvantageConfig:
             raise ValueError(
                 "AdvantageConfig.credit='action' needs potential_estimator='graph' (Q and V come from the graph, E2)"
             )
+        if self.credit_lambda > 0 and self.credit != "transition":
+            raise ValueError(
+                "AdvantageConfig.credit_lambda > 0 accumulates the transition credit (GAE); it needs "
+                f"credit='transition', got credit={self.credit!r}"
+            )
 
     @staticmethod
     def choices(name: str) -> tuple[str, ...] | None:
@@ -150,5 +163,53 @@ class AdvantageConfig:
 
     @property
     def sigma2_floor(self) -> float:
-        """Floor of the task return-to-go variance sigma2_u, reward units squared (spec (3))."""
+        """Floor of sigma2_u with ``sigma2_floor_ref='success_reward'``: coef * success_reward**2,
+        reward units squared (spec (3)). With ``'batch'`` the estimator uses
+        ``coef * (max |r| over the batch)**2`` instead (``progpo.advantages.progpo.sigma2_task``)."""
         return self.sigma2_floor_coef * self.success_reward**2
+
+
+#: The spec's paper reading (``docs/progpo-algorithm.md``, components (1)-(7)), every field it fixes
+#: written out, so that the preset keeps meaning the paper when the product defaults move.
+PAPER: dict[str, object] = {
+    "gamma": 0.95, "eps": 1e-6, "omega": 1.0, "beta_episode": 1.0, "episode_norm": "mean_std_norm",
+    "gigpo_mode": "mean_std_norm", "prefix_mode": "prompt", "kappa": 8.0, "use_peer": True, "use_potential": True,
+    "semantic_expansion": True, "min_peers": 2, "tau": 0.90, "depths": 2, "m0": 2.0, "sigma2_floor_coef": 1e-2,
+    "sigma2_floor_ref": "success_reward", "success_reward": 10.0, "potential_pool": "inclusive", "fusion": "ivw",
+    "eta": 1e-6, "potential_estimator": "mc", "credit": "transition", "credit_lambda": 0.0, "zero_signal": False,
+    "state_key": "obs", "hgpo_alpha": 1.0,
+}
+
+#: Named presets (``--progpo.preset NAME``): field overrides applied on top of the dataclass defaults
+#: and below any individual ``--progpo.<field>`` flag.
+#:
+#: * ``paper``: the spec's paper reading (floor in success-reward units, one-step credit, observation keys).
+#: * ``default``: the product defaults (the dataclass defaults; no override).
+#: * ``candidate``: the candidate new default measured in issue 10: observation + inventory state keys (E3),
+#:   credit accumulated with GAE lambda 0.8, and zero advantages for tasks without a return signal.
+PRESETS: dict[str, dict[str, object]] = {
+    "paper": PAPER,
+    "default": {},
+    "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": True},
+}
+
+
+def preset_fields(name: str) -> dict[str, object]:
+    """The field overrides of preset ``name`` (a copy).
+
+    Raises:
+        ValueError: an unknown preset (the message lists the known ones).
+    """
+    if name not in PRESETS:
+        raise ValueError(f"AdvantageConfig preset must be one of {list(PRESETS)}, got {name!r}")
+    return dict(PRESETS[name])
+
+
+def config_from_preset(preset: str | None = None, **overrides: object) -> AdvantageConfig:
+    """``AdvantageConfig`` from a preset (None = the dataclass defaults) with ``overrides`` on top.
+
+    Raises:
+        ValueError: unknown preset, or an invalid field value (names the field).
+    """
+    base = preset_fields(preset) if preset is not None else {}
+    return AdvantageConfig(**{**base, **overrides})

@@ -9,8 +9,9 @@ cost ``O(H * (#edges + #pairs))``.
 
 Outcome of a trajectory's last step: ``terminated`` -> value 0 (counted in T's denominator, no edge).
 Truncated (or unflagged) last steps go to the node of their final observation (``StepBatch.final_obs``;
-with ``obs_inventory`` the last step's inventory is assumed unchanged): an exact match to a state seen
-as an anchor in the task (merged nodes included), else a node without data, whose value is 0. Without
+with ``obs_inventory`` the last step's inventory is assumed unchanged), placed as any anchor observation
+is: without an encoder, the state with the same text in the task; with one, by the same semantic merging
+(``merge_nodes``); a final observation that joins no anchor state goes to a node without data, value 0. Without
 ``final_obs`` the outcome is unknown and those steps are left out of ``T`` (``rbar``, ``n`` and ``pi0``
 still count them); a pair seen only there gets ``Q = rbar``. Invalid actions share one action symbol.
 """
@@ -42,14 +43,16 @@ def solve_graph(p: Prepared, encoder: Encoder | None, timings: dict | None = Non
             f"AdvantageConfig.max_steps={H} but the batch has a trajectory of {longest} steps; "
             "set max_steps to the env's step limit"
         )
+    cut = np.flatnonzero(p.last & ~p.ended_done) if p.batch.final_obs is not None else None
     if encoder is not None:
         t0 = time.perf_counter()
-        node, merged = merge_nodes(p, encoder)
+        node, merged, fin = merge_nodes(p, encoder, cut)
         if timings is not None:
             timings["embeddings"] = timings.get("embeddings", 0.0) + (time.perf_counter() - t0) * 1e3
     else:
         node, _ = combine(p.depth_keys(0)[0][0])
         merged = np.zeros(p.S, dtype=bool)
+        fin = None if cut is None else _final_nodes(p, node, cut)
     n_nodes = int(node.max()) + 1
     pair, n_pairs = combine(node, p.action_code(True))
     pair_node = np.zeros(n_pairs, dtype=np.int64)
@@ -61,9 +64,7 @@ def solve_graph(p: Prepared, encoder: Encoder | None, timings: dict | None = Non
     known = ~p.last | p.ended_done  # outcome known: a next step, or done (value 0)
     src = np.flatnonzero(~p.last)
     dst = node[src + 1]
-    if p.batch.final_obs is not None:
-        cut = np.flatnonzero(p.last & ~p.ended_done)
-        fin = _final_nodes(p, node, cut)
+    if cut is not None:
         known = known | (p.last & ~p.ended_done)
         hit = fin >= 0  # a final observation never seen as an anchor: value-0 node, no edge
         src, dst = np.r_[src, cut[hit]], np.r_[dst, fin[hit]]
@@ -84,7 +85,8 @@ def solve_graph(p: Prepared, encoder: Encoder | None, timings: dict | None = Non
 
 
 def _final_nodes(p: Prepared, node: np.ndarray, cut: np.ndarray) -> np.ndarray:
-    """Node of each truncated last step's final observation (exact state match in its task), or -1."""
+    """Without an encoder: node of each truncated last step's final observation (exact state match in its
+    task), or -1. With one, ``merge_nodes`` places final observations by the same semantic merging."""
     obs = p.batch.anchor_obs[p.order]
     extra = p.batch.state_extra[p.order] if p.cfg.state_key == "obs_inventory" else np.full(p.S, "", dtype=object)
     lookup = dict(zip(zip(p.task.tolist(), obs.tolist(), extra.tolist()), node.tolist()))

@@ -11,10 +11,11 @@ import time
 
 import numpy as np
 
-from progpo.advantages._prep import Prepared, combine, episode_term, group_stats, normalise, prepare, sample_std
+from progpo.advantages._prep import (Prepared, combine, discounted_returns, episode_term, group_stats, normalise, prepare,
+                                     sample_std)
 from progpo.advantages.batch import StepBatch
 from progpo.advantages.config import AdvantageConfig
-from progpo.advantages.result import StepAdvantages, finish, task_std
+from progpo.advantages.result import StepAdvantages, finish, pool_size_diagnostics, task_std
 from progpo.advantages.semantic import Encoder, expand_depth0
 
 logger = logging.getLogger(__name__)
@@ -71,16 +72,34 @@ def _pool_stats(p: Prepared, codes: np.ndarray, k: int, loo: bool):
     return n, mean[codes] + mx, np.where(n > 0, out_ssd, 0.0)
 
 
-def sigma2_task(p: Prepared) -> np.ndarray:
-    """``[S]`` sigma2_u: sample variance of G over the task's steps, floored at ``cfg.sigma2_floor`` (spec (3))."""
-    return np.maximum(task_std(p, p.G) ** 2, p.cfg.sigma2_floor)
+def reward_scale(p: Prepared) -> float:
+    """The reward unit ``s`` the fusion's variances are measured in (spec (3)/(5), ``sigma2_floor_ref``).
+
+    ``batch``: the largest |r| of the batch (1 when every reward is 0). Multiplying every reward by
+    c > 0 multiplies ``s`` by c, so the fusion weights and every normalised advantage stay the same.
+    ``success_reward`` (the paper reading): 1, i.e. absolute reward units.
+    """
+    if p.cfg.sigma2_floor_ref == "success_reward":
+        return 1.0
+    s = float(np.max(np.abs(p.r)))
+    return s if s > 0 else 1.0
+
+
+def sigma2_task(p: Prepared, scale: float) -> np.ndarray:
+    """``[S]`` sigma2_u / scale**2: sample variance of G over the task's steps in units of ``scale``,
+    floored at ``sigma2_floor_coef`` (``batch``: the floor is coef * (max |r|)**2) or, with
+    ``sigma2_floor_ref='success_reward'`` (scale 1), at ``coef * success_reward**2`` (spec (3))."""
+    cfg = p.cfg
+    floor = cfg.sigma2_floor if cfg.sigma2_floor_ref == "success_reward" else cfg.sigma2_floor_coef
+    return np.maximum((task_std(p, p.G) / scale) ** 2, floor)
 
 
 def mc_potentials(p: Prepared, encoder: Encoder | None, timings: dict | None = None):
     """Spec (3)-(5): fused Monte-Carlo potential ``Phi`` per step.
 
     Returns (Phi ``[S]``, diagnostics). Per depth d: pool ``S_d`` (key ``k_d``), ``mu_d``, ``n_d``,
-    ``s2~_d = ((n_d-1) s2_d + m0 sigma2_u) / (n_d - 1 + m0)``, ``e_d = s2~_d / n_d``; fusion
+    ``s2~_d = ((n_d-1) s2_d + m0 sigma2_u) / (n_d - 1 + m0)``, ``e_d = s2~_d / n_d`` (in units of
+    ``reward_scale(p)**2``); fusion
     ``Phi = sum_d w_d mu_d / sum_d w_d`` with ``w_d = 1/(e_d + eta)`` (ivw), ``1/(e_d + (mu_d - mu_ref)^2)``
     (ivw_bias; ``mu_ref`` = the deepest non-empty depth, D unless loo emptied it) or 1 (none).
     """
@@ -93,8 +112,7 @@ def mc_potentials(p: Prepared, encoder: Encoder | None, timings: dict | None = N
     t0 = time.perf_counter()
     for d, (codes, k) in enumerate(p.depth_keys(cfg.depths)):
         n[d], mu[d], ssd[d] = _pool_stats(p, codes, k, loo)
-    diag = {f"adv/pool_size_d{d}_mean": float(np.mean(n[d])) for d in range(nd)}
-    diag.update({f"adv/frac_pool_ge2_d{d}": float(np.mean(n[d] >= 2)) for d in range(nd)})
+    diag = pool_size_diagnostics(p)  # exact pools, before loo and expansion
     used = np.zeros(p.S, dtype=bool)
     _tick(timings, "potentials", t0)
     if encoder is not None and cfg.semantic_expansion:
@@ -106,6 +124,9 @@ def mc_potentials(p: Prepared, encoder: Encoder | None, timings: dict | None = N
             n[0, rows[ok]], mu[0, rows[ok]], ssd[0, rows[ok]] = n_e[ok], mu_e[ok], ssd_e[ok]
             used[rows] = used_e & ok
         _tick(timings, "embeddings", t0)
+    # the pools the potentials used: after loo, and at depth 0 after semantic expansion (n_eff)
+    diag.update({f"adv/pool_used_size_d{d}_mean": float(np.mean(n[d])) for d in range(nd)})
+    diag.update({f"adv/frac_pool_used_ge2_d{d}": float(np.mean(n[d] >= 2)) for d in range(nd)})
     t0 = time.perf_counter()
     phi, weights = fuse(p, n, mu, ssd)
     diag["adv/frac_semantic_expansion"] = float(np.mean(used))
@@ -119,15 +140,17 @@ def fuse(p: Prepared, n: np.ndarray, mu: np.ndarray, ssd: np.ndarray) -> tuple[n
     """Spec (5) fusion over depths (+ the loo fallback of (3)); returns (Phi ``[S]``, normalised weights ``[D+1, S]``)."""
     cfg = p.cfg
     valid = n > 0
-    sigma2 = sigma2_task(p)
-    s2t = np.divide(ssd + cfg.m0 * sigma2, n - 1.0 + cfg.m0, out=np.ones_like(ssd), where=valid)
+    # variances in units of the reward scale s (sigma2_floor_ref): e_d / s**2, eta in those units
+    s = reward_scale(p)
+    sigma2 = sigma2_task(p, s)
+    s2t = np.divide(ssd / s / s + cfg.m0 * sigma2, n - 1.0 + cfg.m0, out=np.ones_like(ssd), where=valid)
     e = np.divide(s2t, n, out=np.ones_like(ssd), where=valid)
     if cfg.fusion == "ivw":
         w = 1.0 / (e + cfg.eta)
     elif cfg.fusion == "ivw_bias":
         deepest = (n.shape[0] - 1) - np.argmax(valid[::-1], axis=0)
         ref = mu[deepest, np.arange(p.S)]
-        w = 1.0 / (e + (mu - ref) ** 2)
+        w = 1.0 / (e + ((mu - ref) / s) ** 2)
     else:
         w = np.ones_like(mu)
     w = np.where(valid, w, 0.0)
@@ -144,13 +167,18 @@ def fuse(p: Prepared, n: np.ndarray, mu: np.ndarray, ssd: np.ndarray) -> tuple[n
 
 
 def _loo_fallback(p: Prepared) -> np.ndarray:
-    """Spec (3) loo fallback: task mean G at the same step index over the other trajectories, else task mean G."""
-    codes, k = combine(p.task, p.t)
-    cnt = np.bincount(codes, minlength=k).astype(np.float64)[codes]
-    tot = np.bincount(codes, weights=p.G, minlength=k)[codes]
-    task_mean = (np.bincount(p.task, weights=p.G, minlength=p.n_tasks)
-                 / np.bincount(p.task, minlength=p.n_tasks))[p.task]
-    return np.divide(tot - p.G, cnt - 1.0, out=task_mean.copy(), where=cnt > 1)
+    """Spec (3) loo fallback, other trajectories only: the task's mean G at the same step index over the
+    other trajectories, else its mean G over the other trajectories, else (a task with one trajectory:
+    nothing can inform the step) the step's own G, so that its transition credit is exactly 0."""
+    same_t, _ = combine(p.task, p.t)
+    own_t, _ = combine(same_t, p.traj)
+    own, _ = combine(p.task, p.traj)
+    phi = p.G.copy()
+    for codes, mine in ((p.task, own), (same_t, own_t)):  # coarse first, the finer one overwrites
+        n_all, tot_all = np.bincount(codes).astype(np.float64)[codes], np.bincount(codes, weights=p.G)[codes]
+        n_own, tot_own = np.bincount(mine).astype(np.float64)[mine], np.bincount(mine, weights=p.G)[mine]
+        phi = np.divide(tot_all - tot_own, n_all - n_own, out=phi, where=n_all > n_own)
+    return phi
 
 
 def transition_credit(p: Prepared, phi: np.ndarray) -> np.ndarray:
@@ -161,6 +189,33 @@ def transition_credit(p: Prepared, phi: np.ndarray) -> np.ndarray:
     return (p.r + p.cfg.gamma * nxt) - phi
 
 
+def accumulate_credit(p: Prepared, c_hat: np.ndarray) -> np.ndarray:
+    """GAE-style accumulation of the normalised transition credit (``credit_lambda``):
+    ``A^C_t = sum_{k=0}^{T-1-t} (gamma lambda)^k C^_{t+k}`` over the rest of the trajectory
+    (Schulman et al. 2016, "High-Dimensional Continuous Control Using GAE", eq. 16, with the potential
+    Phi in place of the value V and the per-task normalised residual ``C^`` of spec (6) in place of
+    delta; nothing is bootstrapped after the last step, as in (6)).
+    ``[S]`` in, ``[S]`` out (sorted rows). lambda = 0 returns ``C^``.
+    """
+    return discounted_returns(c_hat, p.last, p.t, p.cfg.gamma * p.cfg.credit_lambda)
+
+
+def normalise_credit(p: Prepared, credit: np.ndarray) -> np.ndarray:
+    """Spec (6): ``C^ = C / (std_u C + eps)`` per task (not mean-centred), ``[S]`` sorted rows.
+
+    A task whose credits have no spread (sample std <= 1e-12 * max |C| of the task: a one-step task,
+    or every C equal) gets ``C^ = 0``: there is nothing to compare, and the division would return
+    ``C / eps`` (a one-step truncated task whose final observation loops back to its own graph node
+    got 2.9e6).
+    """
+    cnt = np.bincount(p.task, minlength=p.n_tasks)
+    std = task_std(p, credit)
+    peak = np.zeros(p.n_tasks)
+    np.maximum.at(peak, p.task, np.abs(credit))
+    flat = (std <= 1e-12 * peak[p.task]) | (cnt[p.task] < 2)
+    return np.where(flat, 0.0, credit / (std + p.cfg.eps))
+
+
 def _tick(timings: dict | None, stage: str, t0: float) -> None:
     if timings is not None:
         timings[stage] = timings.get(stage, 0.0) + (time.perf_counter() - t0) * 1e3
@@ -168,7 +223,8 @@ def _tick(timings: dict | None, stage: str, t0: float) -> None:
 
 def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | None = None,
                     timings: dict | None = None) -> StepAdvantages:
-    """ProGPO, spec (7): ``A = beta_episode A^E + omega (rho A^P + (1 - rho) C^)``, ``C^ = C / (std_u C + eps)``.
+    """ProGPO, spec (7): ``A = beta_episode A^E + omega (rho A^P + (1 - rho) C^)``, ``C^ = C / (std_u C + eps)``;
+    with ``credit_lambda > 0``, ``C^`` is then accumulated over the rest of the trajectory (``accumulate_credit``).
 
     Args:
         batch: the rollout batch (``S`` steps). cfg: the config. encoder: texts -> unit vectors, or
@@ -202,7 +258,9 @@ def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | N
     diag.update(gdiag)
     t0 = time.perf_counter()
     diag["adv/frac_zero_credit"] = float(np.mean(credit == 0.0))
-    c_hat = credit / (task_std(p, credit) + cfg.eps)
+    c_hat = normalise_credit(p, credit)
+    if cfg.credit_lambda > 0:
+        c_hat = accumulate_credit(p, c_hat)
     if not cfg.use_potential:
         c_hat = np.zeros(p.S)
     step = np.where(rho > 0, rho * a_p, 0.0) + (1.0 - rho) * c_hat

@@ -107,6 +107,20 @@ class _Batch:
             hist += [prev["obs"], prev["action"]]
         return (s["uid"], tuple(hist + [s["obs"]]))
 
+    def reward_scale(self):
+        """The unit of the fusion's variances: 1 (paper: absolute units) or the batch's largest |r|."""
+        if self.cfg.sigma2_floor_ref == "success_reward":
+            return 1.0
+        return max(abs(s["r"]) for s in self.steps) or 1.0
+
+    def no_signal(self, s):
+        """True when every trajectory of the step's task has the same episode return (``zero_signal``)."""
+        returns = [traj[0]["R"] for traj in self._task_trajs(s["uid"])]
+        return max(returns) - min(returns) <= 1e-12 * max(abs(x) for x in returns)
+
+    def finish(self, s, value):
+        return 0.0 if self.cfg.zero_signal and self.no_signal(s) else value
+
     def episode_term(self, s):
         returns = [traj[0]["R"] for traj in self._task_trajs(s["uid"])]
         return _norm(s["R"], returns, self.cfg.episode_norm, self.cfg.eps)
@@ -125,7 +139,7 @@ def reference_gigpo(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
     for s in b.steps:
         group = [q["G"] for q in b.tasks[s["uid"]] if b.depth_key(q, 0) == b.depth_key(s, 0)]
         a_s = _norm(s["G"], group, cfg.gigpo_mode, cfg.eps) if len(group) >= 2 else 0.0
-        out[s["row"]] = b.episode_term(s) + cfg.omega * a_s
+        out[s["row"]] = b.finish(s, b.episode_term(s) + cfg.omega * a_s)
     return out
 
 
@@ -149,7 +163,7 @@ def _cos(emb, x, y):
 
 
 def _embeddings(b: _Batch, encoder):
-    texts = sorted({s["obs"] for s in b.steps})
+    texts = sorted({s["obs"] for s in b.steps} | set(b.final_obs or []))
     vecs = np.asarray(encoder(texts), dtype=np.float64)
     return {t: v / np.linalg.norm(v) for t, v in zip(texts, vecs)}
 
@@ -181,7 +195,9 @@ def _potential(b: _Batch, s, emb):
     cfg = b.cfg
     loo = cfg.potential_pool == "loo"
     task_g = [q["G"] for q in b.tasks[s["uid"]]]
-    sigma2 = max(_sample_var(task_g), cfg.sigma2_floor)
+    unit = b.reward_scale()
+    floor = cfg.sigma2_floor if cfg.sigma2_floor_ref == "success_reward" else cfg.sigma2_floor_coef
+    sigma2 = max(_sample_var(task_g) / unit**2, floor)
     est = []  # (depth, n, mu, ssd)
     for d in range(cfg.depths + 1):
         key = b.depth_key(s, d)
@@ -195,20 +211,23 @@ def _potential(b: _Batch, s, emb):
                 entry = (0, wide[0], wide[1], wide[2])
         if entry is not None:
             est.append(entry)
-    if not est:
-        same_t = [q["G"] for q in b.tasks[s["uid"]] if q["t"] == s["t"] and q["traj"] != s["traj"]]
-        return _mean(same_t) if same_t else _mean(task_g)
+    if not est:  # loo fallback: other trajectories at the same t, then the other trajectories, then own G
+        others = [q for q in b.tasks[s["uid"]] if q["traj"] != s["traj"]]
+        same_t = [q["G"] for q in others if q["t"] == s["t"]]
+        if same_t:
+            return _mean(same_t)
+        return _mean([q["G"] for q in others]) if others else s["G"]
     mus = [m for _, _, m, _ in est]
     if min(mus) == max(mus):
         return mus[0]
     ref = est[-1][2]
     num = den = 0.0
     for _, n, mu, ssd in est:
-        e = ((ssd + cfg.m0 * sigma2) / (n - 1 + cfg.m0)) / n
+        e = ((ssd / unit**2 + cfg.m0 * sigma2) / (n - 1 + cfg.m0)) / n
         if cfg.fusion == "ivw":
             w = 1.0 / (e + cfg.eta)
         elif cfg.fusion == "ivw_bias":
-            w = 1.0 / (e + (mu - ref) ** 2)
+            w = 1.0 / (e + ((mu - ref) / unit) ** 2)
         else:
             w = 1.0
         num += w * mu
@@ -222,27 +241,34 @@ def _graph_values(b: _Batch, encoder):
     node = {}
     for s in b.steps:
         node[s["row"]] = (s["uid"], b.state(s))
+    anchor_states = set(node.values())
+    # truncated last steps: the final observation's state (the last step's inventory assumed unchanged)
+    final_state = {s["row"]: (s["uid"], (b.final_obs[s["row"]],) + b.state(s)[1:]) for s in b.steps
+                   if b.final_obs is not None and s["t"] + 1 == len(s["traj_steps"]) and not s["done"]}
+    find = lambda x: x  # noqa: E731 - without an encoder every state is its own node
     if encoder is not None and cfg.semantic_expansion:
         emb = _embeddings(b, encoder)
-        parent = {n: n for n in node.values()}
+        parent = {n: n for n in anchor_states | set(final_state.values())}
 
         def find(x):
             while parent[x] != x:
                 x = parent[x]
             return x
 
-        keys = sorted(set(node.values()), key=repr)
+        # final observations are vertices of the merging like every anchor observation (ids: anchors first)
+        keys = sorted(anchor_states, key=repr) + sorted(set(final_state.values()) - anchor_states, key=repr)
+        rank = {k: i for i, k in enumerate(keys)}
         for x in keys:
             for y in keys:
                 same_dom = x[0] == y[0] and x[1][1:] == y[1][1:]
                 if same_dom and _cos(emb, x[1][0], y[1][0]) >= cfg.tau:
                     rx, ry = find(x), find(y)
                     if rx != ry:
-                        parent[max(rx, ry, key=repr)] = min(rx, ry, key=repr)
+                        parent[max(rx, ry, key=rank.get)] = min(rx, ry, key=rank.get)
         node = {row: find(n) for row, n in node.items()}
-    raw_nodes = {}
-    for s in b.steps:
-        raw_nodes.setdefault((s["uid"], b.state(s)), s["row"])
+    merged_nodes = set(node.values())
+    final_node = {row: find(st) for row, st in final_state.items()}
+    final_node = {row: n if n in merged_nodes else None for row, n in final_node.items()}
     n_oa, r_oa, known, trans, n_o, acts = {}, {}, {}, {}, {}, {}
     for s in b.steps:
         o, a = node[s["row"]], b.act(s)
@@ -258,11 +284,10 @@ def _graph_values(b: _Batch, encoder):
         elif s["done"]:
             known[(o, a)] = known.get((o, a), 0) + 1
         elif b.final_obs is not None:
-            # truncated: go to the final observation's node when that state was an anchor in the task
-            final_state = (s["uid"], (b.final_obs[s["row"]],) + b.state(s)[1:])
+            # truncated: go to the final observation's node when it joined an anchor state of the task
             known[(o, a)] = known.get((o, a), 0) + 1
-            if final_state in raw_nodes:
-                nxt = node[raw_nodes[final_state]]
+            nxt = final_node[s["row"]]
+            if nxt is not None:
                 trans[(o, a, nxt)] = trans.get((o, a, nxt), 0) + 1
     H = cfg.max_steps
     V = [dict() for _ in range(H + 1)]
@@ -298,11 +323,22 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
         else:
             nxt = phi[traj[s["t"] + 1]["row"]] if s["t"] + 1 < len(traj) else 0.0
             credit[s["row"]] = (s["r"] + cfg.gamma * nxt) - phi[s["row"]]
+    c_hat = {}
+    for s in b.steps:  # (6): C^ = C / (std_u C + eps), 0 for a task whose credits have no spread
+        task_c = [credit[q["row"]] for q in b.tasks[s["uid"]]]
+        sd = math.sqrt(_sample_var(task_c))
+        no_spread = len(task_c) < 2 or sd <= 1e-12 * max(abs(x) for x in task_c)
+        c_hat[s["row"]] = 0.0 if no_spread else credit[s["row"]] / (sd + cfg.eps)
+    if cfg.credit_lambda > 0:  # GAE-style accumulation of C^ over the rest of the trajectory
+        for traj in b.trajs.values():
+            acc = 0.0
+            for q in reversed(traj):
+                acc = c_hat[q["row"]] + cfg.gamma * cfg.credit_lambda * acc
+                c_hat[q["row"]] = acc
     out = np.zeros(len(b.steps))
     for s in b.steps:
-        task_c = [credit[q["row"]] for q in b.tasks[s["uid"]]]
-        c_hat = credit[s["row"]] / (math.sqrt(_sample_var(task_c)) + cfg.eps) if cfg.use_potential else 0.0
+        c_hat_s = c_hat[s["row"]] if cfg.use_potential else 0.0
         a_p, rho = _peer(b, s)
-        step = (rho * a_p if rho > 0 else 0.0) + (1 - rho) * c_hat
-        out[s["row"]] = cfg.beta_episode * b.episode_term(s) + cfg.omega * step
+        step = (rho * a_p if rho > 0 else 0.0) + (1 - rho) * c_hat_s
+        out[s["row"]] = b.finish(s, cfg.beta_episode * b.episode_term(s) + cfg.omega * step)
     return out

@@ -26,8 +26,8 @@ class StepAdvantages:
 def fragmentation_diagnostics(p: Prepared) -> dict[str, float]:
     """Peer-group and depth-pool sizes of the batch (spec "Diagnostics"), estimator-independent.
 
-    Keys: adv/frac_peer_ge2, adv/peer_size_mean, adv/peer_size_median, and for d = 0..D
-    adv/pool_size_d{d}_mean, adv/frac_pool_ge2_d{d} (inclusive exact pools, per step).
+    Keys: adv/frac_peer_ge2, adv/peer_size_mean, adv/peer_size_median, and the exact pool sizes of
+    ``pool_size_diagnostics``.
     """
     pk, k = p.peer_key()
     size = np.bincount(pk, minlength=k)[pk].astype(np.float64)
@@ -36,6 +36,15 @@ def fragmentation_diagnostics(p: Prepared) -> dict[str, float]:
         "adv/peer_size_mean": float(np.mean(size)),
         "adv/peer_size_median": float(np.median(size)),
     }
+    out.update(pool_size_diagnostics(p))
+    return out
+
+
+def pool_size_diagnostics(p: Prepared) -> dict[str, float]:
+    """Exact depth-key pool sizes, for d = 0..D: adv/pool_size_d{d}_mean (mean over steps of the number
+    of the task's steps sharing the depth-d key, the step itself included: before ``loo`` and before
+    semantic expansion) and adv/frac_pool_ge2_d{d} (share of steps whose such pool has >= 2 members)."""
+    out = {}
     for d, (codes, kd) in enumerate(p.depth_keys(p.cfg.depths)):
         n = np.bincount(codes, minlength=kd)[codes]
         out[f"adv/pool_size_d{d}_mean"] = float(np.mean(n))
@@ -43,8 +52,20 @@ def fragmentation_diagnostics(p: Prepared) -> dict[str, float]:
     return out
 
 
+def equal_return_tasks(p: Prepared) -> np.ndarray:
+    """``[S]`` bool: the step's task has no return signal, every trajectory's episode return R equal
+    (up to float rounding: range <= 1e-12 * max |R| of the task). A one-trajectory task counts."""
+    hi = np.full(p.n_tasks, -np.inf)
+    lo = np.full(p.n_tasks, np.inf)
+    np.maximum.at(hi, p.traj_task, p.R)
+    np.minimum.at(lo, p.traj_task, p.R)
+    scale = np.maximum(np.abs(hi), np.abs(lo))
+    return ((hi - lo) <= 1e-12 * scale)[p.task]
+
+
 def finish(p: Prepared, adv_sorted: np.ndarray, diag: dict[str, float]) -> StepAdvantages:
-    """Unsort, add the advantage statistics (and fragmentation if ``diagnostics='full'``), check finiteness.
+    """Unsort, zero the tasks without a return signal (``zero_signal``), add the advantage statistics
+    (and fragmentation if ``diagnostics='full'``), check finiteness.
 
     Raises:
         FloatingPointError: a NaN/inf advantage or diagnostic (a bug; never returned).
@@ -53,7 +74,11 @@ def finish(p: Prepared, adv_sorted: np.ndarray, diag: dict[str, float]) -> StepA
         for key, value in fragmentation_diagnostics(p).items():
             diag.setdefault(key, value)
     a = adv_sorted.astype(np.float64, copy=False)
+    flat = equal_return_tasks(p)
+    if p.cfg.zero_signal:
+        a = np.where(flat, 0.0, a)
     diag.update({
+        "adv/frac_equal_return_steps": float(np.mean(flat)),
         "adv/mean": float(np.mean(a)),
         "adv/std": float(np.std(a)),
         "adv/min": float(np.min(a)),

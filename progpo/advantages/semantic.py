@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from progpo.advantages._prep import Prepared, combine, factorize
+from progpo.advantages._prep import Prepared, combine, factorize, group_stats
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,16 @@ def embed_unique(p: Prepared, encoder: Encoder) -> np.ndarray:
     codes = p.obs_code()
     first_row[codes[::-1]] = np.arange(p.S)[::-1]
     texts = [str(texts_sorted[i]) for i in first_row]
+    p.cache["emb"] = embed_texts(encoder, texts)
+    return p.cache["emb"]
+
+
+def embed_texts(encoder: Encoder, texts: list[str]) -> np.ndarray:
+    """``[len(texts), dim]`` unit vectors of ``texts`` from ``encoder`` (checked and normalised).
+
+    Raises:
+        ValueError: the encoder returned the wrong shape or non-finite / zero vectors.
+    """
     out = encoder(texts)
     try:
         emb = np.asarray(out, dtype=np.float64)
@@ -46,9 +56,7 @@ def embed_unique(p: Prepared, encoder: Encoder) -> np.ndarray:
     norm = np.linalg.norm(emb, axis=1, keepdims=True)
     if not np.all(np.isfinite(emb)) or np.any(norm == 0):
         raise ValueError("encoder returned non-finite or zero vectors")
-    emb = emb / norm
-    p.cache["emb"] = emb
-    return emb
+    return emb / norm
 
 
 def _domain(p: Prepared) -> np.ndarray:
@@ -76,7 +84,7 @@ def expand_depth0(p: Prepared, encoder: Encoder, need: np.ndarray, loo: bool):
     text = p.obs_code()
     dom = _domain(p)
     # Node-level sums of x = G - task mean (centred: keeps the one-pass variance accurate).
-    task_mean = np.bincount(p.task, weights=p.G, minlength=p.n_tasks) / np.bincount(p.task, minlength=p.n_tasks)
+    task_mean = group_stats(p.task, p.n_tasks, p.G)[1]  # exact when the task's G are all equal
     x = p.G - task_mean[p.task]
     c_node = np.bincount(node, minlength=n_nodes).astype(np.float64)
     s1_node = np.bincount(node, weights=x, minlength=n_nodes)
@@ -144,10 +152,21 @@ def _subtract_own(p, emb, node, node_text, dom, rows, x, sums):
     return v1, v2, s1, s2, off
 
 
-def merge_nodes(p: Prepared, encoder: Encoder) -> tuple[np.ndarray, np.ndarray]:
+def merge_nodes(p: Prepared, encoder: Encoder, cut: np.ndarray | None = None):
     """Graph nodes for E1: depth-0 states merged into connected components of similarity ``>= tau``
-    (same task/inventory domain). Returns (node ``[S]`` dense codes, merged ``[S]`` bool: the step's
-    node holds more than one observation text)."""
+    (same task/inventory domain; identical texts have similarity exactly 1).
+
+    ``cut`` (sorted rows of truncated last steps, with ``StepBatch.final_obs``): each one's final
+    observation joins the same merging as a vertex of its step's domain (the last step's inventory), so
+    a paraphrase of an anchor state lands in that state's node, exactly as an anchor observation would
+    (issue 10 item 7: it used to be matched by exact text only). A final observation may thereby link
+    two components, as any observation would.
+
+    Returns:
+        (node ``[S]`` dense codes, merged ``[S]`` bool: the step's node holds more than one observation
+        text, fin ``[len(cut)]``: node of each final observation, -1 when its component holds no anchor
+        state of the task (a node without data, value 0)).
+    """
     emb = embed_unique(p, encoder)
     state, n_state = p.depth_keys(0)[0]
     text = p.obs_code()
@@ -156,15 +175,18 @@ def merge_nodes(p: Prepared, encoder: Encoder) -> tuple[np.ndarray, np.ndarray]:
     st_text[state] = text
     st_dom = np.zeros(n_state, dtype=np.int64)
     st_dom[state] = dom
-    label = np.arange(n_state)
-    full = emb @ emb.T if emb.shape[0] <= 4096 else None  # [text, text] cosine, one BLAS call
-    for d in np.unique(st_dom):
-        ids = np.flatnonzero(st_dom == d)
+    cut = np.zeros(0, dtype=np.int64) if cut is None else cut
+    fin_text, emb = _final_texts(p, encoder, emb, cut)
+    v_text = np.r_[st_text, fin_text]  # vertices: the anchor states, then the final observations
+    v_dom = np.r_[st_dom, dom[cut]]
+    label = np.arange(len(v_text))
+    for d in np.unique(v_dom):
+        ids = np.flatnonzero(v_dom == d)
         if len(ids) < 2:
             continue
-        t_ids = st_text[ids]
-        sim = full[t_ids[:, None], t_ids[None, :]] if full is not None else emb[t_ids] @ emb[t_ids].T
-        adj = sim >= p.cfg.tau
+        t_ids = v_text[ids]
+        sim = emb[t_ids] @ emb[t_ids].T
+        adj = (sim >= p.cfg.tau) | (t_ids[:, None] == t_ids[None, :])
         lab = np.arange(len(ids))
         while True:  # min-label propagation to a fixed point = connected components
             new = np.min(np.where(adj, lab[None, :], len(ids)), axis=1)
@@ -175,5 +197,25 @@ def merge_nodes(p: Prepared, encoder: Encoder) -> tuple[np.ndarray, np.ndarray]:
         label[ids] = ids[lab]
     merged_state = label[state]
     codes, _ = factorize(merged_state)
-    n_text = np.bincount(label, minlength=n_state)
-    return codes, n_text[merged_state] > 1
+    n_text = np.bincount(label[:n_state], minlength=n_state)
+    # a component's label is its smallest vertex id: an anchor state (< n_state) when it holds one
+    node_of_label = np.full(len(v_text), -1, dtype=np.int64)
+    node_of_label[merged_state] = codes
+    fin = node_of_label[label[n_state:]]
+    return codes, n_text[merged_state] > 1, fin
+
+
+def _final_texts(p: Prepared, encoder: Encoder, emb: np.ndarray, cut: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Text codes of the final observations of rows ``cut`` (anchor texts keep their code; new texts get
+    new codes, embedded once) and the embeddings of all codes ``[n_text + new, dim]``."""
+    if len(cut) == 0:
+        return np.zeros(0, dtype=np.int64), emb
+    anchors = p.batch.anchor_obs[p.order]
+    code_of = dict(zip(anchors.tolist(), p.obs_code().tolist()))
+    finals = [str(x) for x in p.batch.final_obs[p.order][cut]]
+    new = [t for t in dict.fromkeys(finals) if t not in code_of]
+    for k, t in enumerate(new):
+        code_of[t] = emb.shape[0] + k
+    if new:
+        emb = np.vstack([emb, embed_texts(encoder, new)])
+    return np.array([code_of[t] for t in finals], dtype=np.int64), emb

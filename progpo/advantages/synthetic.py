@@ -40,8 +40,13 @@ class HashEncoder:
         return out
 
 
-def random_batch(seed: int, n_tasks: int | None = None, max_traj: int = 5, max_len: int = 8) -> StepBatch:
-    """A small random batch (rows shuffled) exercising every edge case the estimators handle."""
+def random_batch(seed: int, n_tasks: int | None = None, max_traj: int = 5, max_len: int = 8,
+                 paraphrased_finals: bool = False) -> StepBatch:
+    """A small random batch (rows shuffled) exercising every edge case the estimators handle.
+
+    ``paraphrased_finals``: some final observations of truncated trajectories are paraphrases
+    (" (again)") of anchor texts, for the graph's semantic placement of final observations.
+    """
     rng = np.random.default_rng(seed)
     n_tasks = n_tasks or int(rng.integers(1, 4))
     cols: dict[str, list] = {k: [] for k in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated",
@@ -77,7 +82,10 @@ def random_batch(seed: int, n_tasks: int | None = None, max_traj: int = 5, max_l
                 cols["action"].append(act)
                 cols["state_extra"].append(f"inv{int(rng.integers(0, 2))}")
                 cut = last and ends == "truncated"
-                cols["final_obs"].append(_OBS[int(rng.integers(0, n_obs + 1))] if cut else "")
+                final = _OBS[int(rng.integers(0, n_obs + 1))] if cut else ""
+                if cut and paraphrased_finals and rng.random() < 0.4:
+                    final += " (again)"
+                cols["final_obs"].append(final)
                 hist += [obs, act]
             tid += 1
     if not with_final:

@@ -69,8 +69,11 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     ``env/episode_length_mean`` (steps), ``env/failed_frac`` (episodes lost to env failures),
     ``rollout/invalid_format_frac`` and ``rollout/env_invalid_frac`` (per step),
     ``rollout/prompt_len_mean|max`` and ``rollout/response_len_mean|max`` (tokens),
+    ``rollout/history_turns_mean`` (earlier turns shown per prompt: ``min(t, K)`` less guard drops),
     ``rollout/guard_truncated_frac`` (steps whose prompt the context guard shortened),
     ``rollout/guard_dropped_turns`` and ``rollout/guard_obs_tokens_cut`` (totals),
+    ``rollout/truncated_response_frac`` (steps whose response was cut at the token limit:
+    ``finish_reason == "length"``),
     ``rollout/num_steps`` and ``rollout/num_episodes``. Means over the non-failed episodes / their steps.
     """
     eps = training_episodes(episodes)
@@ -94,10 +97,12 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "rollout/prompt_len_max": float(plen.max()),
         "rollout/response_len_mean": float(rlen.mean()),
         "rollout/response_len_max": float(rlen.max()),
+        "rollout/history_turns_mean": float(np.mean([s.history_turns for s in steps])),
         "rollout/guard_truncated_frac": float(
             np.mean([bool(s.prompt_truncated_turns or s.prompt_obs_truncated_tokens) for s in steps])
         ),
         "rollout/guard_dropped_turns": float(sum(s.prompt_truncated_turns for s in steps)),
         "rollout/guard_obs_tokens_cut": float(sum(s.prompt_obs_truncated_tokens for s in steps)),
+        "rollout/truncated_response_frac": float(np.mean([s.finish_reason == "length" for s in steps])),
     })
     return out

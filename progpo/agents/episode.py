@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 _SEED_MIX = 1_000_003
 _INFO_DROP = ("admissible_actions", "anchor_observation")
+FINISH_REASONS = ("stop", "length")
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,9 @@ async def run_episodes(
         history_length: ``K``, earlier (observation, action) pairs shown in each prompt.
         max_prompt_tokens: prompt length limit ``P_max`` for the context guard (None = none).
         invalid_penalty: subtracted from the step reward when the response broke the answer format
-            (verl-agent's invalid-action penalty coefficient, 0.1 there).
+            (verl-agent's invalid-action penalty coefficient, 0.1 there). A response cut at
+            ``max_new_tokens`` (``finish_reason`` "length") counts as broken even if it holds a
+            well-formed action block: the policy did not end its turn. Its action is still sent.
         penalize_env_invalid: also charge the penalty when the env flagged the action inadmissible.
         max_concurrency: at most this many episodes in flight (None = all ``U * N``).
         template: override the env's registered prompt template.
@@ -154,7 +157,8 @@ async def run_episodes(
         ``episodes_to_step_batch`` skips them); any other exception propagates.
 
     Raises:
-        ValueError: a bad argument (the message names it).
+        ValueError: a bad argument (the message names it), or ``generate`` returned a
+            ``finish_reason`` other than "stop" / "length".
     """
     cfg = EpisodeConfig(
         env_name=env_name, n_samples_per_task=n_samples_per_task, sampling=sampling,
@@ -234,7 +238,7 @@ async def _one_step(
     pool: EnvPool, generate: GenerateFn, tokenizer: Any, tmpl: PromptTemplate, cfg: EpisodeConfig,
 ) -> tuple[StepRecord, StepResult]:
     """Step ``t``: build the prompt from ``(obs, info)``, generate, parse, step the env."""
-    shown = history[len(history) - cfg.history_length:] if cfg.history_length else []
+    shown = history[-cfg.history_length:] if cfg.history_length > 0 else []  # min(t, K) most recent turns
     anchor = str(info.get("anchor_observation", obs))
     prompt = build_prompt(
         tokenizer, tmpl, task=str(info.get("task", "")), observation=anchor,
@@ -247,11 +251,14 @@ async def _one_step(
         raise ValueError(
             f"generate returned {len(gen.token_ids)} token ids but {len(gen.logprobs)} logprobs"
         )
+    if gen.finish_reason not in FINISH_REASONS:
+        raise ValueError(f"generate returned finish_reason {gen.finish_reason!r}; expected one of {FINISH_REASONS}")
     (action,), (valid,) = parse_actions([gen.text], cfg.env_name)
+    valid = valid and gen.finish_reason == "stop"  # a response cut at the token limit broke the format
     res = await pool.step(eid, action)
     env_invalid = bool(res.info.get("invalid_action", False))
     charged = (not valid) or (cfg.penalize_env_invalid and env_invalid)
-    extra = info.get("inventory")
+    extra = info.get("state_extra")  # what the anchor observation does not show (progpo.envs.base)
     record = StepRecord(
         prompt_ids=prompt.prompt_ids,
         response_ids=list(gen.token_ids),
@@ -270,5 +277,7 @@ async def _one_step(
         format_invalid=not valid,
         env_invalid=env_invalid,
         prompt_obs_truncated_tokens=prompt.obs_truncated_tokens,
+        finish_reason=gen.finish_reason,
+        history_turns=len(shown) - prompt.dropped_turns,
     )
     return record, res

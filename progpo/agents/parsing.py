@@ -5,7 +5,9 @@ A response is **valid** when all of these hold:
 
 * exactly one ``<think>`` ... ``</think>`` block and exactly one ``<action>`` ... ``</action>``
   block (tags matched case-insensitively), the think block closing before the action block opens;
-* the action text (stripped, lower-cased, inner whitespace collapsed) is non-empty, one line,
+* the action text (normalised by ``progpo.envs.base.normalize_action``: stripped, lower-cased,
+  every whitespace run collapsed to one space; the envs match their labels after the same
+  normalisation, so any clickable or admissible action can be named) is non-empty, one line,
   holds no further tag, and no CJK characters appear in the response (verl-agent's language rule);
 * env syntax: WebShop actions are ``search[<query>]`` or ``click[<target>]`` with non-empty
   brackets; ALFWorld actions are free text (admissibility is the env's job: it flags them).
@@ -21,16 +23,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+from progpo.envs.base import normalize_action
+
 _TAG = re.compile(r"<(/?)(think|action)>", re.IGNORECASE)
 _ACTION_BLOCK = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _WEBSHOP_ACTION = re.compile(r"^(search|click)\[(.+)\]$", re.DOTALL)
 _ANY_TAG = re.compile(r"</?[a-z_]+>", re.IGNORECASE)
-
-
-def normalize_action(text: str) -> str:
-    """Lower-case, strip and collapse inner whitespace runs to one space (newlines included)."""
-    return " ".join(text.lower().split())
 
 
 def _webshop_ok(action: str) -> bool:
@@ -41,6 +40,8 @@ def _webshop_ok(action: str) -> bool:
 def _alfworld_ok(action: str) -> bool:
     return True  # admissibility is checked by the env (info["invalid_action"])
 
+
+__all__ = ["ENV_SYNTAX", "normalize_action", "parse_action", "parse_actions"]
 
 ENV_SYNTAX: dict[str, Callable[[str], bool]] = {"webshop": _webshop_ok, "alfworld": _alfworld_ok}
 """Per-env check of a normalised action's syntax (after the tag rules passed)."""

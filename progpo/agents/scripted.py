@@ -2,7 +2,8 @@
 
 Used by tests and by benchmarks that measure the env / episode-loop side alone. The responses are
 real token ids of the given tokenizer; their logprobs are 0.0 (the script is deterministic, so
-every sampled token has probability 1 under it).
+every sampled token has probability 1 under it). An answer longer than ``max_new_tokens`` is cut
+there (``finish_reason`` "length"), as a sampled one would be.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ class ScriptedGenerate:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if self.append_eos and eos is not None:
             ids.append(int(eos))
+        cut = len(ids) > sampling.max_new_tokens
         ids = ids[: sampling.max_new_tokens]
         return Generation(
             token_ids=ids,
             logprobs=[0.0] * len(ids),
             text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason="length" if cut else "stop",
         )

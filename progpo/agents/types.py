@@ -9,9 +9,30 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+# vLLM SamplingParams fields that change the sampling distribution (or what the response may
+# contain), at the values that switch them off. Set explicitly on every vLLM request, so that no
+# template (OpenRLHF's carries top_k and min_tokens=1) and no default can change what is sampled.
+VLLM_NEUTRAL_SAMPLING = {
+    "top_k": -1,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_tokens": 0,
+    "logit_bias": None,
+    "allowed_token_ids": None,
+    "bad_words": None,
+    "ignore_eos": False,
+}
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings, identical in meaning for transformers ``generate`` and vLLM.
+    """Sampling settings, identical in meaning for the local HF sampler and vLLM.
+
+    These are the *only* settings that shape a response: the HF sampler ignores the checkpoint's
+    ``generation_config`` (see ``progpo.trainer.generation``) and vLLM requests are built from
+    :meth:`vllm_kwargs`, which switches every other distribution-changing vLLM field off.
 
     Attributes:
         temperature: softmax temperature (> 0; 1.0 = the policy's own distribution).
@@ -32,6 +53,14 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def vllm_kwargs(self) -> dict:
+        """Keyword arguments for ``vllm.SamplingParams``: ours plus ``VLLM_NEUTRAL_SAMPLING``.
+
+        ``logprobs`` is not included (the caller asks for what it needs).
+        """
+        return {**VLLM_NEUTRAL_SAMPLING, "temperature": self.temperature, "top_p": self.top_p,
+                "max_tokens": self.max_new_tokens, "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -82,6 +111,8 @@ class StepRecord:
         prompt_obs_truncated_tokens: observation tokens the context-length guard cut (0 = none).
         finish_reason: the generation's ``finish_reason`` (``"stop"`` or ``"length"``: the response
             was cut at the token limit).
+        history_turns: earlier (observation, action) turns the prompt shows (``min(t, K)`` minus
+            those the context guard dropped).
     """
 
     prompt_ids: list[int]
@@ -102,6 +133,7 @@ class StepRecord:
     env_invalid: bool = False
     prompt_obs_truncated_tokens: int = 0
     finish_reason: str = "stop"
+    history_turns: int = 0
 
 
 @dataclass

@@ -18,6 +18,7 @@ SUMMARY_KEYS = (
     ("env/return_mean", "return", "{:+.3f}"),
     ("env/episode_length_mean", "len", "{:.1f}"),
     ("rollout/invalid_format_frac", "invalid", "{:.2f}"),
+    ("rollout/truncated_response_frac", "cut", "{:.2f}"),
     ("loss/policy", "pg", "{:+.4f}"),
     ("loss/kl", "kl", "{:.4f}"),
     ("adv/std", "adv_std", "{:.3f}"),

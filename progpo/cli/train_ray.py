@@ -6,6 +6,8 @@ Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, uncha
   samples, our registry) or any of OpenRLHF's (``--algo.advantage.estimator`` choices);
 * ``--progpo.<field>`` -- one flag per field of ``progpo.advantages.AdvantageConfig``, generated
   from ``dataclasses.fields`` (help text = the field's docstring line);
+* ``--progpo.preset NAME`` -- a named ``AdvantageConfig`` preset (``paper``, ``default``, ``candidate``),
+  applied before the individual ``--progpo.<field>`` flags, which override it;
 * ``--env.*`` -- the environment and episode loop (:class:`progpo.openrlhf.agent.AgentConfig`)
   and the task list that becomes OpenRLHF's prompt dataset.
 
@@ -121,7 +123,7 @@ def add_env_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """OpenRLHF's parser plus our flags (imports OpenRLHF: needs its GPU stack or test stubs)."""
-    from progpo.advantages import AdvantageConfig
+    from progpo.advantages import PRESETS, AdvantageConfig
     from progpo.openrlhf.trainer import openrlhf_parser
 
     parser = openrlhf_parser()
@@ -134,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
              "OpenRLHF's own --algo.advantage.estimator (default: progpo)",
     )
     add_config_flags(parser, AdvantageConfig, "progpo", skip=("estimator",))
+    parser.add_argument("--progpo.preset", dest="progpo_preset", default=None, metavar="NAME",
+                        help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper "
+                             "reading); individual --progpo.<field> flags override it")
     add_env_flags(parser)
     return parser
 
@@ -143,10 +148,17 @@ def _fail(parser: argparse.ArgumentParser, flag: str, message: str) -> typing.No
 
 
 def _advantage_config(parser: argparse.ArgumentParser, ns: dict[str, Any], estimator: str, max_steps: int) -> Any:
+    """Dataclass defaults, then ``--progpo.preset``, then the env's step limit, then each ``--progpo.<field>``."""
     from progpo.advantages import AdvantageConfig
+    from progpo.advantages.config import preset_fields
 
     given = {k.split(".", 1)[1]: v for k, v in ns.items() if k.startswith("progpo.")}
     given.setdefault("max_steps", max_steps)
+    if ns.get("progpo_preset") is not None:
+        try:
+            given = {**preset_fields(ns["progpo_preset"]), **given}
+        except ValueError as exc:
+            _fail(parser, "--progpo.preset", str(exc))
     try:
         return AdvantageConfig(estimator=estimator, **given)
     except ValueError as exc:
@@ -250,7 +262,7 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
     agent = _agent_config(parser, ns)
     ours = estimator in OUR_ESTIMATORS
     ns["progpo_advantage_config"] = _advantage_config(parser, ns, estimator, agent.max_steps) if ours else None
-    if not ours and any(k.startswith("progpo.") for k in ns):
+    if not ours and (any(k.startswith("progpo.") for k in ns) or ns.get("progpo_preset") is not None):
         _fail(parser, "--progpo.*", f"only apply to --advantage_estimator in {OUR_ESTIMATORS}, not {estimator!r}")
     if ours and ns["train.async_enable"]:
         _fail(parser, "--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
@@ -263,6 +275,7 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
     _tasks(parser, ns)
     for key in [k for k in ns if k.startswith(("progpo.", "env."))]:
         ns.pop(key)
+    ns.pop("progpo_preset", None)
     ns["progpo_agent_config_json"] = agent.to_json()
     return argparse.Namespace(**ns)
 

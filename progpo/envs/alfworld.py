@@ -42,7 +42,7 @@ from progpo.envs.alfworld_data import (
     resolve_data_dir,
     task_type_of,
 )
-from progpo.envs.base import StepResult
+from progpo.envs.base import StepResult, normalize_action
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,6 @@ NOT_CARRYING = "You are not carrying anything."
 # process therefore holds this lock (the work is CPU-bound under the GIL anyway; processes, e.g.
 # RayEnvPool actors, run in parallel).
 _TEXTWORLD_LOCK = threading.Lock()
-
-
-def normalize_action(action: str) -> str:
-    """Lower-case ``action`` and collapse whitespace (every ALFWorld command is lower-case)."""
-    return " ".join(str(action).lower().split())
 
 
 @lru_cache(maxsize=1)
@@ -123,7 +118,7 @@ class AlfWorldEnv:
         success_reward: reward on the winning step (10.0 in GiGPO/verl-agent).
 
     Info keys after ``reset``/``step`` (beyond ``progpo.envs.base``): ``task_type`` (Pick, Look,
-    Clean, Heat, Cool or Pick2), ``inventory`` (the game's inventory sentence), ``game_file``
+    Clean, Heat, Cool or Pick2), ``inventory`` (the game's inventory sentence; also ``state_extra``), ``game_file``
     (absolute path), ``steps`` (steps taken). ``task`` is the instruction after
     "Your task is to: ", ``task_id`` the game id ``<split>/<task folder>/<trial>``.
 
@@ -220,7 +215,7 @@ class AlfWorldEnv:
         if self._tw is None or self._done:
             raise RuntimeError("AlfWorldEnv.step called with no running episode; call reset first")
         command = normalize_action(action)
-        invalid = command not in self._info["admissible_actions"]
+        invalid = command not in {normalize_action(a) for a in self._info["admissible_actions"]}
         with _TEXTWORLD_LOCK:
             obs, _score, _game_done, raw_info = self._tw.step(command)
         self._steps += 1
@@ -251,6 +246,7 @@ class AlfWorldEnv:
             inventory=raw_info.get("inventory") or NOT_CARRYING,
             steps=self._steps,
         )
+        self._info["state_extra"] = self._info["inventory"]  # the protocol's optional key (envs.base)
         return dict(self._info, admissible_actions=list(admissible))
 
 

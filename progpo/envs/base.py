@@ -26,8 +26,18 @@ key                  type     meaning
 ``invalid_action``   bool     the last action was malformed or inadmissible (False after reset)
 ==================== ======== ===============================================================
 
+Optional key ``state_extra`` (str): state that matters but that ``anchor_observation`` does not show
+(ALFWorld: the inventory; WebShop: the options chosen on the current item). The episode loop records it
+as ``StepRecord.state_extra``; estimators with ``state_key = obs_inventory`` key states on it.
+
 Env-specific keys may be added (ALFWorld: ``task_type``, ``inventory``; WebShop:
 ``reward_breakdown``).
+
+Actions are compared after one normalisation, :func:`normalize_action`: the agent's parser applies
+it to the model's action (``progpo.agents.parsing``), and every env applies the same function to
+the labels it matches an action against (WebShop's clickables, ALFWorld's admissible commands), so
+an action copied from the list of admissible actions is accepted whatever whitespace or case the
+label has.
 """
 
 from __future__ import annotations
@@ -43,6 +53,22 @@ REQUIRED_INFO_KEYS: dict[str, type | tuple[type, ...]] = {
     "won": bool,
     "invalid_action": bool,
 }
+
+
+def normalize_action(text: str) -> str:
+    """The one normalisation of actions and of the labels they are matched against.
+
+    Lower-cases, strips, and collapses every run of whitespace (any Unicode whitespace: spaces,
+    tabs, newlines, non-breaking spaces) to one space: ``"Click[Black  |\u00a0White]"`` ->
+    ``"click[black | white]"``. Idempotent.
+
+    Args:
+        text: an action, or a label (button text, option value, admissible command).
+
+    Returns:
+        The normalised string (``""`` for whitespace only).
+    """
+    return " ".join(str(text).lower().split())
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,14 @@ Observation: the original WebShop ``text`` (or ``text_rich``) page observation, 
 instruction. ``info["anchor_observation"]`` is the page text after the instruction (GiGPO's anchor
 state: the same page reached in different episodes of a group compares equal).
 ``info["admissible_actions"]``: ``"search[<your query>]"`` when the page has a search bar, then
-``click[x]`` for every clickable (as verl-agent's WebShop wrapper lists them).
+``click[x]`` for every clickable (as verl-agent's WebShop wrapper lists them), ``x`` in the
+``normalize_action`` form the agent's parser gives actions (see :func:`admissible_actions`).
+
+``info["state_extra"]``: the options already chosen on the current item (``"Selected options: color: black,
+size: large."``, ``"Selected options: none."`` off item pages), the state that matters for the reward and
+that the default ``text`` page does not show: an item page reads the same before and after a click on an
+option (the original simulator keeps the choice in the page URL). The estimators key anchor states on
+(observation, state_extra) with ``state_key = obs_inventory``, as ALFWorld's inventory.
 
 Reward: 0 on every step except the purchase, where it is ``score * success_reward``; ``score`` in
 [0, 1] is the original WebShop reward (``info["score"]``, breakdown in ``info["reward_breakdown"]``).
@@ -18,14 +25,16 @@ Reward: 0 on every step except the purchase, where it is ``score * success_rewar
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import random
 from typing import Any
+from urllib.parse import unquote
 
 import requests
 
-from progpo.envs.base import EnvFailure, StepResult
+from progpo.envs.base import EnvFailure, StepResult, normalize_action
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
@@ -179,9 +188,7 @@ class WebShopEnv:
         return StepResult(self._last_obs, float(reward), terminated, truncated, dict(self._last_info))
 
     def _info(self, view: dict[str, Any], invalid: bool) -> dict[str, Any]:
-        actions = view["available_actions"]
-        admissible = [SEARCH_MARKER] if actions["has_search_bar"] else []
-        admissible += [f"click[{c}]" for c in actions["clickables"] if c != "search"]
+        admissible = admissible_actions(view["available_actions"])
         done = bool(view["done"])
         score = float(view["reward"]) if done else 0.0
         return {
@@ -194,6 +201,7 @@ class WebShopEnv:
             "score": score,
             "reward_breakdown": view.get("reward_info") or {},
             "url": view["url"],
+            "state_extra": options_text(selected_options(view["url"])),
             "page": view["page"],
             "message": view.get("message", ""),
         }
@@ -214,6 +222,45 @@ _VIEW_FIELDS = ("session_id", "instruction", "goal_index", "observation", "avail
 
 def _finite_positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+_OPTION_PAGES = ("item_page", "item_sub_page", "done")
+
+
+def selected_options(url: str) -> dict[str, str]:
+    """The options chosen on the current item, from the page URL (the original WebShop's scheme:
+    ``/item_page/<sid>/<asin>/<keywords>/<page>/<options>``, ``/item_sub_page/.../<options>``,
+    ``/done/<sid>/<asin>/<options>``, the options a quoted Python dict); ``{}`` on other pages or when
+    the last part is not a dict."""
+    parts = url.split("?", 1)[0].split("/")
+    if len(parts) < 3 or parts[1] not in _OPTION_PAGES:
+        return {}
+    try:
+        value = ast.literal_eval(unquote(parts[-1]))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def options_text(options: dict[str, str]) -> str:
+    """``info["state_extra"]``: the chosen options sorted by name (the click order does not matter)."""
+    if not options:
+        return "Selected options: none."
+    return "Selected options: " + ", ".join(f"{k}: {v}" for k, v in sorted(options.items())) + "."
+def admissible_actions(available: dict[str, Any]) -> list[str]:
+    """The agent's action list for a page: ``search[<your query>]`` when it has a search bar, then
+    ``click[label]`` per clickable (not ``search``), each label in ``normalize_action`` form.
+
+    The agent's parser normalises every action with the same function and the server resolves a
+    click after it too (``envs.webshop_server.engine.resolve_clickable``), so each listed action is
+    exactly what a model that copies it sends. Labels equal after normalisation are listed once.
+
+    Args:
+        available: the server's ``available_actions`` (``has_search_bar``, ``clickables``).
+    """
+    admissible = [SEARCH_MARKER] if available["has_search_bar"] else []
+    labels = dict.fromkeys(normalize_action(c) for c in available["clickables"])
+    return admissible + [f"click[{c}]" for c in labels if c not in ("search", "")]
 
 
 def anchor_text(observation: str, instruction: str) -> str:

@@ -134,7 +134,9 @@ class EngineGenerate:
     ``await engine.generate(prompt_token_ids, vllm_sampling_params)`` must return a vLLM
     ``RequestOutput``-like object: ``outputs[0].token_ids``, ``.text``, ``.logprobs`` (one
     ``{token_id: Logprob}`` dict per sampled token). Our :class:`SamplingParams` are copied onto a
-    deep copy of OpenRLHF's vLLM sampling params (temperature, top_p, max_tokens, seed, logprobs=1).
+    deep copy of OpenRLHF's vLLM sampling params with ``SamplingParams.vllm_kwargs`` (temperature,
+    top_p, max_tokens, seed, and every other distribution-changing field switched off: OpenRLHF's
+    template carries ``top_k`` and ``min_tokens=1``), plus ``logprobs=1``.
     """
 
     def __init__(self, engine: Any, vllm_sampling_params: Any) -> None:
@@ -143,10 +145,8 @@ class EngineGenerate:
 
     async def __call__(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         params = copy.deepcopy(self.template)
-        params.temperature = sampling.temperature
-        params.top_p = sampling.top_p
-        params.max_tokens = sampling.max_new_tokens
-        params.seed = sampling.seed
+        for name, value in sampling.vllm_kwargs().items():
+            setattr(params, name, value)
         params.logprobs = 1
         output = (await self.engine.generate(list(prompt_ids), params)).outputs[0]
         ids = list(output.token_ids)

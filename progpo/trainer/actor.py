@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from progpo.trainer.ppo import entropy_from_logits
+
 logger = logging.getLogger(__name__)
 
 
@@ -143,7 +145,7 @@ def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     lp = torch.nn.functional.pad(lp, (start, 0))
     ent = None
     if with_entropy:
-        ent = torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), (start, 0))
+        ent = torch.nn.functional.pad(entropy_from_logits(logits), (start, 0))
     return lp, ent
 
 

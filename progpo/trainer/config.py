@@ -208,7 +208,7 @@ def _field_help(cls: type, name: str) -> str:
 
 def build_parser(prog: str = "python -m progpo.cli.train") -> argparse.ArgumentParser:
     """The train CLI parser (dotted flags; ``--progpo.*`` generated from ``AdvantageConfig``)."""
-    from progpo.advantages import ESTIMATORS, AdvantageConfig
+    from progpo.advantages import ESTIMATORS, PRESETS, AdvantageConfig
 
     p = argparse.ArgumentParser(prog=prog, description="Train an LLM agent with step-level group RL (ProGPO, GiGPO, GRPO, ...).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -237,7 +237,9 @@ def build_parser(prog: str = "python -m progpo.cli.train") -> argparse.ArgumentP
     a("--ds.zero_stage", type=int, default=0)
     a("--ds.bf16", action="store_true")
     a("--ds.gradient_checkpointing", action="store_true")
-    a("--algo.kl.init_coef", type=float, default=0.01, help="k3 KL loss coefficient (0 = no reference model)")
+    a("--algo.kl.init_coef", type=float, default=0.01, help="KL loss coefficient (0 = no reference model)")
+    a("--algo.kl.estimator", default="k3", help="KL estimator of the KL loss: k1, k2 or k3 (as OpenRLHF)")
+    a("--actor.dual_clip", type=float, default=None, help="dual-clip PPO bound (> 1) for negative advantages")
     a("--algo.entropy.coef", type=float, default=0.0)
     a("--algo.eps_clip_low_high", type=float, nargs=2, default=[0.2, 0.2], metavar=("LOW", "HIGH"))
     a("--env.name", default="webshop", choices=sorted(ENV_DEFAULTS))
@@ -253,7 +255,10 @@ def build_parser(prog: str = "python -m progpo.cli.train") -> argparse.ArgumentP
     a("--ckpt.max_num", type=int, default=2)
     a("--log.tensorboard", type=_bool, default=True)
     a("--log.progress_bar", type=_bool, default=True)
-    g = p.add_argument_group("estimator fields (progpo.advantages.AdvantageConfig; unset = its default)")
+    g = p.add_argument_group("estimator fields (progpo.advantages.AdvantageConfig; unset = the preset's or its default)")
+    g.add_argument("--progpo.preset", dest="progpo_preset", default=None, metavar="NAME",
+                   help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper reading); "
+                        "individual --progpo.<field> flags override it (default: none, the product defaults)")
     for f in dataclasses.fields(AdvantageConfig):
         if f.name == "estimator":
             continue
@@ -266,11 +271,19 @@ def build_parser(prog: str = "python -m progpo.cli.train") -> argparse.ArgumentP
 
 
 def _advantage_config(ns: dict[str, Any]):
+    """AdvantageConfig from the dataclass defaults, then ``--progpo.preset``, then the env's step limit
+    (``max_steps``), then each ``--progpo.<field>`` given. Raises ValueError naming the flag."""
     from progpo.advantages import AdvantageConfig
+    from progpo.advantages.config import preset_fields
 
     kwargs = {k.split(".", 1)[1]: v for k, v in ns.items() if k.startswith("progpo.") and v is not None}
     if "max_steps" not in kwargs and ns.get("_env_max_steps") is not None:
         kwargs["max_steps"] = ns["_env_max_steps"]  # the estimators' horizon H is the env's step limit
+    if ns.get("progpo_preset") is not None:
+        try:
+            kwargs = {**preset_fields(ns["progpo_preset"]), **kwargs}
+        except ValueError as exc:
+            raise ValueError(f"--progpo.preset: {exc}") from None
     try:
         return AdvantageConfig(estimator=ns["advantage_estimator"], **kwargs)
     except (ValueError, TypeError) as exc:
@@ -312,6 +325,7 @@ def config_from_args(argv: list[str] | None = None) -> TrainConfig:
     low, high = ns["algo.eps_clip_low_high"]
     update = UpdateConfig(batch_size=ns["train.batch_size"], epochs=ns["train.max_epochs"], clip_eps_low=low,
                           clip_eps_high=high, kl_coef=kl, entropy_coef=ns["algo.entropy.coef"],
+                          kl_estimator=ns["algo.kl.estimator"], dual_clip=ns["actor.dual_clip"],
                           temperature=rollout.temperature)
     adv = _advantage_config({**ns, "_env_max_steps": env.max_steps})
     run = RunSettings(

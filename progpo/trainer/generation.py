@@ -1,13 +1,22 @@
-"""Local generation backend: transformers ``generate`` behind the async ``GenerateFn`` contract.
+"""Local generation backend: a transformers causal LM behind the async ``GenerateFn`` contract.
 
 ``HFGenerator`` is awaited by the episode loop once per step and episode. Concurrent requests are
-collected by a small batching queue and run as one left-padded ``model.generate`` call in a worker
-thread, so that many episodes share one forward pass while their environments step.
+collected by a small batching queue and run as one left-padded decode in a worker thread, so that
+many episodes share one forward pass while their environments step.
 
 Sampling is the policy's own temperature / top-p distribution, drawn by Gumbel-max with one
 ``torch.Generator`` per request (seeded from the request's seed, or from the iteration seed, the
 prompt and its occurrence count). A response therefore depends on its own seed and prompt, not on
 which other requests happened to share its batch, which makes rollouts reproducible (``--resume``).
+
+The decode loop calls the model's forward pass directly (KV cache, no ``model.generate``):
+``generate`` back-fills its ``GenerationConfig`` from the checkpoint's ``generation_config.json``
+(``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words_ids``,
+``suppress_tokens``, ``sequence_bias``, forced EOS, stop strings, ...), and a field whose neutral
+value is ``None`` cannot be pinned against that back-fill. Here nothing stands between the logits
+and the sample but our ``SamplingParams`` (issue 12, case 1), so the recorded log-probs are exactly
+those ``sequence_logprobs`` recomputes. Of the checkpoint's generation config only ``eos_token_id``
+is read (as extra stop tokens); settings that would have changed sampling are logged once as ignored.
 """
 
 from __future__ import annotations
@@ -34,12 +43,31 @@ class _Request:
     future: asyncio.Future = field(repr=False)
 
 
-class _GumbelSampler:
-    """Logits processor that samples one token per row (temperature, top-p) and records its logprob.
+# GenerationConfig fields that change what is sampled or where a response stops; the checkpoint's
+# values are ignored here (logged once), because the sampler follows our SamplingParams only.
+IGNORED_GENERATION_FIELDS = (
+    "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
+    "top_h", "repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "sequence_bias", "suppress_tokens",
+    "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id", "min_length", "min_new_tokens",
+    "exponential_decay_length_penalty", "guidance_scale", "renormalize_logits", "remove_invalid_values",
+    "watermarking_config", "max_length", "max_new_tokens", "stop_strings", "num_beams",
+)
 
-    Returns scores that are ``-inf`` except at the sampled token, so that greedy ``generate`` emits it.
+
+def ignored_generation_settings(generation_config) -> dict:
+    """The checkpoint's non-default ``IGNORED_GENERATION_FIELDS`` (what a user might expect to apply)."""
+    if generation_config is None:
+        return {}
+    diff = generation_config.to_diff_dict()
+    return {k: diff[k] for k in IGNORED_GENERATION_FIELDS if diff.get(k) is not None}
+
+
+class _GumbelSampler:
+    """Samples one token per row (temperature, top-p) from raw logits and records its logprob.
+
     Recorded logprob: ``log softmax(logits / T)`` at the sampled token (the temperature-scaled policy
-    before top-p truncation, the same quantity vLLM reports).
+    before top-p truncation; with ``top_p = 1`` the quantity vLLM reports with ``processed_logprobs``).
     """
 
     def __init__(self, temperatures: list[float], top_ps: list[float], seeds: list[int]) -> None:
@@ -48,8 +76,9 @@ class _GumbelSampler:
         self.gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.logprobs: list[list[float]] = [[] for _ in seeds]
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        logp = torch.log_softmax(scores.float() / self.t, dim=-1)
+    def __call__(self, scores: torch.Tensor) -> torch.Tensor:
+        """``scores [n, V]`` raw next-token logits -> ``[n]`` sampled token ids (logprobs appended)."""
+        logp = torch.log_softmax(scores.float() / self.t.to(scores.device), dim=-1)
         sample_logp = logp.clone()
         for row, p in enumerate(self.top_p):
             if p < 1.0:
@@ -58,14 +87,12 @@ class _GumbelSampler:
                 drop = cum - sorted_lp.exp() >= p  # tokens whose preceding mass already reaches p
                 sample_logp[row, idx[drop]] = float("-inf")
         vocab = scores.shape[-1]
-        noise = torch.stack([torch.rand(vocab, generator=g) for g in self.gens])
+        noise = torch.stack([torch.rand(vocab, generator=g) for g in self.gens]).to(scores.device)
         gumbel = -torch.log(-torch.log(noise.clamp_min(1e-20)))
         choice = torch.argmax(sample_logp + gumbel, dim=-1)
-        out = torch.full_like(scores, float("-inf"))
-        out[torch.arange(len(choice)), choice] = 0.0
         for row, tok in enumerate(choice.tolist()):
             self.logprobs[row].append(float(logp[row, tok]))
-        return out
+        return choice
 
 
 def request_seed(iteration_seed: int, prompt_ids: list[int], occurrence: int) -> int:
@@ -100,6 +127,10 @@ class HFGenerator:
         if tokenizer.eos_token_id is not None:
             eos.append(tokenizer.eos_token_id)
         self.eos_ids = sorted(set(eos))
+        ignored = ignored_generation_settings(getattr(model, "generation_config", None))
+        if ignored:
+            logger.info("sampling follows SamplingParams only; the checkpoint's generation settings %s are "
+                        "ignored (rollouts and evaluation)", ignored)
         self._pending: list[_Request] = []
         self._worker: asyncio.Task | None = None
         self._seen: dict[bytes, int] = defaultdict(int)
@@ -145,53 +176,73 @@ class HFGenerator:
     @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], samplings: list[SamplingParams],
                        seeds: list[int]) -> list[Generation]:
-        """Generate one response per prompt in one left-padded ``generate`` call (blocking).
+        """Generate one response per prompt in one left-padded, KV-cached decode (blocking).
 
         Args:
             prompts: ``n`` token-id lists (``[P_k]`` each). samplings, seeds: one per prompt.
 
         Returns:
-            ``n`` ``Generation``s; each stops at its first EOS (kept) or its ``max_new_tokens``.
+            ``n`` ``Generation``s; each stops at its first EOS (kept; ``finish_reason`` "stop") or at
+            its ``max_new_tokens`` (``finish_reason`` "length").
         """
         import time
 
-        from transformers import GenerationConfig, LogitsProcessorList
-
         t0 = time.perf_counter()
-        device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for k, p in enumerate(prompts):
-            ids[k, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attn[k, width - len(p):] = 1
         sampler = _GumbelSampler([s.temperature for s in samplings], [s.top_p for s in samplings], seeds)
-        max_new = max(s.max_new_tokens for s in samplings)
-        gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=self.eos_ids,
-                                   pad_token_id=self.pad_id, num_beams=1)
+        limits = [s.max_new_tokens for s in samplings]
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
-                                      generation_config=gen_cfg,
-                                      logits_processor=LogitsProcessorList([sampler]))
+            tokens = self._decode(prompts, sampler, limits)
         finally:
             self.model.train(was_training)
-        new = out[:, width:].cpu().tolist()
         results = []
         eos = set(self.eos_ids)
-        for k, toks in enumerate(new):
-            limit = samplings[k].max_new_tokens
-            toks = toks[:limit]
+        for k, row in enumerate(tokens):
+            toks, reason = row[: limits[k]], "length"
             for j, t in enumerate(toks):
                 if t in eos:
-                    toks = toks[: j + 1]
+                    toks, reason = toks[: j + 1], "stop"
                     break
-            lps = sampler.logprobs[k][: len(toks)]
             text = self.tokenizer.decode(toks, skip_special_tokens=True)
-            results.append(Generation(token_ids=toks, logprobs=lps, text=text))
+            results.append(Generation(token_ids=toks, logprobs=sampler.logprobs[k][: len(toks)], text=text,
+                                      finish_reason=reason))
         self.stats["calls"] += 1
         self.stats["requests"] += len(prompts)
         self.stats["tokens"] += sum(len(r.token_ids) for r in results)
         self.stats["seconds"] += time.perf_counter() - t0
         return results
+
+    def _decode(self, prompts: list[list[int]], sampler: _GumbelSampler, limits: list[int]) -> list[list[int]]:
+        """Token-by-token decode: the model's forward pass, our sampler, nothing else (``[n][<= max(limits)]``).
+
+        Every row is sampled at every step (its generator advances the same however the batch is
+        made up); rows past their EOS or limit are fed the pad token and later cut.
+        """
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        n = len(prompts)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        for k, p in enumerate(prompts):
+            ids[k, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[k, width - len(p):] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp_min(0)  # left padding: positions count real tokens only
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        limit = torch.tensor(limits, device=device)
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        steps: list[torch.Tensor] = []
+        for t in range(max(limits)):
+            choice = sampler(out.logits[:, -1, :])
+            choice = torch.where(done, torch.full_like(choice, self.pad_id), choice)
+            steps.append(choice)
+            done = done | torch.isin(choice, eos) | (limit <= t + 1)
+            if bool(done.all()):
+                break
+            attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
+            pos = pos[:, -1:] + 1
+            out = self.model(input_ids=choice[:, None], attention_mask=attn, position_ids=pos,
+                             past_key_values=out.past_key_values, use_cache=True)
+        return torch.stack(steps, dim=1).cpu().tolist()

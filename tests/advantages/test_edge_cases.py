@@ -134,7 +134,8 @@ BAD_VALUES = {
     "use_potential": 1, "semantic_expansion": None, "min_peers": 0, "tau": 0.0, "depths": -1, "m0": 0.0,
     "sigma2_floor_coef": 0.0, "success_reward": -10.0, "potential_pool": "all", "fusion": "mean",
     "eta": 0.0, "potential_estimator": "td", "credit": "value", "state_key": "inventory",
-    "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none",
+    "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none", "sigma2_floor_ref": "reward",
+    "credit_lambda": 1.5, "zero_signal": "on",
 }
 
 
@@ -208,6 +209,42 @@ def test_graph_truncated_step_goes_to_its_final_observation(final_obs, t_sg):
     sd = float(np.std(c, ddof=1))
     got = compute_advantages(_two_traj(final_obs), cfg).advantages
     np.testing.assert_allclose(got, [x / (sd + 1e-6) for x in c], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("tau, t_sg", [(0.9, 1.0), (0.97, 0.5)])
+def test_graph_paraphrased_final_observation_is_merged_like_any_observation(tau, t_sg):
+    # issue 10 item 7: the truncated step's final observation "g (again)" paraphrases the anchor "g"
+    # (HashEncoder cosine 0.9496). With an encoder it joins g's node as an anchor observation would
+    # (tau 0.9); it used to be matched by exact text only and went to a value-0 node (T(g|s,go) = 1/2,
+    # still the case when the cosine is below tau = 0.97). Same arithmetic as the test above.
+    cfg = AdvantageConfig(potential_estimator="graph", max_steps=2, beta_episode=0.0, use_peer=False, tau=tau)
+    v0 = 0.95 * t_sg * 10
+    c = [0 + 0.95 * 10 - v0, 10 - 10, 0 + 0 - v0]
+    sd = float(np.std(c, ddof=1))
+    got = compute_advantages(_two_traj(["", "", "g (again)"]), cfg, HashEncoder()).advantages
+    np.testing.assert_allclose(got, [x / (sd + 1e-6) for x in c], rtol=1e-9, atol=1e-12)
+
+
+def test_graph_final_observation_with_the_anchor_text_joins_its_node_at_tau_one():
+    # identical text is similarity exactly 1, whatever the encoder's rounding
+    cfg = AdvantageConfig(potential_estimator="graph", max_steps=2, beta_episode=0.0, use_peer=False, tau=1.0)
+    with_enc = compute_advantages(_two_traj(["", "", "g"]), cfg, HashEncoder()).advantages
+    without = compute_advantages(_two_traj(["", "", "g"]), cfg).advantages
+    np.testing.assert_allclose(with_enc, without, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("final", ["s", "s (again)"])
+def test_credit_without_spread_is_not_divided_by_eps(final):
+    # a one-step truncated task whose final observation is its own anchor state (exactly, or a
+    # paraphrase merged into it): E1 gives V_0(s) = r + gamma r + ... != r, so C != 0 but std_u C = 0;
+    # C / (0 + eps) gave 2.9e6. With no spread there is nothing to compare: C^ = 0.
+    batch = StepBatch.from_lists(
+        uid=["u"], traj_id=[0], step_index=[0], reward=[-0.5], terminated=[False], truncated=[True],
+        invalid=[False], anchor_obs=["s"], prefix_key=["k"], action=["a"], final_obs=[final])
+    cfg = AdvantageConfig(potential_estimator="graph", max_steps=4)
+    out = compute_advantages(batch, cfg, HashEncoder())
+    assert out.advantages.tolist() == [0.0]
+    assert out.diagnostics["adv/frac_zero_credit"] == 0.0  # the raw credit is not 0, its C^ is
 
 
 @pytest.mark.parametrize("field", ["omega", "beta_episode"])

@@ -12,7 +12,7 @@ from statistics import mean, stdev, variance
 import numpy as np
 import pytest
 
-from progpo.advantages import AdvantageConfig, compute_advantages
+from progpo.advantages import AdvantageConfig, compute_advantages, config_from_preset
 from progpo.advantages.batch import StepBatch
 
 EPS = 1e-6
@@ -168,14 +168,27 @@ def _pool(pool: list[float], sigma2: float, m0: float = 2.0) -> tuple[float, flo
     return mean(pool), ((ssd + m0 * sigma2) / (n - 1 + m0)) / n
 
 
-def _ivw(*est: tuple[float, float], eta: float = 1e-6) -> float:
+def _ivw(*est: tuple[float, float], eta: float) -> float:
     """Spec (5): sum_d w_d mu_d / sum_d w_d, w_d = 1/(e_d + eta)."""
     w = [1 / (e + eta) for _, e in est]
     return sum(wi * mu for wi, (mu, _) in zip(w, est)) / sum(w)
 
 
-def test_progpo_hand_computed():
-    got = _run(estimator="progpo", depths=1)
+# Trajectories of the batch, in step order (for the credit accumulation of credit_lambda).
+TRAJS = [["a1t0", "a1t1", "a1t2"], ["a2t0", "a2t1", "a2t2", "a2t3"], ["a3t0", "a3t1"],
+         ["b1t0"], ["b2t0", "b2t1"], ["b3t0", "b3t1"]]
+# The batch's largest |r| (sigma2_floor_ref = batch): the fusion measures variances in units of 10**2,
+# so eta = 1e-6 (in those units) is 1e-6 * 10**2 in reward units squared; the paper reading
+# (sigma2_floor_ref = success_reward) keeps eta = 1e-6 in reward units.
+SCALE = 10.0
+
+
+def _progpo_want(eta: float, lam: float = 0.0) -> tuple[dict[str, float], dict[str, float]]:
+    """Expected ProGPO advantages (depths = 1) and raw transition credits, by the spec's formulas.
+
+    ``eta``: the ivw regulariser in reward units squared; ``lam``: credit_lambda, the normalised credit
+    accumulated as A^C_t = sum_k (gamma lam)^k C^_{t+k} over the rest of the trajectory.
+    """
     # sigma2_u: sample variance of G over the task's steps (both far above the floor 1e-2 * 10^2 = 1)
     s2a = variance([2.5, 5.0, 10.0, -0.05, -0.1, 0.0, 0.0, 0.0, 0.0])
     s2b = variance([10.0, 5.0, 10.0, 0.0, 0.0])
@@ -183,16 +196,16 @@ def test_progpo_hand_computed():
     # Potentials Phi: depth-0 pool = anchor group, depth-1 pool = (o_{t-1}, a_{t-1}, o_t) group
     phi = {
         "a1t0": mean(ROOM), "a2t0": mean(ROOM), "a3t0": mean(ROOM),  # both depths = the room pool
-        "a1t1": _ivw(_pool(DESK, s2a), _pool([5.0, 0.0], s2a)),
-        "a3t1": _ivw(_pool(DESK, s2a), _pool([5.0, 0.0], s2a)),
-        "a2t3": _ivw(_pool(DESK, s2a), _pool([0.0], s2a)),
+        "a1t1": _ivw(_pool(DESK, s2a), _pool([5.0, 0.0], s2a), eta=eta),
+        "a3t1": _ivw(_pool(DESK, s2a), _pool([5.0, 0.0], s2a), eta=eta),
+        "a2t3": _ivw(_pool(DESK, s2a), _pool([0.0], s2a), eta=eta),
         "a1t2": 10.0,                                                # singleton at both depths: Phi = G
-        "a2t1": _ivw(_pool(BED, s2a), _pool([-0.1], s2a)),
-        "a2t2": _ivw(_pool(BED, s2a), _pool([0.0], s2a)),            # invalid action keyed as <invalid>
-        "b1t0": _ivw(_pool(HALL, s2b), _pool([10.0, 5.0, 0.0], s2b)),
-        "b2t0": _ivw(_pool(HALL, s2b), _pool([10.0, 5.0, 0.0], s2b)),
-        "b3t0": _ivw(_pool(HALL, s2b), _pool([10.0, 5.0, 0.0], s2b)),
-        "b2t1": _ivw(_pool(HALL, s2b), _pool([10.0], s2b)),
+        "a2t1": _ivw(_pool(BED, s2a), _pool([-0.1], s2a), eta=eta),
+        "a2t2": _ivw(_pool(BED, s2a), _pool([0.0], s2a), eta=eta),   # invalid action keyed as <invalid>
+        "b1t0": _ivw(_pool(HALL, s2b), _pool([10.0, 5.0, 0.0], s2b), eta=eta),
+        "b2t0": _ivw(_pool(HALL, s2b), _pool([10.0, 5.0, 0.0], s2b), eta=eta),
+        "b3t0": _ivw(_pool(HALL, s2b), _pool([10.0, 5.0, 0.0], s2b), eta=eta),
+        "b2t1": _ivw(_pool(HALL, s2b), _pool([10.0], s2b), eta=eta),
         "b3t1": 0.0,
     }
     # Transition credit (6): C = r + 0.5 Phi_next - Phi, Phi_next = 0 after the last step
@@ -207,15 +220,45 @@ def test_progpo_hand_computed():
         "b2t1": 10 + 0 - phi["b2t1"], "b3t0": 0 + 0.5 * phi["b3t1"] - phi["b3t0"], "b3t1": 0 - 0.0,
     }
     sd = {"a": stdev([v for k, v in c.items() if k[0] == "a"]), "b": stdev([v for k, v in c.items() if k[0] == "b"])}
-    c_hat = {k: v / (sd[k[0]] + EPS) for k, v in c.items()}
+    one_step = {k: v / (sd[k[0]] + EPS) for k, v in c.items()}
+    # credit_lambda: A^C_t = sum_k (0.5 lam)^k C^_{t+k}, written out term by term
+    c_hat = {}
+    for traj in TRAJS:
+        for k, name in enumerate(traj):
+            c_hat[name] = sum((GAMMA * lam) ** j * one_step[later] for j, later in enumerate(traj[k:]))
     # Peers (2): t=0 prompts hold every trajectory of the task -> rho = 0; a1t1/a3t1 share a prompt:
     # |P| = 2, rho = 1/(1+8), A^P = z-score of G in [5, 0]; every other prompt is a singleton.
     rho = 1 / 9
     want = {k: _ae(k) + c_hat[k] for k in c}
     want["a1t1"] = _ae("a1t1") + rho * _z(5.0, [5.0, 0.0]) + (1 - rho) * c_hat["a1t1"]
     want["a3t1"] = _ae("a3t1") + rho * _z(0.0, [5.0, 0.0]) + (1 - rho) * c_hat["a3t1"]
-    _check(got, want)
+    return want, c
+
+
+def test_progpo_hand_computed():
+    want, c = _progpo_want(eta=1e-6 * SCALE**2)
+    _check(_run(estimator="progpo", depths=1), want)
     assert c["a1t2"] == 0.0  # singleton chain end: exact-zero credit
+
+
+def test_progpo_paper_preset_hand_computed():
+    # the paper reading: floor and eta in absolute reward units (sigma2_floor_ref = success_reward)
+    want, _ = _progpo_want(eta=1e-6)
+    got = compute_advantages(_batch(), config_from_preset("paper", gamma=GAMMA, depths=1))
+    _check(dict(zip(NAMES, got.advantages.tolist())), want)
+
+
+@pytest.mark.parametrize("lam", [0.8, 1.0])
+def test_progpo_credit_lambda_hand_computed(lam):
+    want, c = _progpo_want(eta=1e-6 * SCALE**2, lam=lam)
+    got = _run(estimator="progpo", depths=1, credit_lambda=lam)
+    _check(got, want)
+    # one value written out in full: a2t1's accumulated credit with lam = 0.8 is
+    # (C(a2t1) + 0.4 C(a2t2) + 0.16 C(a2t3)) / (std of task A's nine one-step C + eps), gamma lam = 0.4
+    if lam == 0.8:
+        task_a = [v for k, v in c.items() if k[0] == "a"]
+        acc = (c["a2t1"] + 0.4 * c["a2t2"] + 0.16 * c["a2t3"]) / (stdev(task_a) + EPS)
+        assert got["a2t1"] == pytest.approx(_ae("a2t1") + acc, rel=1e-9)
 
 
 def test_progpo_ablations_hand_computed():

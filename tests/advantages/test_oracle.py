@@ -1,5 +1,6 @@
 """The vectorised estimators equal the slow loop oracle (``progpo.advantages.reference``) on 50 seeded
-random batches, each with its own random config (every ProGPO flag, E1-E3 included)."""
+random batches, each with its own random config (every ProGPO flag, E1-E3, credit_lambda, zero_signal and
+sigma2_floor_ref included)."""
 
 import numpy as np
 import pytest
@@ -14,13 +15,17 @@ ENC = HashEncoder()
 def _random_cfg(seed: int) -> AdvantageConfig:
     rng = np.random.default_rng(1000 + seed)
     graph = seed % 4 == 3
+    credit = str(rng.choice(["transition", "action"])) if graph else "transition"
     return AdvantageConfig(
+        credit_lambda=float(rng.choice([0.0, 0.8, 1.0])) if credit == "transition" else 0.0,
+        zero_signal=bool(rng.random() < 0.5),
+        sigma2_floor_ref=str(rng.choice(["batch", "success_reward"])),
         fusion=str(rng.choice(["ivw", "ivw_bias", "none"])),
         potential_pool=str(rng.choice(["inclusive", "loo"])),
         prefix_mode=str(rng.choice(["prompt", "history"])),
         state_key=str(rng.choice(["obs", "obs_inventory"])),
         potential_estimator="graph" if graph else "mc",
-        credit=str(rng.choice(["transition", "action"])) if graph else "transition",
+        credit=credit,
         depths=int(rng.integers(0, 4)),
         kappa=float(rng.choice([1.0, 8.0])),
         use_peer=bool(rng.random() < 0.8),
@@ -38,12 +43,13 @@ def _random_cfg(seed: int) -> AdvantageConfig:
 
 @pytest.mark.parametrize("seed", range(50))
 def test_progpo_and_gigpo_equal_the_loop_oracle(seed):
-    batch = random_batch(seed)
+    batch = random_batch(seed, paraphrased_finals=seed % 2 == 1)
     cfg = _random_cfg(seed)
     encoder = ENC if seed % 3 else None
     got = compute_advantages(batch, cfg, encoder).advantages
     np.testing.assert_allclose(got, reference_progpo(batch, cfg, encoder), rtol=1e-8, atol=1e-8)
-    gcfg = AdvantageConfig(estimator="gigpo", state_key=cfg.state_key, gigpo_mode=cfg.gigpo_mode, gamma=cfg.gamma)
+    gcfg = AdvantageConfig(estimator="gigpo", state_key=cfg.state_key, gigpo_mode=cfg.gigpo_mode, gamma=cfg.gamma,
+                           zero_signal=cfg.zero_signal)
     np.testing.assert_allclose(compute_advantages(batch, gcfg).advantages, reference_gigpo(batch, gcfg),
                                rtol=1e-10, atol=1e-10)
 

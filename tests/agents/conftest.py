@@ -1,4 +1,4 @@
-"""Fixtures for the episode-loop tests: a tiny in-process fake env (the Qwen2.5 tokenizer is in tests/conftest.py).
+"""Fixtures for the episode-loop tests: a tiny in-process fake env (the Qwen3 tokenizer is in tests/conftest.py).
 
 Helpers are handed out as fixtures (not imported from a module): an installed OpenRLHF ships its
 own top-level ``tests`` package, so ``import tests.agents...`` would be ambiguous.
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from progpo.envs.base import StepResult
+from progpo.testing import PATIENCE_S
 
 class FakeEnv:
     """A deterministic corridor game behind the env protocol (``progpo.envs.base``).
@@ -46,7 +47,7 @@ class FakeEnv:
             "invalid_action": invalid,
         }
         if self.style == "alfworld":
-            info["inventory"] = f"You carry {self.pos} keys."
+            info["inventory"] = info["state_extra"] = f"You carry {self.pos} keys."
             info["task_type"] = "corridor"
         return info
 
@@ -99,7 +100,7 @@ def webshop_url(shared_data):
     path = shared_data / "webshop"
     if not path.is_dir():
         pytest.fail(f"WebShop data not found at {path}")
-    proc = process.WebShopServerProcess(data_dir=path, port=0, threads=8)
+    proc = process.WebShopServerProcess(data_dir=path, port=0, threads=8, start_timeout_s=PATIENCE_S)
     proc.start()
     try:
         yield proc.url

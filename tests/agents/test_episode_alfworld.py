@@ -68,12 +68,12 @@ def _play(tokenizer, policy, max_steps, n=2):
     return asyncio.run(go())
 
 
-def test_expert_walkthrough_wins_real_games(qwen_tokenizer, walkthroughs) -> None:
+def test_expert_walkthrough_wins_real_games(qwen3_tokenizer, walkthroughs) -> None:
     longest = max(len(w) for w in walkthroughs.values())
-    episodes = _play(qwen_tokenizer, expert_policy(walkthroughs, bad_step=2), max_steps=longest + 3)
+    episodes = _play(qwen3_tokenizer, expert_policy(walkthroughs, bad_step=2), max_steps=longest + 3)
     assert len(episodes) == 4 and not any(ep.failed for ep in episodes)
     for ep in episodes:
-        plan = walkthroughs[ep.steps[0].prompt_ids and _task_of(qwen_tokenizer, ep)]
+        plan = walkthroughs[ep.steps[0].prompt_ids and _task_of(qwen3_tokenizer, ep)]
         assert ep.won, f"expert plan did not win {ep.task_id}"
         assert len(ep.steps) == len(plan) + 1  # one wasted (malformed) step
         bad = ep.steps[1]
@@ -89,13 +89,15 @@ def test_expert_walkthrough_wins_real_games(qwen_tokenizer, walkthroughs) -> Non
     assert episodes[0].uid != episodes[2].uid
     batch = episodes_to_step_batch(episodes)
     assert batch.num_steps == sum(len(ep.steps) for ep in episodes)
-    assert batch.state_extra is not None
+    # the inventory (info["state_extra"]) reaches the StepBatch row by row; the expert picks objects up
+    assert batch.state_extra.tolist() == [s.state_extra for ep in episodes for s in ep.steps]
+    assert any(x.startswith("You are carrying: ") for x in batch.state_extra)
     m = rollout_metrics(episodes)
     assert m["env/success_rate"] == 1.0 and m["rollout/prompt_len_max"] <= 2048
 
 
-def test_step_limit_truncates_real_games(qwen_tokenizer, walkthroughs) -> None:
-    episodes = _play(qwen_tokenizer, lambda p: "<think>x</think><action>look</action>", max_steps=3, n=1)
+def test_step_limit_truncates_real_games(qwen3_tokenizer, walkthroughs) -> None:
+    episodes = _play(qwen3_tokenizer, lambda p: "<think>x</think><action>look</action>", max_steps=3, n=1)
     for ep in episodes:
         assert not ep.won and len(ep.steps) == 3
         assert [s.truncated for s in ep.steps] == [False, False, True]

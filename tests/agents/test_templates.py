@@ -1,4 +1,10 @@
-"""Prompt template golden tests (real Qwen2.5 tokenizer) and the context-length guard."""
+"""Prompt template golden tests (real Qwen3 tokenizer files) and the context-length guard.
+
+The golden prompts and token counts are those of the ``qwen3_tokenizer`` fixture (Qwen3 chat
+template, ``<think>``/``</think>`` single tokens). A Qwen2.5-Instruct checkpoint renders the same
+user message after its default system turn (+21 tokens) and spells the think tags in several BPE
+tokens; its template was not found offline, so there are no Qwen2.5 golden prompts here.
+"""
 
 from __future__ import annotations
 
@@ -76,6 +82,18 @@ WEB_GOLDEN = (
 WEB_GOLDEN_TOKENS = 140
 
 
+def test_qwen3_tokenizer_fixture_is_what_its_name_says(qwen3_tokenizer) -> None:
+    tok = qwen3_tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"  # no default system turn
+    assert "enable_thinking" in tok.chat_template and "You are Qwen" not in tok.chat_template
+    assert tok("<think> </think>", add_special_tokens=False)["input_ids"] == [151667, 220, 151668]
+    assert tok.vocab_size == 151643 and len(tok) == 151669
+    # what a Qwen2.5-Instruct checkpoint would put in front of the same prompt
+    system = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    assert len(tok(system, add_special_tokens=False)["input_ids"]) == 21
+
+
 def _reference_ids(tok, text_user: str) -> list[int]:
     """Token ids through the tokenizer's own tokenize=True path (independent of our encoder)."""
     out = tok.apply_chat_template([{"role": "user", "content": text_user}], tokenize=True,
@@ -89,11 +107,11 @@ def _reference_ids(tok, text_user: str) -> list[int]:
      (WEBSHOP_TEMPLATE, WEB_KW, WEB_GOLDEN, WEB_GOLDEN_TOKENS)],
     ids=["alfworld", "webshop"],
 )
-def test_golden_prompt(qwen_tokenizer, template, kw, golden, n_tokens) -> None:
-    built = build_prompt(qwen_tokenizer, template, **kw)
+def test_golden_prompt(qwen3_tokenizer, template, kw, golden, n_tokens) -> None:
+    built = build_prompt(qwen3_tokenizer, template, **kw)
     assert built.text == golden
     assert len(built.prompt_ids) == n_tokens
-    assert built.prompt_ids == _reference_ids(qwen_tokenizer, render_user_message(template, **kw))
+    assert built.prompt_ids == _reference_ids(qwen3_tokenizer, render_user_message(template, **kw))
     assert built.prefix_key == prefix_key(built.prompt_ids)
     assert not built.truncated
 
@@ -111,16 +129,16 @@ def test_history_numbering_and_hidden_actions() -> None:
         get_template("sokoban")
 
 
-def test_braces_in_observation_are_literal(qwen_tokenizer) -> None:
-    built = build_prompt(qwen_tokenizer, WEBSHOP_TEMPLATE, task="t {x}", observation="price {price} [SEP]",
+def test_braces_in_observation_are_literal(qwen3_tokenizer) -> None:
+    built = build_prompt(qwen3_tokenizer, WEBSHOP_TEMPLATE, task="t {x}", observation="price {price} [SEP]",
                          admissible_actions=["click[{a}]"])
     assert "price {price} [SEP]" in built.text and "'click[{a}]'" in built.text
 
 
-def test_prefix_key_distinguishes_prompts(qwen_tokenizer) -> None:
-    a = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, **ALF_KW)
-    b = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, **{**ALF_KW, "history": ALF_HISTORY[1:]})
-    c = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, **ALF_KW)
+def test_prefix_key_distinguishes_prompts(qwen3_tokenizer) -> None:
+    a = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, **ALF_KW)
+    b = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, **{**ALF_KW, "history": ALF_HISTORY[1:]})
+    c = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, **ALF_KW)
     assert a.prefix_key == c.prefix_key and a.prefix_key != b.prefix_key
     assert len(a.prefix_key) == 40
 
@@ -134,51 +152,51 @@ def _assert_whole_tokens(tok, built, limit: int) -> None:
     assert "\ufffd" not in built.text
 
 
-def test_guard_drops_oldest_history_first(qwen_tokenizer) -> None:
-    full = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, **ALF_KW)
-    one = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, **{**ALF_KW, "history": ALF_HISTORY[1:]})
+def test_guard_drops_oldest_history_first(qwen3_tokenizer) -> None:
+    full = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, **ALF_KW)
+    one = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, **{**ALF_KW, "history": ALF_HISTORY[1:]})
     limit = len(full.prompt_ids) - 1  # one token too many: the oldest turn must go
-    built = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=limit, **ALF_KW)
+    built = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=limit, **ALF_KW)
     assert built.dropped_turns == 1 and built.obs_truncated_tokens == 0
     assert built.text == one.text  # same as rendering with the newest turn only
     assert "Observation 5:" in built.text and "Observation 4:" not in built.text
     assert "step 6" in built.text  # the step counter keeps the true count
-    _assert_whole_tokens(qwen_tokenizer, built, limit)
+    _assert_whole_tokens(qwen3_tokenizer, built, limit)
 
 
-def test_guard_long_history_dropped_entirely(qwen_tokenizer) -> None:
+def test_guard_long_history_dropped_entirely(qwen3_tokenizer) -> None:
     huge = [HistoryTurn("very long page " * 400, f"click[item {k}]") for k in range(2)]
     kw = {**ALF_KW, "history": huge}
-    built = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=400, **kw)
+    built = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=400, **kw)
     assert built.dropped_turns == 2 and built.obs_truncated_tokens == 0
     assert "Your current observation is:" in built.text  # the no-history template
-    _assert_whole_tokens(qwen_tokenizer, built, 400)
+    _assert_whole_tokens(qwen3_tokenizer, built, 400)
 
 
-def test_guard_truncates_observation_on_token_boundaries(qwen_tokenizer) -> None:
+def test_guard_truncates_observation_on_token_boundaries(qwen3_tokenizer) -> None:
     obs = "On the shelf: 日本語のテキスト and émojis 🙂🙂 " * 60  # multi-byte characters
     kw = {**ALF_KW, "observation": obs}
     limit = 300
-    built = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=limit, **kw)
+    built = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=limit, **kw)
     assert built.dropped_turns == 2
     assert built.obs_truncated_tokens > 0
     assert TRUNCATION_MARKER in built.text
-    _assert_whole_tokens(qwen_tokenizer, built, limit)
+    _assert_whole_tokens(qwen3_tokenizer, built, limit)
     # the kept observation prefix is as long as possible: one more token would not fit
-    obs_ids = qwen_tokenizer(obs, add_special_tokens=False)["input_ids"]
+    obs_ids = qwen3_tokenizer(obs, add_special_tokens=False)["input_ids"]
     kept = len(obs_ids) - built.obs_truncated_tokens
-    longer = qwen_tokenizer.decode(obs_ids[: kept + 1]).rstrip("\ufffd") + TRUNCATION_MARKER
-    over = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, **{**kw, "history": [], "observation": longer})
+    longer = qwen3_tokenizer.decode(obs_ids[: kept + 1]).rstrip("\ufffd") + TRUNCATION_MARKER
+    over = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, **{**kw, "history": [], "observation": longer})
     assert len(over.prompt_ids) > limit
 
 
-def test_guard_last_resort_drops_actions_and_errors_when_impossible(qwen_tokenizer) -> None:
+def test_guard_last_resort_drops_actions_and_errors_when_impossible(qwen3_tokenizer) -> None:
     actions = [f"take object number {k} from the big shelf" for k in range(60)]
     kw = {**ALF_KW, "admissible_actions": actions}
-    built = build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=400, **kw)
+    built = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=400, **kw)
     assert built.actions_dropped > 0 and built.obs_truncated_tokens > 0
-    _assert_whole_tokens(qwen_tokenizer, built, 400)
+    _assert_whole_tokens(qwen3_tokenizer, built, 400)
     with pytest.raises(ValueError, match="max_prompt_tokens=20"):
-        build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=20, **kw)
+        build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=20, **kw)
     with pytest.raises(ValueError, match="max_prompt_tokens"):
-        build_prompt(qwen_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=0, **kw)
+        build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, max_prompt_tokens=0, **kw)

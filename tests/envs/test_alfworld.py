@@ -146,6 +146,7 @@ def test_inventory_info_matches_the_games_inventory_answer(env: AlfWorldEnv) -> 
         res = env.step(action)
         asked = env.step("inventory")
         assert res.info["inventory"] == asked.observation == asked.info["inventory"]
+        assert res.info["state_extra"] == res.info["inventory"]  # the protocol's key for the state keys
         held_seen |= asked.observation.startswith("You are carrying: ")
     assert held_seen
 

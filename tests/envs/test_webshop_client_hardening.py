@@ -15,6 +15,7 @@ import pytest
 
 from progpo.envs.base import EnvFailure
 from progpo.envs.webshop import WebShopEnv
+from progpo.testing import PATIENCE_S
 
 VIEW = {"session_id": "s" * 24, "goal_index": 0, "instruction": "buy tea", "observation": "WebShop",
         "available_actions": {"has_search_bar": True, "clickables": ["search"]}, "url": "/x",
@@ -58,7 +59,7 @@ def _serve(step_body: bytes, step_type: str = "application/json") -> tuple[Threa
 def test_garbled_server_answer_is_env_failure_not_invalid_action(body, ctype):
     httpd, url = _serve(body, ctype)
     try:
-        env = WebShopEnv(url, timeout_s=5)
+        env = WebShopEnv(url, timeout_s=PATIENCE_S)
         env.reset(split="test", index=0)
         with pytest.raises(EnvFailure, match="WebShop server"):
             env.step("search[tea]")
@@ -80,16 +81,18 @@ def silent_server() -> Iterator[str]:
 
 
 def test_silent_server_times_out_as_env_failure(silent_server):
+    """The client gives up after its ``timeout_s`` (read timeout) instead of hanging: EnvFailure.
+    Only a hang is a failure here, so the bound is the suite's patience, not a latency."""
     env = WebShopEnv(silent_server, timeout_s=0.5)
     t0 = time.monotonic()
-    with pytest.raises(EnvFailure, match="unreachable"):
+    with pytest.raises(EnvFailure, match="unreachable.*Read timed out"):
         env.reset(split="test", index=0)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < PATIENCE_S
 
 
 def test_server_killed_mid_episode_is_env_failure():
     httpd, url = _serve(json.dumps(VIEW).encode())
-    env = WebShopEnv(url, timeout_s=2)
+    env = WebShopEnv(url, timeout_s=PATIENCE_S)
     env.reset(split="test", index=0)
     assert not env.step("search[tea]").done
     httpd.shutdown()
@@ -123,7 +126,7 @@ def test_async_client_shares_the_answer_checks():
 
     async def run() -> None:
         async with httpx.AsyncClient() as client:
-            env = AsyncWebShopEnv(client, url, timeout_s=5)
+            env = AsyncWebShopEnv(client, url, timeout_s=PATIENCE_S)
             await env.areset(split="test", index=0)
             with pytest.raises(EnvFailure, match="non-JSON"):
                 await env.astep("search[tea]")

@@ -41,13 +41,21 @@ def _unavailable(name: str):
 
 @dataclass
 class SamplingParams:
-    """The subset of ``vllm.SamplingParams`` fields OpenRLHF and our executor read or write."""
+    """The subset of ``vllm.SamplingParams`` fields OpenRLHF and our executor read or write (vLLM's defaults)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     max_tokens: int | None = 16
     min_tokens: int = 0
+    logit_bias: dict | None = None
+    allowed_token_ids: list | None = None
+    bad_words: list | None = None
+    ignore_eos: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
     seed: int | None = None

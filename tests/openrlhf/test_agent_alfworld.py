@@ -59,21 +59,21 @@ class ExpertEngine:
 
 
 @pytest.mark.slow
-def test_executor_plays_alfworld_in_ray_env_actors(mods, qwen_tokenizer, walkthrough):
+def test_executor_plays_alfworld_in_ray_env_actors(mods, qwen3_tokenizer, walkthrough):
     import ray
 
     started = not ray.is_initialized()
     cfg = mods.agent.AgentConfig(env_name="alfworld", pool="ray", max_steps=len(walkthrough) + 5,
                                  num_env_actors=2, num_cpus_per_actor=0.5)
     executor = mods.agent.AgentExecutor(cfg)
-    engine = ExpertEngine(qwen_tokenizer, walkthrough)
+    engine = ExpertEngine(qwen3_tokenizer, walkthrough)
     params = mods.VllmParams(max_tokens=128, logprobs=1)
 
     async def run():
         try:
             return await asyncio.gather(*[
                 executor.execute(prompt=json.dumps({"split": SPLIT, "index": INDEX}), label="g0",
-                                 sampling_params=params, max_length=4096, hf_tokenizer=qwen_tokenizer,
+                                 sampling_params=params, max_length=4096, hf_tokenizer=qwen3_tokenizer,
                                  llm_engine=engine)
                 for _ in range(2)])
         finally:

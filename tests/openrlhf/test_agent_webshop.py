@@ -3,7 +3,7 @@
 The executor is driven exactly as OpenRLHF's ``RolloutRayActor.generate_responses`` drives it:
 ``execute(prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine)`` for every rollout,
 all gathered concurrently on one event loop. The scripted engine answers ``generate`` with real
-token ids of the real Qwen2.5 tokenizer; the env traffic is real async HTTP to a server subprocess.
+token ids of the real Qwen3 tokenizer; the env traffic is real async HTTP to a server subprocess.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from envs.webshop_server.process import WebShopServerProcess
+from progpo.testing import PATIENCE_S
 
 
 
@@ -24,9 +25,11 @@ from envs.webshop_server.process import WebShopServerProcess
 def mods(openrlhf_stubs):
     stubs = openrlhf_stubs
     with stubs.stubbed():
-        from progpo.openrlhf import agent as openrlhf_agent, samples as openrlhf_samples
+        from progpo.openrlhf import agent as openrlhf_agent, experience as openrlhf_experience
+        from progpo.openrlhf import samples as openrlhf_samples
 
-        return SimpleNamespace(agent=openrlhf_agent, samples=openrlhf_samples, VllmParams=stubs.SamplingParams)
+        return SimpleNamespace(agent=openrlhf_agent, samples=openrlhf_samples, experience=openrlhf_experience,
+                               VllmParams=stubs.SamplingParams)
 
 
 
@@ -45,7 +48,7 @@ def webshop(shared_data):
                               goal["goal_options"])
         if score == 1.0:
             winnable.append((gi - lo, goal))
-    with WebShopServerProcess(data_dir=data, port=0, threads=16) as server:
+    with WebShopServerProcess(data_dir=data, port=0, threads=16, start_timeout_s=PATIENCE_S) as server:
         yield SimpleNamespace(url=server.url, winnable=winnable)
 
 
@@ -100,18 +103,18 @@ class ScriptedEngine:
             self.in_flight -= 1
 
 
-def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen_tokenizer, webshop):
+def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen3_tokenizer, webshop):
     tasks = webshop.winnable[:6]
     n_rollouts = 4
     wrong = {tasks[0][1]["instruction_text"]}
-    engine = ScriptedEngine(qwen_tokenizer, {g["instruction_text"]: g for _, g in tasks}, wrong)
-    cfg = mods.agent.AgentConfig(env_name="webshop", env_kwargs={"base_url": webshop.url}, max_steps=15)
+    engine = ScriptedEngine(qwen3_tokenizer, {g["instruction_text"]: g for _, g in tasks}, wrong)
+    cfg = mods.agent.AgentConfig(env_name="webshop", env_kwargs={"base_url": webshop.url, "timeout_s": PATIENCE_S}, max_steps=15)
     executor = mods.agent.AgentExecutor(cfg)
     params = mods.VllmParams(temperature=1.0, top_p=1.0, max_tokens=96, logprobs=None)
 
     async def run_all():
         coros = [executor.execute(prompt=json.dumps({"split": "train", "index": i}), label=f"train:{i}",
-                                  sampling_params=params, max_length=4096, hf_tokenizer=qwen_tokenizer,
+                                  sampling_params=params, max_length=4096, hf_tokenizer=qwen3_tokenizer,
                                   llm_engine=engine)
                  for i, _ in tasks for _ in range(n_rollouts)]
         try:
@@ -138,14 +141,14 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen_tokenizer,
         assert all(s.logprobs == [-0.25] * len(s.response_ids) for s in ep.steps)
         assert r["action_ranges"][0][0] == len(ep.steps[0].prompt_ids)
         # the prompt of step t shows at most K = 2 earlier steps
-        assert all(qwen_tokenizer.decode(s.prompt_ids).count("Action ") <= 2 for s in ep.steps)
+        assert all(qwen3_tokenizer.decode(s.prompt_ids).count("Action ") <= 2 for s in ep.steps)
 
     # the recorded episodes expand into per-step samples with shared uids per task
     gen = mods.samples.StepSamplesGenerator(
         strategy=SimpleNamespace(args=SimpleNamespace(
             rollout=SimpleNamespace(n_samples_per_prompt=n_rollouts),
             algo=SimpleNamespace(advantage=SimpleNamespace(estimator="progpo", is_correction_level="off"))),
-        ), prompts_dataloader=[], eval_dataloader=None, tokenizer=qwen_tokenizer, vllm_engines=[])
+        ), prompts_dataloader=[], eval_dataloader=None, tokenizer=qwen3_tokenizer, vllm_engines=[])
     samples = [gen._process_response_into_experience(r, max_len=4096) for r in responses]
     rows = gen.expand(samples, n_samples_per_prompt=n_rollouts, max_len=4096)
     assert len(rows) == sum(len(r[mods.agent.RESPONSE_EPISODE_KEY].steps) for r in responses)
@@ -153,7 +156,19 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen_tokenizer,
     assert gen.last_stats["env/success_rate"] == pytest.approx((len(tasks) - 1) / len(tasks))
     first = rows[0]
     assert first.info["progpo/anchor_obs"] == ["Search"]
-    assert qwen_tokenizer.decode(first.sequences[0][first.action_mask[0].nonzero()[0, 0] + 1:]).startswith("<think>")
+    # the chosen options (WebShop's state_extra) reach the StepBatch the estimators read
+    batch = mods.experience.step_batch_from_experiences(rows)
+    assert batch.state_extra is not None and batch.state_extra[0] == "Selected options: none."
+    k = 0
+    for r in responses:
+        ep = r[mods.agent.RESPONSE_EPISODE_KEY]
+        task_text = ep.steps[0] and next(g for _, g in tasks if g["instruction_text"] in
+                                         qwen3_tokenizer.decode(ep.steps[0].prompt_ids))
+        buy = batch.state_extra[k + len(ep.steps) - 1]
+        if ep.won and task_text["goal_options"]:
+            assert all(str(v) in buy for v in task_text["goal_options"].values()), buy
+        k += len(ep.steps)
+    assert qwen3_tokenizer.decode(first.sequences[0][first.action_mask[0].nonzero()[0, 0] + 1:]).startswith("<think>")
 
 
 def test_agent_config_and_task_errors_name_the_field(mods):

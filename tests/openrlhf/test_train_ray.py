@@ -61,12 +61,25 @@ def test_help_lists_openrlhf_and_our_flags(cli, capsys):
     (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt"),
     (["--env.num_eval_tasks", "4"], "--env.eval_split"),
     (["--advantage_estimator", "group_norm", "--progpo.kappa", "2"], "--progpo.*"),
+    (["--progpo.preset", "papr"], "--progpo.preset"),
+    (["--advantage_estimator", "group_norm", "--progpo.preset", "paper"], "--progpo.*"),
 ])
 def test_bad_values_exit_naming_the_flag(cli, capsys, tmp_path, argv, flag):
     with pytest.raises(SystemExit) as exc:
         _finalize(cli, BASE + argv, tmp_path)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+def test_preset_then_flags(cli, tmp_path):
+    from progpo.advantages import config_from_preset
+
+    ns = _finalize(cli, BASE + ["--progpo.preset", "paper"], tmp_path)
+    assert ns.progpo_advantage_config == config_from_preset("paper", estimator="progpo", max_steps=15)
+    ns = _finalize(cli, BASE + ["--progpo.preset", "candidate", "--progpo.state_key", "obs"], tmp_path)
+    cfg = ns.progpo_advantage_config
+    assert (cfg.state_key, cfg.credit_lambda, cfg.zero_signal) == ("obs", 0.8, True)
+    assert not hasattr(ns, "progpo_preset")
 
 
 def test_missing_env_name_is_reported(cli, capsys, tmp_path):

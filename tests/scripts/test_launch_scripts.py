@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from progpo.testing import PATIENCE_S
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "scripts"
 ALL = sorted([*SCRIPTS.glob("*.sh"), *SCRIPTS.glob("*.sbatch"), *SCRIPTS.glob("lib/*.sh"),
@@ -134,12 +136,13 @@ def test_slurm_script_starts_ray_and_webshop_and_submits_a_job(tmp_path, shared_
         SLURM_JOB_ID=str(os.getpid()), SLURM_SUBMIT_DIR=str(REPO), SLURM_CPUS_PER_TASK="1", SLURM_GPUS_PER_NODE="0",
         RAY_PORT=str(gcs), RAY_DASHBOARD_PORT=str(dash), RAY_TMPDIR=str(ray_tmp), RAY_HEAD_ARGS=head_args,
         RAY_AUTH_MODE="disabled", RAY_STOP_TIMEOUT="20", ENV_NAME="webshop", WEBSHOP_PORT=str(webshop),
+        RAY_START_TIMEOUT=str(round(PATIENCE_S)), WEBSHOP_START_TIMEOUT=str(round(PATIENCE_S)),
         WEBSHOP_DATA_DIR=str(shared_data / "webshop"), WEBSHOP_THREADS="4", PROGPO_SMOKE_TEST="1",
         PROGPO_LOG_DIR=str(tmp_path / "logs"),
     )
     try:
         res = subprocess.run(["bash", str(SCRIPTS / "slurm_train_ray.sbatch")], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=420)
+                             capture_output=True, text=True, timeout=3 * PATIENCE_S)  # Ray + WebShop + job
     finally:
         leftover = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
         shutil.rmtree(ray_tmp, ignore_errors=True)

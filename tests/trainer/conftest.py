@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from progpo.testing import PATIENCE_S
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -35,7 +37,7 @@ def webshop_url(shared_data):
     """One WebShop server on the real 87-product data for the whole session."""
     from envs.webshop_server.process import WebShopServerProcess
 
-    with WebShopServerProcess(data_dir=shared_data / "webshop") as server:
+    with WebShopServerProcess(data_dir=shared_data / "webshop", start_timeout_s=PATIENCE_S) as server:
         yield server.url
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import pytest
 
 from progpo.agents.types import Episode, StepRecord
+from progpo.testing import PATIENCE_S, wait_until
 from progpo.trainer.metrics import MetricsLogger
 
 
@@ -41,9 +41,16 @@ def test_data_download_fails_fast_naming_the_folder(tmp_path, capsys, monkeypatc
 
     monkeypatch.setattr(data, "GDRIVE", "http://127.0.0.1:9/{}")  # discard port: nothing listens
     monkeypatch.setattr(data, "ALFWORLD_HOST", "http://127.0.0.1:9")
-    t0 = time.perf_counter()
+    probes, real_probe = [], data.probe
+    monkeypatch.setattr(data, "probe", lambda url, timeout_s: probes.append(timeout_s) or real_probe(url, timeout_s))
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("download went on after the host probe failed")
+
+    monkeypatch.setattr(data, "_fetch", no_fetch)
+    # "fast" without a wall clock: one short connect probe (the given timeout), then no transfer at all
     assert data.main(["download", "--dir", str(tmp_path), "--timeout_s", "2"]) == 1
-    assert time.perf_counter() - t0 < 10
+    assert probes == [2.0]
     err = capsys.readouterr().err
     assert str(tmp_path / "webshop") in err and str(tmp_path / "alfworld") in err
 
@@ -118,18 +125,30 @@ def test_evaluate_stops_its_webshop_server_on_sigterm(tmp_path, tiny_model):
         [sys.executable, "-m", "progpo.cli.evaluate", "--model", "tiny", "--env.name", "webshop",
          "--env.max_steps", "15", "--rollout.max_new_tokens", "64"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def webshop_child():
+        assert proc.poll() is None, f"evaluate exited with {proc.returncode} before starting its server"
+        for kid in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "envs.webshop_server" in " ".join(kid.cmdline()):
+                    return kid
+            except psutil.Error:  # a short-lived child exited meanwhile
+                continue
+        return None
+
     try:
-        deadline = time.monotonic() + 120
-        server = None
-        while server is None and time.monotonic() < deadline and proc.poll() is None:
-            kids = psutil.Process(proc.pid).children(recursive=True)
-            server = next((k for k in kids if "envs.webshop_server" in " ".join(k.cmdline())), None)
-            time.sleep(0.2)  # polling the process table, not waiting for a server
-        assert server is not None, "evaluate never started its WebShop server"
+        server = wait_until(webshop_child, "evaluate starting its WebShop server", interval_s=0.2)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-        gone, alive = psutil.wait_procs([server], timeout=30)
+        assert proc.wait(timeout=PATIENCE_S) == 128 + signal.SIGTERM
+        gone, alive = psutil.wait_procs([server], timeout=PATIENCE_S)
         assert not alive, f"WebShop server {server.pid} left running after SIGTERM"
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_metrics_line_shows_cut_responses():
+    from progpo.cli.train import format_metrics
+
+    line = format_metrics(3, {"rollout/invalid_format_frac": 0.5, "rollout/truncated_response_frac": 0.25})
+    assert line == "iter 3 invalid=0.50 cut=0.25"

@@ -21,6 +21,9 @@ def test_defaults_and_dotted_flags():
     assert cfg.advantage.max_steps == 50  # estimator horizon follows --env.max_steps
     assert cfg.run.save_path == "runs/alfworld_gigpo"
     assert not config_from_args(["--algo.kl.init_coef", "0"]).actor.use_ref
+    assert (cfg.update.kl_estimator, cfg.update.dual_clip) == ("k3", None)  # defaults
+    loss_flags = config_from_args(["--algo.kl.estimator", "k2", "--actor.dual_clip", "3"]).update
+    assert (loss_flags.kl_estimator, loss_flags.dual_clip) == ("k2", 3.0)
 
 
 def test_every_advantage_field_has_a_flag():
@@ -48,6 +51,8 @@ def test_progpo_flags_reach_the_config():
     (["--actor.adam.lr", "-1"], "--actor.adam.lr"),
     (["--ds.zero_stage", "4"], "--ds.zero_stage"),
     (["--algo.kl.init_coef", "-0.1"], "--algo.kl.init_coef"),
+    (["--algo.kl.estimator", "k4"], "--algo.kl.estimator"),
+    (["--actor.dual_clip", "1.0"], "--actor.dual_clip"),
     (["--env.max_steps", "0"], "--env.max_steps"),
     (["--env.history_length", "-1"], "--env.history_length"),
     (["--progpo.kappa", "-1"], "--progpo.kappa"),
@@ -71,3 +76,25 @@ def test_cli_exit_code_and_message(capsys):
 
     assert main(["--rollout.batch_size", "0"]) == 2
     assert "--rollout.batch_size" in capsys.readouterr().err
+
+
+def test_preset_then_flags():
+    from progpo.advantages import config_from_preset
+
+    paper = config_from_args(["--progpo.preset", "paper", "--env.name", "alfworld"]).advantage
+    assert paper == config_from_preset("paper", estimator="progpo", max_steps=50)
+    assert paper.sigma2_floor_ref == "success_reward" and paper.credit_lambda == 0.0
+    # a flag overrides the preset; the preset applies to any estimator (fair comparisons)
+    cand = config_from_args(["--progpo.preset", "candidate", "--progpo.credit_lambda", "0.5",
+                             "--advantage_estimator", "gigpo"]).advantage
+    assert (cand.estimator, cand.state_key, cand.zero_signal, cand.credit_lambda) == ("gigpo", "obs_inventory",
+                                                                                     True, 0.5)
+    assert config_from_args(["--progpo.preset", "default"]).advantage == config_from_args([]).advantage
+
+
+def test_bad_preset_is_one_line_naming_the_flag(capsys):
+    from progpo.cli.train import main
+
+    assert main(["--progpo.preset", "papr"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--progpo.preset" in err[0] and "'paper'" in err[0]

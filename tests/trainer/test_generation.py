@@ -80,12 +80,25 @@ def test_stops_at_first_eos_inclusive(model_and_tok):
     gen = HFGenerator(model, tok)
     p = _prompt(tok, "take apple")
     sp = SamplingParams(max_new_tokens=12)
-    free = gen.generate_batch([p], [sp], [9])[0].token_ids
+    free_gen = gen.generate_batch([p], [sp], [9])[0]
+    free = free_gen.token_ids
+    assert len(free) == 12 and free_gen.finish_reason == "length"  # no EOS: cut at max_new_tokens
     stop = free[3]
     gen.eos_ids = [stop]  # pretend the 4th sampled token is an end-of-sequence token
     cut = gen.generate_batch([p], [sp], [9])[0]
     k = free.index(stop)
     assert cut.token_ids == free[: k + 1] and len(cut.logprobs) == k + 1
+    assert cut.finish_reason == "stop"
+
+
+def test_rows_stop_at_their_own_limit(model_and_tok):
+    model, tok = model_and_tok
+    gen = HFGenerator(model, tok)
+    p = _prompt(tok, "take apple")
+    sp = [SamplingParams(max_new_tokens=3), SamplingParams(max_new_tokens=9)]
+    short, long = gen.generate_batch([p, p], sp, [9, 9])
+    assert (len(short.token_ids), short.finish_reason) == (3, "length")
+    assert short.token_ids == long.token_ids[:3] and len(long.token_ids) == 9
 
 
 def test_request_seed_distinct():

@@ -1,4 +1,7 @@
-"""PPO clipped surrogate, k3 KL and token-mean aggregation on hand-computed tiny tensors."""
+"""PPO clipped surrogate, dual clip, KL estimators, entropy and token-mean on hand-computed tiny tensors.
+
+Parity with OpenRLHF 0.11.2's functions on random and extreme inputs: ``tests/openrlhf/test_loss_parity.py``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import math
 import pytest
 import torch
 
-from progpo.trainer.ppo import entropy_from_logits, kl_k3, ppo_clip_token_loss, ppo_kl_loss, token_sum
+from progpo.trainer.ppo import approx_kl, entropy_from_logits, ppo_clip_token_loss, ppo_kl_loss, token_sum
 
 
 def test_clip_loss_hand_values():
@@ -36,11 +39,61 @@ def test_clip_loss_unclipped_side_keeps_gradient():
 def test_k3_hand_values():
     lp = torch.tensor([[0.0, -1.0]])
     ref = torch.tensor([[0.0, -2.0]])
-    k3 = kl_k3(lp, ref)
+    k3 = approx_kl(lp, ref, "k3")
     d = -1.0
     assert k3[0, 0].item() == pytest.approx(0.0)
     assert k3[0, 1].item() == pytest.approx(math.exp(d) - d - 1)
-    assert torch.all(kl_k3(torch.randn(4, 5), torch.randn(4, 5)) >= 0)
+    assert torch.all(approx_kl(torch.randn(4, 5), torch.randn(4, 5), "k3") >= 0)
+
+
+def test_k1_k2_hand_values_and_unknown_estimator():
+    lp = torch.tensor([[-1.0, -3.0]])
+    ref = torch.tensor([[-2.0, -1.0]])
+    assert approx_kl(lp, ref, "k1").tolist() == [[1.0, -2.0]]  # log pi - log pi_ref
+    assert approx_kl(lp, ref, "k2").tolist() == [[0.5, 2.0]]  # (log pi - log pi_ref)^2 / 2
+    with pytest.raises(ValueError, match="k4"):
+        approx_kl(lp, ref, "k4")
+
+
+def test_k3_is_capped_like_openrlhf():
+    """Issue 12, case 2: k3 at log-ratio -10 is exp(10) - 11 = 22015.5 uncapped; OpenRLHF caps it at 10."""
+    lp = torch.tensor([[-10.1]], requires_grad=True)
+    k3 = approx_kl(lp, torch.tensor([[-0.1]]), "k3")
+    k3.sum().backward()
+    assert k3.item() == pytest.approx(10.0)
+    assert lp.grad.item() == 0.0
+    # every estimator's value is clamped to [-10, 10]
+    big = torch.tensor([[50.0, -50.0]])
+    for est in ("k1", "k2", "k3"):
+        v = approx_kl(big, torch.zeros(1, 2), est)
+        assert v.abs().max().item() <= 10.0
+
+
+def test_huge_ratio_on_a_zero_advantage_token_contributes_nothing():
+    """Issue 12, case 3: logp - old = 100 on a token with A = 0 gave NaN loss and NaN gradient."""
+    lp = torch.tensor([[-0.5, -0.2]], requires_grad=True)
+    old = torch.tensor([[-100.5, -0.2]])
+    adv = torch.tensor([[0.0, 1.0]])
+    for dual_clip in (None, 2.0):
+        lp.grad = None
+        t = ppo_kl_loss(lp, old, adv, torch.ones(1, 2), 2, kl_coef=0.0, dual_clip=dual_clip)
+        t.loss.backward()
+        assert t.loss.item() == pytest.approx(-0.5)
+        assert lp.grad.tolist() == [[0.0, -0.5]]
+        assert math.isfinite(t.ratio.item())
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    # A = -1, ratio e^2 = 7.39 (> 1 + eps): plain PPO loss = 7.39; dual clip 3 caps it at 3 (Ye et al. 2020)
+    lp = torch.tensor([[2.0, 2.0]])
+    adv = torch.tensor([[-1.0, 1.0]])
+    plain, _, _ = ppo_clip_token_loss(lp, torch.zeros(1, 2), adv)
+    dual, _, _ = ppo_clip_token_loss(lp, torch.zeros(1, 2), adv, dual_clip=3.0)
+    assert plain[0, 0].item() == pytest.approx(math.exp(2.0))
+    assert dual[0, 0].item() == pytest.approx(3.0)
+    assert dual[0, 1].item() == plain[0, 1].item() == pytest.approx(-1.2)  # A > 0: dual clip does not act
+    with pytest.raises(ValueError, match="dual_clip"):
+        ppo_clip_token_loss(lp, torch.zeros(1, 2), adv, dual_clip=1.0)
 
 
 def test_token_mean_over_whole_minibatch_and_mask():
@@ -71,6 +124,10 @@ def test_kl_and_entropy_terms_enter_total():
 
 def test_entropy_uniform_and_errors():
     assert entropy_from_logits(torch.zeros(1, 1, 4)).item() == pytest.approx(math.log(4))
+    # two tokens, p = (e/(1+e), 1/(1+e)): H = -sum p log p
+    p = math.e / (1 + math.e)
+    h = -(p * math.log(p) + (1 - p) * math.log(1 - p))
+    assert entropy_from_logits(torch.tensor([[[1.0, 0.0]]])).item() == pytest.approx(h)
     with pytest.raises(ValueError, match="num_tokens"):
         token_sum(torch.ones(2), torch.ones(2), 0)
     with pytest.raises(ValueError, match="shape"):

@@ -90,9 +90,10 @@ def test_sigkill_then_resume_matches_uninterrupted(e2e_runs, tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     from safetensors.torch import load_file
+
+    from progpo.testing import PATIENCE_S, wait_until
 
     full = e2e_runs.get("webshop", "progpo")
     run_dir = tmp_path / "killed"
@@ -104,18 +105,20 @@ def test_sigkill_then_resume_matches_uninterrupted(e2e_runs, tmp_path):
     log = (tmp_path / "killed.log").open("w")
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 600
-        while not (run_dir / "checkpoints" / "iter_000001" / "trainer_state.json").exists():
+        def checkpointed() -> bool:
             assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint within 600 s"
-            time.sleep(0.2)  # polling a file another process writes
+            return (run_dir / "checkpoints" / "iter_000001" / "trainer_state.json").exists()
+
+        # polling a file another process writes; a training iteration: twice the suite's patience
+        wait_until(checkpointed, "the first checkpoint of the run to kill", timeout_s=2 * PATIENCE_S, interval_s=0.2)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        proc.wait(timeout=PATIENCE_S)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert CheckpointManager(run_dir).latest() is not None
-    rc = subprocess.run([*argv, "--resume"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900)
+    rc = subprocess.run([*argv, "--resume"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        timeout=3 * PATIENCE_S)
     assert rc.returncode == 0, rc.stderr.decode()[-2000:]
     final = CheckpointManager(run_dir).latest()
     assert final.name == "iter_000002"

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from envs.webshop_server.process import WebShopServerProcess
+from progpo.testing import PATIENCE_S
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +22,7 @@ def webshop_dir(shared_data):
 @pytest.fixture(scope="session")
 def server(webshop_dir) -> Iterator[WebShopServerProcess]:
     """One server for the whole WebShop test area (started once, stopped at the end)."""
-    proc = WebShopServerProcess(data_dir=webshop_dir, port=0, threads=16)
+    proc = WebShopServerProcess(data_dir=webshop_dir, port=0, threads=16, start_timeout_s=PATIENCE_S)
     proc.start()
     try:
         yield proc

@@ -11,17 +11,18 @@ import requests
 from envs.webshop_server.reward import get_reward
 from progpo.envs.conformance import check_env_conformance
 from progpo.envs.webshop import SEARCH_MARKER, WebShopEnv
+from progpo.testing import PATIENCE_S
 
 
 def test_conformance(server):
-    env = WebShopEnv(server.url)
+    env = WebShopEnv(server.url, timeout_s=PATIENCE_S)
     check_env_conformance(env, split="test", index=3, n_random_steps=20)
     check_env_conformance(env, split="train", index=0, n_random_steps=20, seed=1)
     env.close()
 
 
 def test_reset_info_and_anchor(server):
-    env = WebShopEnv(server.url, max_steps=15)
+    env = WebShopEnv(server.url, max_steps=15, timeout_s=PATIENCE_S)
     obs, info = env.reset(split="eval", index=2)
     assert obs == f"WebShop [SEP] Instruction: [SEP] {info['task']} [SEP] Search"
     assert info["anchor_observation"] == "Search"
@@ -55,7 +56,7 @@ def _scripted_episode(env, split, index, goal):
 
 def test_scripted_agent_buys_goal_product(server, shop):
     """20 train goals whose goal product with goal options scores 1.0 (oracle); the agent must get it."""
-    env = WebShopEnv(server.url, success_reward=10.0)
+    env = WebShopEnv(server.url, success_reward=10.0, timeout_s=PATIENCE_S)
     lo, hi = shop.splits.range("train")
     played = 0
     for gi in range(lo, hi):
@@ -76,7 +77,7 @@ def test_scripted_agent_buys_goal_product(server, shop):
 
 
 def test_random_agent_never_crashes(server):
-    env = WebShopEnv(server.url, max_steps=30)
+    env = WebShopEnv(server.url, max_steps=30, timeout_s=PATIENCE_S)
     rng = random.Random(0)
     words = ["shoes", "red", "shirt", "table", "x", "pack of 10", "ñandú", "", "[", "]"]
     for episode in range(15):
@@ -104,7 +105,8 @@ def test_random_agent_never_crashes(server):
 
 def test_bad_input_gets_4xx_json_and_server_keeps_serving(server):
     base = server.url
-    sid = requests.post(f"{base}/api/sessions", json={"split": "test", "index": 0}).json()["session_id"]
+    sid = requests.post(f"{base}/api/sessions", json={"split": "test", "index": 0},
+                        timeout=PATIENCE_S).json()["session_id"]
     cases = [
         ("post", f"{base}/api/sessions/unknownsession/step", {"json": {"action": "search[x]"}}, 404),
         ("post", f"{base}/api/sessions/{sid}/step", {"json": {"action": 5}}, 400),
@@ -127,23 +129,24 @@ def test_bad_input_gets_4xx_json_and_server_keeps_serving(server):
         ("get", f"{base}/item_sub_page/{sid}/B06Y3VLDFB/x/1/Secrets/%7B%7D", {}, 404),
     ]
     for method, url, kwargs, status in cases:
-        r = getattr(requests, method)(url, timeout=10, **kwargs)
+        r = getattr(requests, method)(url, timeout=PATIENCE_S, **kwargs)
         assert r.status_code == status, (url[:120], r.status_code, r.text[:200])
         assert "error" in r.json(), url[:120]
     # a malformed action is a no-op with a message, not an error
-    r = requests.post(f"{base}/api/sessions/{sid}/step", json={"action": "jump[around]"}).json()
+    r = requests.post(f"{base}/api/sessions/{sid}/step", json={"action": "jump[around]"}, timeout=PATIENCE_S).json()
     assert r["valid"] is False and "search[query] or click[label]" in r["message"]
-    assert requests.get(f"{base}/health", timeout=5).json()["status"] == "ok"
-    assert requests.delete(f"{base}/api/sessions/{sid}").status_code == 200
-    assert requests.get(f"{base}/api/sessions/{sid}").status_code == 404
+    assert requests.get(f"{base}/health", timeout=PATIENCE_S).json()["status"] == "ok"
+    assert requests.delete(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S).status_code == 200
+    assert requests.get(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S).status_code == 404
 
 
 def test_session_ids_unguessable(server):
-    ids = {requests.post(f"{server.url}/api/sessions", json={"split": "test", "index": 1}).json()["session_id"]
+    ids = {requests.post(f"{server.url}/api/sessions", json={"split": "test", "index": 1},
+                         timeout=PATIENCE_S).json()["session_id"]
            for _ in range(5)}
     assert len(ids) == 5 and all(len(s) >= 24 for s in ids)
     for sid in ids:
-        requests.delete(f"{server.url}/api/sessions/{sid}")
+        requests.delete(f"{server.url}/api/sessions/{sid}", timeout=PATIENCE_S)
 
 
 def test_concurrent_sessions_no_error_no_leak(server, shop):
@@ -151,7 +154,7 @@ def test_concurrent_sessions_no_error_no_leak(server, shop):
     n_train = shop.splits.size("train")
 
     def client(k: int) -> int:
-        env = WebShopEnv(server.url, max_steps=1000)
+        env = WebShopEnv(server.url, max_steps=1000, timeout_s=PATIENCE_S)
         rng = random.Random(k)
         index = (k * 7) % n_train
         obs, info = env.reset(split="train", index=index)
@@ -178,7 +181,7 @@ def test_concurrent_sessions_no_error_no_leak(server, shop):
 
 
 def test_truncation_and_steps_after_end(server):
-    env = WebShopEnv(server.url, max_steps=3)
+    env = WebShopEnv(server.url, max_steps=3, timeout_s=PATIENCE_S)
     env.reset(split="test", index=5)
     results = [env.step("search[shirt]"), env.step("click[back to search]"), env.step("search[tea]")]
     assert [r.truncated for r in results] == [False, False, True]

@@ -13,6 +13,8 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+from progpo.testing import PATIENCE_S  # noqa: E402
+
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
@@ -29,7 +31,7 @@ def driver():
     for flag in CHROME_FLAGS:
         opts.add_argument(flag)
     drv = webdriver.Chrome(service=webdriver.ChromeService(executable_path=chromedriver), options=opts)
-    drv.set_page_load_timeout(30)
+    drv.set_page_load_timeout(PATIENCE_S)
     try:
         yield drv
     finally:
@@ -40,7 +42,7 @@ def test_person_buys_in_browser(server, shop, driver):
     goal_index = shop.splits.goal_index("test", 0)
     goal = shop.goals[goal_index]
     product = shop.catalog.by_asin[goal["asin"]]
-    wait = WebDriverWait(driver, 20)
+    wait = WebDriverWait(driver, PATIENCE_S)
 
     driver.get(f"{server.url}/?split=test&index=0")
     box = wait.until(EC.presence_of_element_located((By.ID, "search_input")))

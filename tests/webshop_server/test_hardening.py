@@ -9,15 +9,17 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from progpo.testing import PATIENCE_S
+
 
 def _new(base: str, index: int = 0) -> str:
-    r = requests.post(f"{base}/api/sessions", json={"split": "test", "index": index}, timeout=10)
+    r = requests.post(f"{base}/api/sessions", json={"split": "test", "index": index}, timeout=PATIENCE_S)
     assert r.status_code == 201, r.text[:200]
     return r.json()["session_id"]
 
 
 def _step(base: str, sid: str, action: str, session=requests) -> dict:
-    r = session.post(f"{base}/api/sessions/{sid}/step", json={"action": action}, timeout=10)
+    r = session.post(f"{base}/api/sessions/{sid}/step", json={"action": action}, timeout=PATIENCE_S)
     assert r.status_code == 200, (action, r.status_code, r.text[:200])
     return r.json()
 
@@ -31,14 +33,14 @@ def test_json_bombs_get_400_not_500(server):
     }
     for url in (f"{base}/api/sessions", f"{base}/api/sessions/{sid}/step"):
         for what, body in bodies.items():
-            r = requests.post(url, data=body, timeout=10)
+            r = requests.post(url, data=body, timeout=PATIENCE_S)
             assert r.status_code == 400, (what, url, r.status_code, r.text[:200])
             assert "error" in r.json(), what
     # the session is untouched and the server still serves
-    view = requests.get(f"{base}/api/sessions/{sid}", timeout=10).json()
+    view = requests.get(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S).json()
     assert view["steps"] == 0 and view["page"] == "index"
-    assert requests.get(f"{base}/health", timeout=5).json()["status"] == "ok"
-    requests.delete(f"{base}/api/sessions/{sid}", timeout=10)
+    assert requests.get(f"{base}/health", timeout=PATIENCE_S).json()["status"] == "ok"
+    requests.delete(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S)
 
 
 def test_odd_field_types_and_unicode_digits_get_4xx(server):
@@ -51,11 +53,11 @@ def test_odd_field_types_and_unicode_digits_get_4xx(server):
         ("get", f"/item_page/{sid}/B06Y3VLDFB/x/%C2%B2/%7B%7D", {}, 400),
     ]
     for method, path, kwargs, status in cases:
-        r = getattr(requests, method)(base + path, timeout=10, **kwargs)
+        r = getattr(requests, method)(base + path, timeout=PATIENCE_S, **kwargs)
         assert r.status_code == status, (path, r.status_code, r.text[:200])
         assert "error" in r.json(), path
-    assert requests.get(f"{base}/api/sessions/{sid}", timeout=10).json()["page"] == "index"
-    requests.delete(f"{base}/api/sessions/{sid}", timeout=10)
+    assert requests.get(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S).json()["page"] == "index"
+    requests.delete(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S)
 
 
 def _buy_first_result(base: str, sid: str) -> dict:
@@ -73,15 +75,15 @@ def test_browser_navigation_after_purchase_keeps_done_page(server):
     bought = _buy_first_result(base, sid)
     for path in (f"/search_results/{sid}/x/1", f"/item_sub_page/{sid}/B06Y3VLDFB/x/1/Features/%7B%7D",
                  f"/item_page/{sid}/B06Y3VLDFB/x/1/%7B%7D", f"/{sid}"):
-        r = requests.get(base + path, timeout=10)
+        r = requests.get(base + path, timeout=PATIENCE_S)
         assert r.status_code == 200, (path, r.status_code)
-    view = requests.get(f"{base}/api/sessions/{sid}", timeout=10).json()
+    view = requests.get(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S).json()
     assert view["done"] and view["page"] == "done", view["page"]
     assert view["reward"] == bought["reward"] and view["url"] == bought["url"]
     assert view["available_actions"] == bought["available_actions"]
     after = _step(base, sid, "search[tea]")
     assert not after["valid"] and after["page"] == "done"
-    requests.delete(f"{base}/api/sessions/{sid}", timeout=10)
+    requests.delete(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S)
 
 
 def test_one_session_from_many_threads_counts_every_step(server):
@@ -98,16 +100,16 @@ def test_one_session_from_many_threads_counts_every_step(server):
             for i in range(20):
                 steps.append(_step(base, sid, actions[(k + i) % len(actions)], http)["steps"])
                 if i % 5 == 0:
-                    r = http.get(f"{base}/search_results/{sid}/%5B%27tea%27%5D/1", timeout=10)
+                    r = http.get(f"{base}/search_results/{sid}/%5B%27tea%27%5D/1", timeout=PATIENCE_S)
                     assert r.status_code == 200, r.text[:200]
             return steps
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         seen = sorted(s for steps in pool.map(hammer, range(16)) for s in steps)
     assert seen == list(range(2, 2 + 16 * 20))  # each step saw a distinct, gap-free counter
-    view = requests.get(f"{base}/api/sessions/{sid}", timeout=10).json()
+    view = requests.get(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S).json()
     assert view["steps"] == 1 + 16 * 20 and not view["done"]
-    requests.delete(f"{base}/api/sessions/{sid}", timeout=10)
+    requests.delete(f"{base}/api/sessions/{sid}", timeout=PATIENCE_S)
 
 
 def test_failed_start_cleans_up_and_can_be_retried(tmp_path):
@@ -118,11 +120,22 @@ def test_failed_start_cleans_up_and_can_be_retried(tmp_path):
     data.mkdir()
     (data / "items_shuffle_prefix.json").write_text('[{"asin": "B0", "name": ')  # cut mid-object
     (data / "items_ins_v2_1000.json").write_text("{}")
-    proc = WebShopServerProcess(data_dir=data, port=0, start_timeout_s=60)
+    proc = WebShopServerProcess(data_dir=data, port=0, start_timeout_s=PATIENCE_S)
     for _ in range(2):  # a second start() is allowed: the first left nothing running
         with pytest.raises(RuntimeError, match="exited with code"):
             proc.start()
         assert proc.proc is None and proc._log is None  # noqa: SLF001
+
+
+def test_start_returns_once_the_reward_pipeline_is_loaded(webshop_dir):
+    """``start()`` waits for ``nlp_ready``: spaCy loads in a background thread after the server
+    answers, and requests arriving meanwhile (the first purchase waits for it) timed out on a
+    loaded machine. ``wait_nlp=False`` keeps the benchmark's start time (first answer)."""
+    from envs.webshop_server.process import WebShopServerProcess
+
+    with WebShopServerProcess(data_dir=webshop_dir, port=0, threads=2, start_timeout_s=PATIENCE_S) as server:
+        assert requests.get(f"{server.url}/health", timeout=PATIENCE_S).json()["nlp_ready"] is True
+        assert server.start_seconds is not None and server.start_seconds > 0
 
 
 def test_missing_data_folder_is_named_before_any_process_starts(tmp_path):
@@ -159,14 +172,14 @@ def test_async_env_treats_a_refused_action_like_the_sync_env(server):
     from progpo.openrlhf.http_pool import AsyncWebShopEnv
 
     long_action = "search[" + "a" * 550 + "]"
-    sync = WebShopEnv(server.url, max_steps=2)
+    sync = WebShopEnv(server.url, max_steps=2, timeout_s=PATIENCE_S)
     sync.reset(split="test", index=3)
     expected = [sync.step(long_action), sync.step("search[tea]"), sync.step("search[tea]")]
     sync.close()
 
     async def run() -> list:
         async with httpx.AsyncClient() as client:
-            env = AsyncWebShopEnv(client, server.url, max_steps=2)
+            env = AsyncWebShopEnv(client, server.url, max_steps=2, timeout_s=PATIENCE_S)
             await env.areset(split="test", index=3)
             out = [await env.astep(long_action), await env.astep("search[tea]"), await env.astep("search[tea]")]
             await env.aclose()

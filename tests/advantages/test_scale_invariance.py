@@ -1,0 +1,89 @@
+"""Reward-scale invariance (issue 12 case 10): multiplying every reward by c > 0 leaves the normalised
+advantages unchanged, for every estimator and the main configs (property test).
+
+Before the fix, ProGPO's variance floor was ``sigma2_floor_coef * success_reward**2`` in fixed reward
+units: a batch with rewards 0/1 instead of 0/10 (success_reward left at 10) moved advantages by up to
+2.95. The floor and the ivw regulariser are now measured in units of the batch's largest |r|
+(``sigma2_floor_ref = batch``). The paper reading (``sigma2_floor_ref = success_reward``) is invariant
+only when ``success_reward`` is scaled with the rewards, which is what that field is for.
+
+Estimators that do not divide by a std (rloo, ``mean_norm``) are homogeneous instead: A(c r) = c A(r).
+The regulariser ``eps`` (added to every std) stays in reward units, as in GRPO: the exact property is
+A(c r; eps c) = A(r; eps) for c in [1e-3, 1e3] (float noise only: returns equal at one scale can differ in
+the last bit at another); with the shipped eps = 1e-6 left as it is, rewards scaled by 0.1-10 move the
+advantages by less than 1e-3.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages, config_from_preset
+from progpo.advantages.synthetic import HashEncoder, random_batch
+
+GRAPH = dict(potential_estimator="graph", max_steps=8)
+# (name, config fields, degree): degree 0 = invariant, 1 = homogeneous (A(c r) = c A(r))
+CONFIGS = [
+    ("grpo", dict(estimator="grpo"), 0),
+    ("gigpo", dict(estimator="gigpo"), 0),
+    ("gigpo obs_inventory", dict(estimator="gigpo", state_key="obs_inventory", zero_signal=True), 0),
+    ("hgpo", dict(estimator="hgpo"), 0),
+    ("rloo", dict(estimator="rloo"), 1),
+    ("grpo mean_norm", dict(estimator="grpo", episode_norm="mean_norm"), 1),
+    ("gigpo mean_norm", dict(estimator="gigpo", episode_norm="mean_norm", gigpo_mode="mean_norm"), 1),
+    ("progpo", dict(estimator="progpo"), 0),
+    ("progpo candidate", dict(config_from_preset("candidate").__dict__), 0),
+    ("progpo loo", dict(estimator="progpo", potential_pool="loo"), 0),
+    ("progpo ivw_bias depths=3", dict(estimator="progpo", fusion="ivw_bias", depths=3), 0),
+    ("progpo fusion=none history", dict(estimator="progpo", fusion="none", prefix_mode="history"), 0),
+    ("progpo graph (E1)", dict(estimator="progpo", **GRAPH), 0),
+    ("progpo graph+action (E1+E2)", dict(estimator="progpo", credit="action", **GRAPH), 0),
+]
+ENC = HashEncoder()
+
+
+def _scaled(batch: StepBatch, c: float) -> StepBatch:
+    return dataclasses.replace(batch, reward=batch.reward * c)
+
+
+def _check(fields: dict, degree: int, seed: int, c: float, rtol: float, atol: float, scale_eps: bool) -> None:
+    batch = random_batch(seed)
+    cfg = AdvantageConfig(**{**fields, "max_steps": max(fields.get("max_steps", 50), 8)})
+    base = compute_advantages(batch, cfg, ENC).advantages
+    cfg_c = dataclasses.replace(cfg, eps=cfg.eps * c) if scale_eps else cfg
+    got = compute_advantages(_scaled(batch, c), cfg_c, ENC).advantages
+    want = base * c**degree
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * max(1.0, c**degree))
+
+
+@pytest.mark.parametrize("name, fields, degree", CONFIGS, ids=[c[0] for c in CONFIGS])
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10_000), log_c=st.floats(-3.0, 3.0))
+def test_rescaled_rewards_give_the_same_normalised_advantages(name, fields, degree, seed, log_c):
+    _check(fields, degree, seed, 10.0**log_c, rtol=1e-7, atol=1e-7, scale_eps=True)
+
+
+@pytest.mark.parametrize("name, fields, degree", CONFIGS, ids=[c[0] for c in CONFIGS])
+@settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10_000), log_c=st.floats(-1.0, 1.0))
+def test_shipped_eps_keeps_rescaled_advantages_within_its_own_size(name, fields, degree, seed, log_c):
+    _check(fields, degree, seed, 10.0**log_c, rtol=1e-3, atol=1e-3, scale_eps=False)
+
+
+def test_rewards_zero_one_instead_of_zero_ten():
+    # issue 12 case 10's reproducer: the same batch with rewards divided by 10, success_reward left at 10
+    batch = random_batch(7, n_tasks=3)
+    cfg = AdvantageConfig(estimator="progpo")
+    a10 = compute_advantages(batch, cfg, ENC).advantages
+    a1 = compute_advantages(_scaled(batch, 0.1), cfg, ENC).advantages
+    np.testing.assert_allclose(a1, a10, rtol=1e-4, atol=1e-4)
+    # the paper reading keeps the floor in reward units: it moves unless success_reward moves too
+    paper = config_from_preset("paper")
+    p10 = compute_advantages(batch, paper, ENC).advantages
+    p1 = compute_advantages(_scaled(batch, 0.1), paper, ENC).advantages
+    assert np.max(np.abs(p1 - p10)) > 0.1
+    p1_scaled = compute_advantages(_scaled(batch, 0.1), dataclasses.replace(paper, success_reward=1.0), ENC)
+    np.testing.assert_allclose(p1_scaled.advantages, p10, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,123 @@
+"""Tasks without a return signal: exact zeros (issue 12 case 8) and the ``zero_signal`` field (issue 10).
+
+Case 8: equal returns must give exactly 0, not the +-1.8e-9 that ``sum/count`` rounding left in
+``x - mean`` (six 9.8s average to 9.800000000000002). ``zero_signal`` goes further: a task whose
+trajectories all have the same episode return gets 0 from every term, including ProGPO's transition
+credit, which the ``C / std_u C`` normalisation otherwise blows up to unit size.
+"""
+
+import numpy as np
+import pytest
+
+from progpo.advantages import ESTIMATORS, AdvantageConfig, StepBatch, compute_advantages, config_from_preset
+from progpo.advantages.synthetic import HashEncoder, random_batch
+
+ALL = sorted(ESTIMATORS)
+
+
+def _one_step_batch(rewards: list[float], obs: str = "You are in the middle of a room.") -> StepBatch:
+    n = len(rewards)
+    return StepBatch.from_lists(
+        uid=["u"] * n, traj_id=list(range(n)), step_index=[0] * n, reward=rewards, terminated=[True] * n,
+        truncated=[False] * n, invalid=[False] * n, anchor_obs=[obs] * n, prefix_key=["u|0"] * n,
+        action=["look"] * n, state_extra=["You are not carrying anything."] * n)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("reward, n", [(9.8, 6), (0.1, 7), (1 / 3, 3), (-0.4, 8)])
+def test_identical_one_step_returns_give_exact_zeros(name, reward, n):
+    # issue 12 case 8: six one-step trajectories with reward 9.8 gave GRPO 1.78e-9 and
+    # GiGPO/HGPO/ProGPO 3.55e-9 before the group means were made exact
+    if (reward, n) == (9.8, 6):
+        assert sum([reward] * n) / n != reward  # the rounding the exact group mean removes
+    for cfg in (AdvantageConfig(estimator=name), config_from_preset("paper", estimator=name)):
+        out = compute_advantages(_one_step_batch([reward] * n), cfg, HashEncoder())
+        assert np.all(out.advantages == 0.0), out.advantages
+        assert out.diagnostics["adv/frac_zero"] == 1.0
+        assert out.diagnostics["adv/frac_equal_return_steps"] == 1.0
+
+
+def _all_invalid_batch(n_traj: int = 4, length: int = 4) -> StepBatch:
+    """The main job's zero-signal case: every step invalid (-0.1), every trajectory cut at max_steps,
+    every episode return -0.4; the page never changes, so the anchor observation is the same."""
+    cols = {k: [] for k in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated", "invalid",
+                            "anchor_obs", "prefix_key", "action")}
+    for i in range(n_traj):
+        for t in range(length):
+            for k, v in zip(cols, ("q", i, t, -0.1, False, t == length - 1, True, "WebShop [SEP] Search",
+                                   f"q|{i}|{t}", f"bad {i} {t}")):
+                cols[k].append(v)
+    return StepBatch.from_lists(**cols, state_extra=["Selected options: none."] * len(cols["uid"]))
+
+
+def test_all_invalid_main_job_case_gets_unit_size_noise_without_zero_signal():
+    # the behaviour zero_signal exists for: G_t differs with t (-0.1, -0.195, ...), the depth-0 pool
+    # mixes step indices, so C != 0 and C / std_u C is of unit size although no trajectory did better
+    out = compute_advantages(_all_invalid_batch(), AdvantageConfig())
+    assert out.diagnostics["adv/std"] > 0.5
+    assert out.diagnostics["adv/frac_equal_return_steps"] == 1.0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_zero_signal_zeroes_every_term_of_the_all_invalid_case(name):
+    batch = _all_invalid_batch()
+    for cfg in (AdvantageConfig(estimator=name, zero_signal=True), config_from_preset("candidate", estimator=name),
+                AdvantageConfig(estimator=name, zero_signal=True, potential_estimator="graph", credit="action",
+                                max_steps=4)):
+        out = compute_advantages(batch, cfg, HashEncoder() if name == "progpo" else None)
+        assert np.all(out.advantages == 0.0)
+        assert out.diagnostics["adv/frac_zero"] == 1.0
+
+
+def _mixed_batch() -> StepBatch:
+    """Task q: the all-invalid case (no signal); task w: returns 10, 0, 10 - 0.1 (a signal)."""
+    b = _all_invalid_batch(n_traj=3, length=2)
+    cols = {k: list(getattr(b, k)) for k in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated",
+                                             "invalid", "anchor_obs", "prefix_key", "action")}
+    rows = [(10, 0, "room", "go", 0.0, False), (10, 1, "desk", "take", 10.0, True),
+            (11, 0, "room", "wait", 0.0, False), (11, 1, "room", "wait", 0.0, True),
+            (12, 0, "room", "bad", -0.1, False), (12, 1, "room", "go", 0.0, False), (12, 2, "desk", "take", 10.0, True)]
+    for tid, t, obs, act, r, done in rows:
+        for k, v in zip(cols, ("w", tid, t, r, done, False, act == "bad", obs, f"w|{tid}|{t}", act)):
+            cols[k].append(v)
+    return StepBatch.from_lists(**cols)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_zero_signal_leaves_tasks_with_a_signal_alone(name):
+    batch = _mixed_batch()
+    flat = batch.uid == "q"
+    off = compute_advantages(batch, AdvantageConfig(estimator=name)).advantages
+    on = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal=True))
+    # task statistics are per task, so the other task's advantages do not move (bit for bit)
+    np.testing.assert_array_equal(on.advantages[~flat], off[~flat])
+    assert np.all(on.advantages[flat] == 0.0)
+    assert np.any(on.advantages[~flat] != 0.0)
+    # 6 of the 13 steps belong to the task without a signal
+    assert on.diagnostics["adv/frac_equal_return_steps"] == pytest.approx(6 / 13)
+
+
+def test_equal_returns_reached_at_different_times_count_as_no_signal():
+    # R = 10 for both trajectories (success at t=0 vs t=1): G differs by the discount, but the episode
+    # returns carry no signal; zero_signal zeroes GiGPO's step term too (that is the decision)
+    batch = StepBatch.from_lists(
+        uid=["u"] * 3, traj_id=[0, 1, 1], step_index=[0, 0, 1], reward=[10.0, 0.0, 10.0],
+        terminated=[True, False, True], truncated=[False] * 3, invalid=[False] * 3,
+        anchor_obs=["s", "s", "t"], prefix_key=["a", "a", "b"], action=["x", "y", "x"])
+    off = compute_advantages(batch, AdvantageConfig(estimator="gigpo")).advantages
+    assert off[0] > 0 > off[1]  # GiGPO as published: the faster success wins the step comparison
+    on = compute_advantages(batch, AdvantageConfig(estimator="gigpo", zero_signal=True)).advantages
+    assert np.all(on == 0.0)
+
+
+def test_zero_signal_equals_the_loop_oracle_on_random_batches():
+    from progpo.advantages.reference import reference_progpo
+
+    hits = 0
+    for seed in range(20):
+        batch = random_batch(seed, max_traj=3, max_len=2)
+        cfg = AdvantageConfig(zero_signal=True, credit_lambda=0.8)
+        got = compute_advantages(batch, cfg, HashEncoder()).advantages
+        np.testing.assert_allclose(got, reference_progpo(batch, cfg, HashEncoder()), rtol=1e-8, atol=1e-8)
+        hits += int(np.any(compute_advantages(batch, cfg).diagnostics["adv/frac_equal_return_steps"] > 0))
+    assert hits > 0  # some random batches do have tasks without a signal

@@ -1,0 +1,118 @@
+"""vLLM requests sample from our ``SamplingParams`` only (issue 12, case 1, vLLM side).
+
+vllm is not installed on CPU; the requests are checked on the stub ``SamplingParams`` (real vLLM
+field names and defaults) that OpenRLHF's template is built from, and on the keyword arguments our
+local ``VLLMGenerator`` hands to a recording fake ``vllm`` module. One test per distribution-changing
+vLLM field: a template (or default) that sets it must not reach the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.machinery
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from progpo.agents.types import VLLM_NEUTRAL_SAMPLING, SamplingParams
+
+# a non-neutral value per field, as a checkpoint default or OpenRLHF's template could carry it
+POLLUTED = {
+    "top_k": 20,
+    "min_p": 0.3,
+    "presence_penalty": 1.5,
+    "frequency_penalty": 0.5,
+    "repetition_penalty": 1.1,
+    "min_tokens": 1,  # OpenRLHF's template default (--rollout.min_new_tokens): no EOS at the first token
+    "logit_bias": {5: 10.0},
+    "allowed_token_ids": [1, 2, 3],
+    "bad_words": ["click"],
+    "ignore_eos": True,
+}
+
+
+@pytest.fixture(scope="module")
+def agent_mod(openrlhf_stubs):
+    with openrlhf_stubs.stubbed():
+        from progpo.openrlhf import agent
+
+    return agent
+
+
+class _Engine:
+    def __init__(self):
+        self.params = []
+
+    async def generate(self, prompt_token_ids, params):
+        self.params.append(params)
+        out = SimpleNamespace(token_ids=[7, 2], text="x", logprobs=[{7: SimpleNamespace(logprob=-0.5)},
+                                                                       {2: SimpleNamespace(logprob=-0.1)}],
+                              finish_reason="stop")
+        return SimpleNamespace(outputs=[out])
+
+
+def test_every_pinned_field_is_a_vllm_field(openrlhf_stubs):
+    names = {f.name for f in dataclasses.fields(openrlhf_stubs.SamplingParams)}
+    assert set(POLLUTED) == set(VLLM_NEUTRAL_SAMPLING)
+    assert set(SamplingParams().vllm_kwargs()) <= names
+    defaults = openrlhf_stubs.SamplingParams()
+    assert all(getattr(defaults, k) == v for k, v in VLLM_NEUTRAL_SAMPLING.items())  # neutral = vLLM's own default
+
+
+@pytest.mark.parametrize("field", sorted(POLLUTED))
+def test_openrlhf_template_field_does_not_reach_the_request(agent_mod, openrlhf_stubs, field):
+    template = openrlhf_stubs.SamplingParams(temperature=0.7, top_p=0.9, max_tokens=64, skip_special_tokens=False)
+    setattr(template, field, POLLUTED[field])
+    engine = _Engine()
+    gen = agent_mod.EngineGenerate(engine, template)
+    g = asyncio.run(gen([1, 2, 3], SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=32, seed=4)))
+    sent = engine.params[0]
+    assert getattr(sent, field) == VLLM_NEUTRAL_SAMPLING[field]
+    assert (sent.temperature, sent.top_p, sent.max_tokens, sent.seed, sent.logprobs) == (1.0, 0.95, 32, 4, 1)
+    assert sent.skip_special_tokens is False  # non-sampling template fields are kept
+    assert getattr(template, field) == POLLUTED[field]  # the shared template is not mutated
+    assert g.logprobs == [-0.5, -0.1]
+
+
+def test_local_vllm_generator_pins_fields_and_ignores_checkpoint_defaults(monkeypatch):
+    """``--rollout.backend vllm``: every request carries the neutral fields; the engine ignores
+    ``generation_config.json`` and reports temperature-scaled (processed) log-probs."""
+    from progpo.trainer.rollout_backend import VLLMGenerator
+
+    calls = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            calls["engine"] = kwargs
+
+        def generate(self, prompts, params, use_tqdm=False):
+            calls["params"] = params
+            outs = []
+            for p in params:
+                n = p["max_tokens"]
+                c = SimpleNamespace(token_ids=[9] * n, text="y" * n, finish_reason="length",
+                                    logprobs=[{9: SimpleNamespace(logprob=-1.0)}] * n)
+                outs.append(SimpleNamespace(outputs=[c]))
+            return outs
+
+    fake = types.ModuleType("vllm")
+    fake.LLM = LLM
+    fake.SamplingParams = lambda **kw: kw
+    fake.__spec__ = importlib.machinery.ModuleSpec("vllm", None)  # importlib.util.find_spec finds it
+    fake_inputs = types.ModuleType("vllm.inputs")
+    fake_inputs.TokensPrompt = dict
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", fake_inputs)
+
+    gen = VLLMGenerator("/no/model", seed=3)
+    assert calls["engine"]["generation_config"] == "vllm"
+    assert calls["engine"]["logprobs_mode"] == "processed_logprobs"
+    g = asyncio.run(gen([1, 2], SamplingParams(temperature=0.8, max_new_tokens=5)))
+    (sent,) = calls["params"]
+    for name, value in VLLM_NEUTRAL_SAMPLING.items():
+        assert sent[name] == value, name
+    assert (sent["temperature"], sent["max_tokens"], sent["seed"], sent["logprobs"]) == (0.8, 5, 3, 0)
+    assert g.finish_reason == "length" and g.logprobs == [-1.0] * 5
