@@ -67,7 +67,7 @@ def test_alfworld_expert_replays_the_walkthrough(tmp_path):
         alfworld_walkthrough(game)
 
 
-def test_alfworld_walkthroughs_win_through_the_episode_loop(shared_data, qwen_tokenizer):
+def test_alfworld_walkthroughs_win_through_the_episode_loop(shared_data, qwen3_tokenizer):
     alfworld = pytest.importorskip("progpo.envs.alfworld")
     from progpo.agents.episode import TaskSpec
     from progpo.envs.local_pool import LocalEnvPool
@@ -77,7 +77,7 @@ def test_alfworld_walkthroughs_win_through_the_episode_loop(shared_data, qwen_to
     async def go():
         try:
             return await expert_episodes([TaskSpec("valid_seen", 0), TaskSpec("valid_seen", 1)], env_pool=pool,
-                                         tokenizer=qwen_tokenizer, env_name="alfworld", make_expert=AlfWorldExpert,
+                                         tokenizer=qwen3_tokenizer, env_name="alfworld", make_expert=AlfWorldExpert,
                                          max_steps=30, history_length=2, max_prompt_tokens=2048)
         finally:
             await pool.close()
@@ -89,7 +89,7 @@ def test_alfworld_walkthroughs_win_through_the_episode_loop(shared_data, qwen_to
         walk = alfworld_walkthrough(ep.info["game_file"])
         assert [s.action for s in ep.steps] == walk[: len(ep.steps)]
         # the RL prompt protocol: step 3 shows the last two (observation, action) pairs
-        prompt = qwen_tokenizer.decode(ep.steps[2].prompt_ids)
+        prompt = qwen3_tokenizer.decode(ep.steps[2].prompt_ids)
         assert f"Action 1: '{walk[0]}'" in prompt and f"Action 2: '{walk[1]}'" in prompt
         assert ep.steps[2].response_text.startswith("<think>") and ep.steps[2].response_text.endswith("</action>")
 
