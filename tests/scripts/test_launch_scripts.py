@@ -21,7 +21,8 @@ from progpo.testing import PATIENCE_S
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "scripts"
-ALL = sorted([*SCRIPTS.glob("*.sh"), *SCRIPTS.glob("*.sbatch"), *SCRIPTS.glob("lib/*.sh")])
+ALL = sorted([*SCRIPTS.glob("*.sh"), *SCRIPTS.glob("*.sbatch"), *SCRIPTS.glob("lib/*.sh"),
+              REPO / "scripts" / "install.sh", REPO / ".ci" / "run"])
 TRAIN = sorted(SCRIPTS.glob("train_*.sh"))
 GPU_TRAIN = [p for p in TRAIN if not p.stem.endswith("_cpu")]
 
@@ -36,7 +37,7 @@ def test_expected_scripts_exist():
     assert (SCRIPTS / "train_progpo_webshop_cpu.sh").is_file()
 
 
-@pytest.mark.parametrize("script", ALL, ids=lambda p: str(p.relative_to(SCRIPTS)))
+@pytest.mark.parametrize("script", ALL, ids=lambda p: str(p.relative_to(REPO)))
 def test_bash_syntax(script):
     subprocess.run(["bash", "-n", str(script)], check=True)
 
