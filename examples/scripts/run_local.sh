@@ -4,6 +4,7 @@
 #   bash examples/scripts/run_local.sh                      # WebShop, progpo, 3 iterations
 #   ENV=alfworld ESTIMATOR=gigpo bash examples/scripts/run_local.sh --train.num_iterations 5
 #
+# First installs what is missing (scripts/install.sh: the same steps as CI; ~1 s when all is there).
 # Starts the WebShop server on the real products (../shared/data/webshop, $PROGPO_DATA/webshop or
 # ~/.cache/progpo/data/webshop; override with --env.data_dir), converts the bundled SmolLM2 GGUF to a
 # Hugging Face folder once (~/.cache/progpo/models), trains a few iterations and prints metrics per
@@ -18,6 +19,7 @@ case "$ENV" in
   alfworld) MAX_STEPS=5 ;;
   *) echo "ENV must be webshop or alfworld, got $ENV" >&2; exit 2 ;;
 esac
+bash scripts/install.sh
 exec python3 -m progpo.cli.train \
   --pretrain smollm2-135m \
   --env.name "$ENV" \
@@ -34,5 +36,4 @@ exec python3 -m progpo.cli.train \
   --train.micro_batch_size 2 \
   --actor.adam.lr 1e-6 \
   --ds.zero_stage 0 \
-  --log.progress_bar false \
   "$@"

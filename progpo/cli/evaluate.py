@@ -15,19 +15,6 @@ import sys
 from pathlib import Path
 
 
-def _resolve_model(model: str) -> str:
-    from progpo.trainer.checkpoint import CheckpointManager
-    from progpo.trainer.models import resolve_pretrain
-
-    run = Path(model).expanduser()
-    if (run / "checkpoints").is_dir():
-        latest = CheckpointManager(run).latest()
-        if latest is None:
-            raise FileNotFoundError(f"--model {model}: run folder without a complete checkpoint")
-        return str(latest / "hf")
-    return resolve_pretrain(model)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The evaluate CLI parser."""
     from progpo.trainer.config import ENV_DEFAULTS
@@ -58,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from progpo.cli.train import setup_logging, unwind_on_sigterm
     from progpo.trainer.config import ENV_DEFAULTS, EnvSettings
     from progpo.trainer.evaluation import play_split, summarize
+    from progpo.trainer.models import resolve_pretrain
 
     setup_logging("WARNING")
     unwind_on_sigterm()
@@ -77,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                                       max_new_tokens=ns["rollout.max_new_tokens"], seed=ns["seed"])
         except ValueError as exc:
             raise ValueError(f"--rollout.*: {exc}") from exc
-        model = _resolve_model(ns["model"])
+        model = resolve_pretrain(ns["model"])
         episodes, total = play_split(env, model, split=split, num_tasks=ns["eval.num_tasks"],
                                      n_samples=ns["eval.n_samples"], sampling=sampling,
                                      max_prompt_tokens=ns["rollout.max_prompt_tokens"], history_length=env.history_length)

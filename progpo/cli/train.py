@@ -14,6 +14,7 @@ import sys
 
 SUMMARY_KEYS = (
     ("env/success_rate", "success", "{:.3f}"),
+    ("env/score_mean", "score", "{:.3f}"),
     ("env/return_mean", "return", "{:+.3f}"),
     ("env/episode_length_mean", "len", "{:.1f}"),
     ("rollout/invalid_format_frac", "invalid", "{:.2f}"),
@@ -21,6 +22,7 @@ SUMMARY_KEYS = (
     ("loss/policy", "pg", "{:+.4f}"),
     ("loss/kl", "kl", "{:.4f}"),
     ("adv/std", "adv_std", "{:.3f}"),
+    ("rollout/flat_group_frac", "flat", "{:.2f}"),
     ("perf/steps_per_s", "steps/s", "{:.2f}"),
     ("perf/generate_s", "gen_s", "{:.1f}"),
     ("perf/env_s", "env_s", "{:.1f}"),
@@ -30,12 +32,20 @@ SUMMARY_KEYS = (
 
 
 def format_metrics(it: int, metrics: dict[str, float]) -> str:
-    """One human-readable line of the main metrics of an iteration."""
+    """One human-readable line of the main metrics of an iteration.
+
+    ``flat`` is ``rollout/flat_group_frac`` (share of tasks whose rollouts all got the same return).
+    When every task is flat the batch carries no learning signal, and the line says so (with the
+    advantages' spread, which should then be zero).
+    """
     parts = [f"iter {it}"]
     for key, label, fmt in SUMMARY_KEYS:
         if key in metrics:
             parts.append(f"{label}={fmt.format(metrics[key])}")
-    return " ".join(parts)
+    line = " ".join(parts)
+    if metrics.get("rollout/flat_group_frac") == 1.0:
+        line += " | no signal: every task's rollouts got the same return"
+    return line
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -68,13 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {exc}\n")
         return 2
 
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from progpo.trainer.progress import write
+
     def show(it: int, metrics: dict[str, float]) -> None:
-        print(format_metrics(it, metrics), flush=True)
+        write(format_metrics(it, metrics))
 
     print(f"run folder: {cfg.run.save_path} | env {cfg.env.name} | estimator {cfg.advantage.estimator} | "
           f"model {cfg.actor.pretrain}", flush=True)
     try:
-        history = Trainer(cfg, on_iteration=show).fit()
+        with logging_redirect_tqdm():  # log lines above the progress bar, not through it
+            history = Trainer(cfg, on_iteration=show).fit()
     except (ValueError, FileNotFoundError, EnvFailure) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

@@ -9,15 +9,22 @@ Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, uncha
 * ``--progpo.preset NAME`` -- a named ``AdvantageConfig`` preset (``paper``, ``default``, ``candidate``),
   applied before the individual ``--progpo.<field>`` flags, which override it;
 * ``--env.*`` -- the environment and episode loop (:class:`progpo.openrlhf.agent.AgentConfig`)
-  and the task list that becomes OpenRLHF's prompt dataset.
+  and the task list that becomes OpenRLHF's prompt dataset;
+* ``--device cpu`` and ``--cpu.*`` -- the whole job on CPU (a local Ray head, OpenRLHF's own
+  actors, DeepSpeed over gloo, a transformers engine; :mod:`progpo.openrlhf.cpu_compat`), to debug a
+  launch on a laptop before a cluster run;
+* ``--debug.*`` -- run checks: the actor-engine weight difference after each sync, dumps of the
+  step batches and of the rows the actor trained on.
 
-Bad values exit with status 2 and a message naming the flag. See ``docs/distributed.md``.
+``--help`` works without the GPU stack (vLLM, flash-attn). A bad value exits with status 2 and one
+line naming the flag, plus a hint. See ``docs/distributed.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -31,6 +38,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 OUR_ESTIMATORS = ("progpo", "gigpo", "grpo", "rloo", "hgpo")
+DEVICES = ("cuda", "cpu")
+MODEL_ALIASES = ("tiny", "smollm2-135m")
+HELP_HINT = "python -m progpo.cli.train_ray --help lists every flag"
 DEFAULT_MAX_STEPS = {"webshop": 15, "alfworld": 50}
 DEFAULT_POOL = {"webshop": "http", "alfworld": "ray"}
 AGENT_FILE = Path(__file__).resolve().parent.parent / "openrlhf" / "agent_file.py"
@@ -121,14 +131,45 @@ def add_env_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--env.task_dir", default=None, help="where task lists are written (default: <ckpt.path>/progpo_tasks)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """OpenRLHF's parser plus our flags (imports OpenRLHF: needs its GPU stack or test stubs)."""
-    from progpo.advantages import PRESETS, AdvantageConfig
-    from progpo.openrlhf.trainer import openrlhf_parser
+def add_device_flags(parser: argparse.ArgumentParser) -> None:
+    """``--device``, the ``--cpu.*`` settings of a CPU run and the ``--debug.*`` checks."""
+    parser.add_argument("--device", choices=DEVICES, default="cuda",
+                        help="cuda: OpenRLHF as shipped (vLLM, flash-attn, NCCL; GPU nodes). cpu: the same job on "
+                             "CPU for a laptop dry run (local Ray head unless RAY_ADDRESS is set, DeepSpeed over "
+                             "gloo, transformers engine; see docs/distributed.md)")
+    g = parser.add_argument_group("cpu (--device cpu only)")
+    g.add_argument("--cpu.ray_num_cpus", type=int, default=None,
+                   help="logical CPU slots of the local Ray head (default: what the actors need, +1)")
+    g.add_argument("--cpu.torch_threads", type=int, default=None,
+                   help="torch threads per Ray worker process (default: the machine's cores)")
+    g.add_argument("--cpu.engine_batch_size", type=int, default=32,
+                   help="most generation requests one engine batches into one transformers generate call")
+    d = parser.add_argument_group("debug (run checks)")
+    d.add_argument("--debug.dump_dir", default=None,
+                   help="write each iteration's step batch (experience maker) and the rows the actor trains on "
+                        "(its replay buffer) there as JSON")
+    d.add_argument("--debug.check_weight_sync", action="store_true", default=False,
+                   help="after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff "
+                        "(and sync/max_abs_diff_before); --device cpu only")
 
-    parser = openrlhf_parser()
+
+def build_parser() -> argparse.ArgumentParser:
+    """OpenRLHF's parser plus our flags.
+
+    Imports OpenRLHF; where vLLM / flash-attn are not installed, the import shims of
+    :mod:`progpo.openrlhf.cpu_compat` stand in during the import only (nothing of them is called).
+    A flag error exits with one line naming the flag plus a hint (see :func:`one_line_errors`).
+    """
+    from progpo.advantages import PRESETS, AdvantageConfig
+    from progpo.openrlhf.cpu_compat import import_shims
+
+    with import_shims():
+        from progpo.openrlhf.trainer import openrlhf_parser
+
+        parser = openrlhf_parser()
     parser.prog = "python -m progpo.cli.train_ray"
     parser.description = __doc__.split("\n")[0]
+    one_line_errors(parser)
     theirs = next(a for a in parser._actions if a.dest == "algo.advantage.estimator")  # noqa: SLF001
     parser.add_argument(
         "--advantage_estimator", choices=OUR_ESTIMATORS + tuple(theirs.choices), default=None,
@@ -140,6 +181,35 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper "
                              "reading); individual --progpo.<field> flags override it")
     add_env_flags(parser)
+    add_device_flags(parser)
+    return parser
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
+
+
+def error_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """The hint line under a flag error: close flag names for an unknown flag, else where to look."""
+    m = re.search(r"unrecognized arguments: (\S+)", message)
+    if m:
+        wrong = m.group(1).split("=", 1)[0]
+        close = difflib.get_close_matches(wrong, _option_strings(parser), n=3, cutoff=0.6)
+        if close:
+            return f"did you mean {' or '.join(close)}? ({HELP_HINT})"
+    m = re.search(r"argument (--[\w.]+)", message)
+    if m:
+        return f"python -m progpo.cli.train_ray --help | grep -A2 -- '{m.group(1)}' shows what it takes"
+    return HELP_HINT
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser.error`` print ``<prog>: error: <message>`` and one hint line (no usage dump), exit 2."""
+
+    def error(message: str) -> typing.NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message}\n  hint: {error_hint(parser, message)}\n")
+
+    parser.error = error  # type: ignore[method-assign]
     return parser
 
 
@@ -257,6 +327,7 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
     ``--train.agent_func_path`` and, unless given, the task datasets. Exits (status 2) naming a bad flag.
     """
     ns = dict(vars(args))
+    _device(parser, ns)
     estimator = ns.pop("advantage_estimator") or "progpo"
     ns["algo.advantage.estimator"] = estimator
     agent = _agent_config(parser, ns)
@@ -273,11 +344,83 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
     elif not Path(ns["train.agent_func_path"]).is_file():
         _fail(parser, "--train.agent_func_path", f"no such file: {ns['train.agent_func_path']}")
     _tasks(parser, ns)
-    for key in [k for k in ns if k.startswith(("progpo.", "env."))]:
+    ns["progpo_debug_dump_dir"] = ns["debug.dump_dir"] and str(Path(ns["debug.dump_dir"]).resolve())
+    ns["progpo_debug_check_weight_sync"] = ns["debug.check_weight_sync"]
+    for key in [k for k in ns if k.startswith(("progpo.", "env.", "cpu.", "debug."))]:
         ns.pop(key)
     ns.pop("progpo_preset", None)
     ns["progpo_agent_config_json"] = agent.to_json()
     return argparse.Namespace(**ns)
+
+
+CPU_REFUSED = {  # flag -> (value that is refused, why): features with no CPU path
+    "ds.packing_samples": (True, "packing needs flash-attention's varlen kernels"),
+    "ds.load_in_4bit": (True, "bitsandbytes 4-bit needs CUDA"),
+    "ds.use_liger_kernel": (True, "Liger kernels are Triton (GPU)"),
+    "ds.deepcompile": (True, "DeepCompile needs a GPU"),
+    "ds.adam_offload": (True, "the optimizer already lives in RAM (DeepSpeedCPUAdam would compile C++)"),
+    "ds.enable_sleep": (True, "DeepSpeed's offload_states needs FusedAdam (a C++ build); the states already live in RAM"),
+    "train.enable_ema": (True, "OpenRLHF's EMA update is hard-wired to cuda"),
+    "train.async_enable": (True, "the CPU engine has no pause/resume (partial rollout)"),
+    "vllm.sync_with_ray": (True, "Ray's gloo collective would replace DeepSpeed's process group"),
+}
+
+
+def _device(parser: argparse.ArgumentParser, ns: dict[str, Any]) -> None:
+    """Check ``--device`` and fold it into the namespace (``progpo_device``, ``progpo_engine_kwargs``).
+
+    CPU mode: OpenRLHF's CUDA-only defaults are switched (``--ds.attn_implementation`` flash_attention_2
+    -> sdpa, ``--vllm.sync_backend`` nccl -> gloo); features without a CPU path are refused naming the
+    flag; the model aliases ``tiny`` / ``smollm2-135m`` resolve to local HF folders.
+    """
+    device = ns.pop("device")
+    ns["progpo_device"] = device
+    cpu_flags = [k for k in ("cpu.ray_num_cpus", "cpu.torch_threads") if ns[k] is not None]
+    if device == "cuda":
+        if cpu_flags:
+            _fail(parser, f"--{cpu_flags[0]}", "only applies with --device cpu")
+        if ns["debug.check_weight_sync"]:
+            _fail(parser, "--debug.check_weight_sync", "compares the CPU engine's weights: use it with --device cpu")
+        return
+    for flag, (bad, why) in CPU_REFUSED.items():
+        if ns[flag] == bad:
+            _fail(parser, f"--{flag}", f"not supported with --device cpu ({why})")
+    for flag in ("ds.ring_attn_size", "ds.tensor_parallel_size", "vllm.tensor_parallel_size"):
+        if ns[flag] != 1:
+            _fail(parser, f"--{flag}", f"must be 1 with --device cpu, got {ns[flag]}")
+    for flag in ("cpu.ray_num_cpus", "cpu.torch_threads", "cpu.engine_batch_size"):
+        if ns[flag] is not None and ns[flag] < 1:
+            _fail(parser, f"--{flag}", f"must be >= 1, got {ns[flag]}")
+    attn = ns["ds.attn_implementation"]
+    if attn == "flash_attention_2":  # OpenRLHF's default
+        ns["ds.attn_implementation"] = "sdpa"
+    elif attn not in ("sdpa", "eager"):
+        _fail(parser, "--ds.attn_implementation", f"must be sdpa or eager with --device cpu, got {attn!r}")
+    if ns["vllm.sync_backend"] == "nccl":  # OpenRLHF's default
+        ns["vllm.sync_backend"] = "gloo"
+    elif ns["vllm.sync_backend"] != "gloo":
+        _fail(parser, "--vllm.sync_backend", f"must be gloo with --device cpu, got {ns['vllm.sync_backend']!r}")
+    if not ns["vllm.num_engines"]:
+        _fail(parser, "--vllm.num_engines", "must be >= 1: the agent executor runs inside the engines")
+    model = ns["actor.model_name_or_path"]
+    if model in MODEL_ALIASES:
+        from progpo.trainer.models import resolve_pretrain
+
+        ns["actor.model_name_or_path"] = resolve_pretrain(model)
+    ns["progpo_engine_kwargs"] = {"dtype": ns["ds.param_dtype"], "max_batch_size": ns["cpu.engine_batch_size"]}
+    ns["progpo_ray_num_cpus"] = ns["cpu.ray_num_cpus"] or _cpu_slots(ns)
+    ns["progpo_torch_threads"] = ns["cpu.torch_threads"] or os.cpu_count() or 1
+
+
+def _cpu_slots(ns: dict[str, Any]) -> int:
+    """Logical CPU slots a local Ray head needs: one per model process and engine, the env actors', +1
+    (OpenRLHF's trainer actor needs one free slot to be placed)."""
+    actor = ns["actor.num_nodes"] * ns["actor.num_gpus_per_node"]
+    ref = ns["ref.num_nodes"] * ns["ref.num_gpus_per_node"]
+    engines = ns["vllm.num_engines"] * ns["vllm.tensor_parallel_size"]
+    pool = ns["env.pool"] or DEFAULT_POOL.get(ns["env.name"])
+    env = ns["env.num_env_actors"] * ns["env.num_cpus_per_actor"] * engines if pool == "ray" else 0
+    return int(actor + ref + engines + env + 0.999) + 1
 
 
 def _job_runtime_env() -> dict[str, Any]:
@@ -323,29 +466,66 @@ def ray_env_vars(agent_config_json: str) -> dict[str, str]:
     return {k: v for k, v in env_vars.items() if k not in taken}
 
 
-def init_ray(agent_config_json: str) -> None:
-    """Connect to (or start) Ray with :func:`ray_env_vars` in every worker's environment."""
+def init_ray(args: argparse.Namespace) -> bool:
+    """Connect to (or start) Ray with :func:`ray_env_vars` in every worker's environment.
+
+    ``--device cpu``: every worker first runs :func:`progpo.openrlhf.cpu_compat.worker_setup_hook`
+    (Ray's ``worker_process_setup_hook``), and without ``RAY_ADDRESS`` a new local head is started
+    with ``progpo_ray_num_cpus`` logical CPUs (never an existing cluster of this machine).
+
+    Returns:
+        True when this call started a local head (the caller shuts it down).
+    """
     import ray
 
-    if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": ray_env_vars(agent_config_json)})
+    if ray.is_initialized():
+        return False
+    env_vars = ray_env_vars(args.progpo_agent_config_json)
+    if args.progpo_device != "cpu":
+        ray.init(runtime_env={"env_vars": env_vars})
+        return False
+    from progpo.openrlhf.cpu_compat import THREADS_ENV_VAR
+
+    env_vars[THREADS_ENV_VAR] = str(args.progpo_torch_threads)
+    runtime_env = {"env_vars": env_vars,
+                   "worker_process_setup_hook": "progpo.openrlhf.cpu_compat.worker_setup_hook"}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env=runtime_env)
+        return False
+    logger.info("starting a local Ray head with %d logical CPUs", args.progpo_ray_num_cpus)
+    ray.init(address="local", num_cpus=args.progpo_ray_num_cpus, num_gpus=0, include_dashboard=False,
+             runtime_env=runtime_env)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse, check, then run OpenRLHF's training with our trainer actor (blocks until done)."""
+    """Parse, check, then run OpenRLHF's training with our trainer actor (blocks until done).
+
+    Returns 0 when training finished; a bad flag, or ``--device cuda`` without vLLM / flash-attn
+    installed, exits with status 2 (one line naming the flag, plus a hint).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        parser = build_parser()
-    except ImportError as exc:
-        print(f"train_ray needs the GPU stack (pip install -r requirements-gpu.txt, see docs/distributed.md): "
-              f"{exc}", file=sys.stderr)
-        return 2
+    parser = build_parser()
     args = finalize(parser, parser.parse_args(argv))
+    from progpo.openrlhf.cpu_compat import install, missing_gpu_packages
+
+    if args.progpo_device == "cpu":
+        install()
+    elif missing_gpu_packages():
+        _fail(parser, "--device", f"cuda needs {' and '.join(missing_gpu_packages())} installed (pip install -r "
+                                  "requirements-gpu.txt); for a CPU dry run of this job add --device cpu")
     from progpo.openrlhf.trainer import run_openrlhf_main
 
     os.environ["PROGPO_AGENT_CONFIG"] = args.progpo_agent_config_json
-    init_ray(args.progpo_agent_config_json)
-    run_openrlhf_main(args)
+    started = init_ray(args)
+    try:
+        run_openrlhf_main(args)
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+            logger.info("local Ray head shut down")
     return 0
 
 

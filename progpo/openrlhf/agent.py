@@ -133,10 +133,15 @@ class EngineGenerate:
 
     ``await engine.generate(prompt_token_ids, vllm_sampling_params)`` must return a vLLM
     ``RequestOutput``-like object: ``outputs[0].token_ids``, ``.text``, ``.logprobs`` (one
-    ``{token_id: Logprob}`` dict per sampled token). Our :class:`SamplingParams` are copied onto a
+    ``{token_id: Logprob}`` dict per sampled token), ``.finish_reason`` (``"stop"``/``"length"``,
+    copied into :attr:`Generation.finish_reason`). Our :class:`SamplingParams` are copied onto a
     deep copy of OpenRLHF's vLLM sampling params with ``SamplingParams.vllm_kwargs`` (temperature,
     top_p, max_tokens, seed, and every other distribution-changing field switched off: OpenRLHF's
     template carries ``top_k`` and ``min_tokens=1``), plus ``logprobs=1``.
+
+    Raises:
+        ValueError: the engine returned no per-token logprobs, or a finish reason other than
+            ``stop``/``length`` (vLLM's ``abort`` would mean a cancelled request).
     """
 
     def __init__(self, engine: Any, vllm_sampling_params: Any) -> None:
@@ -153,7 +158,10 @@ class EngineGenerate:
         if output.logprobs is None or len(output.logprobs) != len(ids):
             raise ValueError("the vLLM engine returned no per-token logprobs (logprobs=1 was requested)")
         logprobs = [float(step[tok].logprob) for step, tok in zip(output.logprobs, ids)]
-        return Generation(token_ids=ids, logprobs=logprobs, text=output.text)
+        reason = output.finish_reason
+        if reason not in ("stop", "length"):
+            raise ValueError(f"the engine finished a request with finish_reason={reason!r} (expected stop or length)")
+        return Generation(token_ids=ids, logprobs=logprobs, text=output.text, finish_reason=reason)
 
 
 def make_env_pool(cfg: AgentConfig) -> Any:
@@ -258,6 +266,8 @@ def transcript_response(episode: Episode, *, prompt: str, label: str, with_logpr
     ``action_ranges`` over the responses: what OpenRLHF's own estimators train on when a
     non-ProGPO estimator is chosen. ``reward`` is the episode return ``R_i``; ``scores`` is 1.0 for
     a won episode. ``rollout_log_probs`` is 0 on prompt tokens, the behaviour log-probs on responses.
+    ``truncated`` is OpenRLHF's multi-turn flag: the last response stopped at the token limit
+    (``finish_reason == "length"``).
     """
     tokens: list[int] = []
     ranges: list[tuple[int, int]] = []
@@ -279,7 +289,7 @@ def transcript_response(episode: Episode, *, prompt: str, label: str, with_logpr
         "observation_tokens": tokens,
         "action_ranges": ranges,
         "rollout_log_probs": logprobs if with_logprobs is not None else None,
-        "truncated": bool(episode.steps and episode.steps[-1].truncated),
+        "truncated": bool(episode.steps and episode.steps[-1].finish_reason == "length"),
         "extra_logs": {"env/won": float(episode.won), "env/episode_length": float(len(episode.steps))},
         RESPONSE_EPISODE_KEY: episode,
     }

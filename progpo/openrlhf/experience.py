@@ -14,8 +14,12 @@ tensor and cannot take lists of strings). Any other estimator falls through to O
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,7 +67,32 @@ def step_batch_from_experiences(experiences: list[Experience]) -> StepBatch:
         prefix_key=cols["progpo/prefix_key"],
         action=cols["progpo/action"],
         state_extra=extra if any(extra) else None,
+        final_obs=cols["progpo/final_obs"],
     )
+
+
+def dump_step_batch(dump_dir: str, iteration: int, batch: StepBatch, config: Any, step_adv: torch.Tensor,
+                    kl_coef: float) -> Path:
+    """Write one rollout's step batch, estimator config and step advantages as JSON (``--debug.dump_dir``).
+
+    File ``<dump_dir>/iter<NNN>_step_batch.json``: ``columns`` (StepBatch columns as lists, row ``k`` =
+    rollout sample ``k``), ``config`` (``AdvantageConfig`` fields), ``advantages`` (``[S]``, what was
+    put on the action tokens) and ``kl_coef`` (0 unless the KL is a reward penalty). Written aside,
+    then renamed.
+    """
+    cols = {f.name: (None if getattr(batch, f.name) is None else getattr(batch, f.name).tolist())
+            for f in dataclasses.fields(batch)}
+    record = {"iteration": iteration, "columns": cols, "config": dataclasses.asdict(config),
+              "advantages": step_adv.tolist(), "kl_coef": kl_coef}
+    return _write_json(Path(dump_dir) / f"iter{iteration:03d}_step_batch.json", record)
+
+
+def _write_json(path: Path, record: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 class StepExperienceMaker(RemoteExperienceMaker):
@@ -75,7 +104,8 @@ class StepExperienceMaker(RemoteExperienceMaker):
         encoder: optional ``list[str] -> np.ndarray [n, dim]`` unit-vector encoder for semantic
             expansion (None = expansion off, as the config allows).
 
-    After each call, ``last_diagnostics`` holds the estimator's ``adv/*`` diagnostics.
+    After each call, ``last_diagnostics`` holds the estimator's ``adv/*`` diagnostics. With
+    ``--debug.dump_dir`` set, each rollout's step batch is written there (:func:`dump_step_batch`).
     """
 
     def __init__(
@@ -89,6 +119,8 @@ class StepExperienceMaker(RemoteExperienceMaker):
         self.advantage_config = advantage_config
         self.encoder = encoder
         self.last_diagnostics: dict[str, float] = {}
+        self.dump_dir = getattr(self.args, "progpo_debug_dump_dir", None)
+        self._iteration = 0
         if self.advantage_estimator in OUR_ESTIMATORS:
             if advantage_config is None:
                 raise ValueError(f"--advantage_estimator {self.advantage_estimator} needs an AdvantageConfig")
@@ -122,6 +154,9 @@ class StepExperienceMaker(RemoteExperienceMaker):
         self.last_diagnostics = {k: float(v) for k, v in result.diagnostics.items()}
 
         kl_coef = 0.0 if args.algo.kl.use_loss else max(float(self.kl_ctl.value), 0.0)
+        self._iteration += 1
+        if self.dump_dir:
+            dump_step_batch(self.dump_dir, self._iteration, batch, self.advantage_config, step_adv, kl_coef)
         offset = 0
         for exp in experiences:
             rows = exp.sequences.size(0)

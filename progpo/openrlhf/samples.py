@@ -18,6 +18,7 @@ returns the episode-level experiences of one rollout batch, consecutive blocks o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -25,6 +26,8 @@ import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
+from progpo.advantages.batch import StepBatch
+from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
 from progpo.agents.types import Episode
 from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY
 
@@ -44,6 +47,7 @@ STEP_INFO_KEYS: tuple[str, ...] = (
     "progpo/prefix_key",
     "progpo/action",
     "progpo/state_extra",
+    "progpo/final_obs",
 )
 """Per-step ``Experience.info`` entries (lists of str or ``[B]`` tensors); popped before training."""
 
@@ -60,14 +64,17 @@ def step_experiences(
     label: str,
     max_len: int,
     with_logprobs: bool,
-    eos_token_id: int | None,
 ) -> list[Experience]:
     """Expand one episode into one single-row ``Experience`` per step.
 
     Row ``t`` holds ``sequences = [x_{i,t} ; a_{i,t}]`` (prompt ids then response ids), an
     ``action_mask`` over the response tokens only (OpenRLHF's convention: ``[P+R-1]``, index ``j``
     is token ``j+1``), the behaviour log-probs at the same positions when ``with_logprobs``,
-    ``rewards = r_{i,t}`` (invalid-action penalty included) and the step metadata in ``info``.
+    ``rewards = r_{i,t}`` (invalid-action penalty included) and the step metadata in ``info``:
+    the columns of :func:`progpo.agents.batching.episodes_to_step_batch` (the local loop's own
+    episode-to-rows function, so ``final_obs`` of a truncated trajectory is recorded the same way).
+    ``Experience.truncated`` and ``info['response_clip_ratio']`` flag a response cut at the token
+    limit (``finish_reason == "length"``).
 
     Args:
         episode: a finished, non-failed episode with at least one step.
@@ -77,7 +84,6 @@ def step_experiences(
         max_len: ``--data.max_len``; longer rows lose their OLDEST prompt tokens (counted in
             ``info['progpo/prompt_cut_tokens']``); a response longer than ``max_len - 1`` raises.
         with_logprobs: attach ``rollout_log_probs`` (needed by vLLM importance-sampling correction).
-        eos_token_id: a response not ending with it counts as truncated (``Experience.truncated``).
 
     Returns:
         ``T_i`` experiences, each with ``sequences`` ``[1, P+R]`` and step-level tensors ``[1, P+R-1]``.
@@ -87,6 +93,7 @@ def step_experiences(
     """
     if not episode.steps:
         raise ValueError(f"episode {traj_id} (uid {uid!r}) has no steps")
+    rows = episodes_to_step_batch([dataclasses.replace(episode, uid=uid, traj_id=traj_id, failed=False)])
     out = []
     for t, step in enumerate(episode.steps):
         resp = list(step.response_ids)
@@ -105,7 +112,14 @@ def step_experiences(
         if with_logprobs:
             rollout_log_probs = torch.zeros(1, n_total - 1, dtype=torch.float32)
             rollout_log_probs[0, n_prompt - 1 :] = torch.tensor(step.logprobs, dtype=torch.float32)
-        info = _step_info(episode, step, t, uid=uid, traj_id=traj_id, cut=cut)
+        clipped = step.finish_reason == "length"
+        info = {
+            "response_clip_ratio": torch.tensor([clipped]),
+            "reward": torch.tensor([float(step.reward)]),
+            "score": torch.tensor([float(episode.won)]),
+            "progpo/prompt_cut_tokens": torch.tensor([float(cut)]),
+            **_step_columns(rows, t),
+        }
         out.append(
             Experience(
                 sequences=sequences,
@@ -116,10 +130,10 @@ def step_experiences(
                 labels=[label],
                 images=[None],
                 mm_train_inputs=[None],
-                rewards=torch.tensor([float(step.reward)]),
+                rewards=torch.tensor([float(step.reward)], dtype=torch.float64),  # r_{i,t} exactly as the local loop
                 scores=torch.tensor([float(episode.won)]),
                 response_length=torch.tensor([len(resp)]),
-                truncated=torch.tensor([eos_token_id is not None and resp[-1] != eos_token_id]),
+                truncated=torch.tensor([clipped]),
                 total_length=torch.tensor([float(n_total)]),
                 info=info,
             )
@@ -127,23 +141,22 @@ def step_experiences(
     return out
 
 
-def _step_info(episode: Episode, step: Any, t: int, *, uid: str, traj_id: int, cut: int) -> dict[str, Any]:
-    """``Experience.info`` of one step row: OpenRLHF's logging keys plus :data:`STEP_INFO_KEYS`."""
+def _step_columns(rows: StepBatch, t: int) -> dict[str, Any]:
+    """Row ``t`` of ``rows`` as the :data:`STEP_INFO_KEYS` entries of ``Experience.info``."""
+    extra = rows.state_extra[t] if rows.state_extra is not None else ""
+    final = rows.final_obs[t] if rows.final_obs is not None else ""
     return {
-        "response_clip_ratio": torch.tensor([cut > 0]),
-        "reward": torch.tensor([float(step.reward)]),
-        "score": torch.tensor([float(episode.won)]),
-        "progpo/prompt_cut_tokens": torch.tensor([float(cut)]),
-        "progpo/uid": [uid],
-        "progpo/traj_id": torch.tensor([traj_id], dtype=torch.long),
-        "progpo/step_index": torch.tensor([t], dtype=torch.long),
-        "progpo/terminated": torch.tensor([bool(step.terminated)]),
-        "progpo/truncated": torch.tensor([bool(step.truncated)]),
-        "progpo/invalid": torch.tensor([bool(step.invalid)]),
-        "progpo/anchor_obs": [step.anchor_obs],
-        "progpo/prefix_key": [step.prefix_key],
-        "progpo/action": [step.action],
-        "progpo/state_extra": [step.state_extra if step.state_extra is not None else ""],
+        "progpo/uid": [str(rows.uid[t])],
+        "progpo/traj_id": torch.tensor([int(rows.traj_id[t])], dtype=torch.long),
+        "progpo/step_index": torch.tensor([int(rows.step_index[t])], dtype=torch.long),
+        "progpo/terminated": torch.tensor([bool(rows.terminated[t])]),
+        "progpo/truncated": torch.tensor([bool(rows.truncated[t])]),
+        "progpo/invalid": torch.tensor([bool(rows.invalid[t])]),
+        "progpo/anchor_obs": [str(rows.anchor_obs[t])],
+        "progpo/prefix_key": [str(rows.prefix_key[t])],
+        "progpo/action": [str(rows.action[t])],
+        "progpo/state_extra": [str(extra)],
+        "progpo/final_obs": [str(final)],
     }
 
 
@@ -154,6 +167,10 @@ class StepSamplesGenerator(SamplesGenerator):
     :func:`step_experiences`; the ``n_samples_per_prompt`` consecutive episodes of one prompt
     share a ``uid``. Failed episodes (env died) are dropped and counted. Other estimators get
     OpenRLHF's own one-sample-per-episode format unchanged. Evaluation is never expanded.
+
+    After each expansion ``last_stats`` holds the local loop's rollout metrics of the batch
+    (:func:`progpo.agents.batching.rollout_metrics`: ``env/*``, ``rollout/*``, including
+    ``rollout/truncated_response_frac``) plus ``rollout/failed_episodes`` (count).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -195,9 +212,9 @@ class StepSamplesGenerator(SamplesGenerator):
                 f"{len(samples)} episodes is not a multiple of --rollout.n_samples_per_prompt={n_samples_per_prompt}"
             )
         with_logprobs = self.args.algo.advantage.is_correction_level != "off"
-        eos = getattr(self.tokenizer, "eos_token_id", None)
         out: list[Experience] = []
-        failed, returns, won, lengths = 0, [], [], []
+        episodes: list[Episode] = []
+        failed = 0
         self._batch_counter += 1
         for g in range(0, len(samples), n_samples_per_prompt):
             group = samples[g : g + n_samples_per_prompt]
@@ -212,12 +229,10 @@ class StepSamplesGenerator(SamplesGenerator):
                         "an experience carries no ProGPO episode: --train.agent_func_path must point to "
                         "progpo/openrlhf/agent.py for per-step estimators"
                     )
+                episodes.append(episode)
                 if episode.failed or not episode.steps:
                     failed += 1
                     continue
-                returns.append(episode.episode_return)
-                won.append(float(episode.won))
-                lengths.append(float(len(episode.steps)))
                 out.extend(
                     step_experiences(
                         episode,
@@ -227,22 +242,9 @@ class StepSamplesGenerator(SamplesGenerator):
                         label=exp.labels[0],
                         max_len=max_len,
                         with_logprobs=with_logprobs,
-                        eos_token_id=eos,
                     )
                 )
-        self.last_stats = {
-            "rollout/episodes": float(len(samples)),
-            "rollout/failed_episodes": float(failed),
-            "rollout/steps": float(len(out)),
-        }
-        if returns:
-            self.last_stats.update(
-                {
-                    "env/success_rate": sum(won) / len(won),
-                    "env/episode_return_mean": sum(returns) / len(returns),
-                    "env/episode_length_mean": sum(lengths) / len(lengths),
-                }
-            )
+        self.last_stats = {**rollout_metrics(episodes), "rollout/failed_episodes": float(failed)}
         if failed:
             logger.warning("dropped %d failed episodes of %d", failed, len(samples))
         return out

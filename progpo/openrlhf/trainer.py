@@ -5,47 +5,108 @@ runs OpenRLHF's own constructor (tokenizer, prompt dataloaders, KL controller, l
 replaces ``samples_generator`` and ``experience_maker`` with
 :class:`~progpo.openrlhf.samples.StepSamplesGenerator` and
 :class:`~progpo.openrlhf.experience.StepExperienceMaker`; every other stage (reference and
-actor forward passes, DeepSpeed ZeRO update, NCCL weight sync to vLLM, checkpoints, TensorBoard/W&B)
-is OpenRLHF's.
+actor forward passes, DeepSpeed ZeRO update, weight sync to the engines, checkpoints,
+TensorBoard/W&B) is OpenRLHF's. :class:`ProGPOPolicyModelActor` is OpenRLHF's policy actor plus
+the ``--debug.*`` aids (weight-sync check, replay-buffer dump).
 
 :func:`run_openrlhf_main` runs OpenRLHF's ``cli/train_ppo_ray.py`` ``__main__`` block (its argument
-post-processing and checks, then its ``train``), with our trainer class in place of ``PPOTrainer``.
-This is the one place that patches OpenRLHF, for exactly the pinned version (:data:`OPENRLHF_VERSION`).
+post-processing and checks, then its ``train``), with our classes in place of ``PPOTrainer`` and
+``PolicyModelActor``, for exactly the pinned version (:data:`OPENRLHF_VERSION`). In CPU mode the
+stand-ins of :mod:`progpo.openrlhf.cpu_compat` apply as well.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import logging
 import runpy
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 from openrlhf.trainer import ppo_trainer as _ppo_trainer_module
 from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.trainer.ray import ppo_actor as _ppo_actor_module
+from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-from progpo.openrlhf.experience import StepExperienceMaker
+from progpo.openrlhf.cpu_compat import OPENRLHF_VERSION, check_openrlhf_version, patched
+from progpo.openrlhf.experience import StepExperienceMaker, _write_json
 from progpo.openrlhf.samples import StepSamplesGenerator
 
 logger = logging.getLogger(__name__)
 
-OPENRLHF_VERSION = "0.11.2"
-"""The OpenRLHF release whose private seams these subclasses override."""
+__all__ = ["OPENRLHF_VERSION", "ProGPOPPOTrainer", "ProGPOPolicyModelActor", "check_openrlhf_version",
+           "openrlhf_parser", "run_openrlhf_main"]
 
 _TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
 
 
-def check_openrlhf_version() -> None:
-    """Raise RuntimeError unless the installed openrlhf is exactly :data:`OPENRLHF_VERSION`."""
-    found = importlib.metadata.version("openrlhf")
-    if found != OPENRLHF_VERSION:
-        raise RuntimeError(
-            f"progpo's OpenRLHF extension needs openrlhf=={OPENRLHF_VERSION} (found {found}); "
-            f"install it with: pip install --no-deps openrlhf=={OPENRLHF_VERSION}"
-        )
+@ray.remote(num_gpus=1)
+class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
+    """OpenRLHF's policy actor (DeepSpeed model, PPO loss, weight sync) plus two debugging aids.
+
+    * ``progpo_full_state()``: the actor's full parameters (ZeRO-3 gathered) on rank 0, for the
+      ``--debug.check_weight_sync`` comparison with the engines.
+    * With ``--debug.dump_dir``: before each ``fit``, the replay buffer it is about to train on
+      (per sample: rollout index, sequence, action mask, advantages) is written to
+      ``iter<NNN>_actor_rank<R>.json`` (see :meth:`fit`).
+    Training itself is OpenRLHF's, unchanged.
+    """
+
+    def append(self, experience: Any) -> None:
+        """OpenRLHF's ``append``; records the rollout indices of the rows (lost in the buffer's split)."""
+        if self._dump_dir() and experience.index is not None:
+            self.__dict__.setdefault("_progpo_indices", []).extend(int(i) for i in experience.index)
+        super().append(experience)
+
+    def fit(self, kl_ctl: float = 0) -> dict:
+        """OpenRLHF's ``fit``, after writing the replay buffer to ``--debug.dump_dir`` when set.
+
+        Dump rows: ``index`` (position in the rollout batch = row of the step batch), ``sequences``
+        ``[T]``, ``action_mask`` ``[A]``, ``advantages`` ``[A]`` (``A = T - 1``), ``response_length``.
+        """
+        if self._dump_dir():
+            self._dump_replay_buffer()
+        return super().fit(kl_ctl)
+
+    def _dump_dir(self) -> str | None:
+        return getattr(self.strategy.args, "progpo_debug_dump_dir", None)
+
+    def _dump_replay_buffer(self) -> None:
+        items = self.trainer.replay_buffer.items
+        indices = self.__dict__.pop("_progpo_indices", [])
+        if len(indices) != len(items):
+            raise RuntimeError(f"replay buffer holds {len(items)} rows but {len(indices)} rollout indices were seen")
+        n = self.__dict__["_progpo_fits"] = self.__dict__.get("_progpo_fits", 0) + 1
+        rows = [{"index": i, "sequences": e.sequences.tolist(), "action_mask": e.action_mask.int().tolist(),
+                 "advantages": e.advantages.float().tolist(), "response_length": float(e.response_length)}
+                for i, e in zip(indices, items)]
+        rank = torch.distributed.get_rank()
+        _write_json(Path(self._dump_dir()) / f"iter{n:03d}_actor_rank{rank}.json", {"iteration": n, "rows": rows})
+
+    def progpo_full_state(self) -> dict[str, torch.Tensor] | None:
+        """Copies of every trainable parameter (name -> CPU tensor) on rank 0; None on other ranks."""
+        import deepspeed
+
+        model = self.actor.model.module
+        params = list(model.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=self.strategy.args.ds.zero_stage == 3):
+            state = {name: p.detach().clone().cpu() for name, p in model.named_parameters()}
+        return state if torch.distributed.get_rank() == 0 else None
+
+
+def max_weight_diff(actor_state: dict[str, torch.Tensor], engine_state: dict[str, torch.Tensor]) -> float:
+    """``max |actor - engine|`` over every actor parameter (float64).
+
+    Raises:
+        KeyError: the engine lacks a parameter of the actor (names must match: same HF model class).
+    """
+    missing = sorted(set(actor_state) - set(engine_state))
+    if missing:
+        raise KeyError(f"the engine has no parameters {missing[:3]} (of {len(missing)} missing)")
+    return max(float((a.double() - engine_state[n].double()).abs().max()) for n, a in actor_state.items())
 
 
 class _ProGPOTrainerMixin:
@@ -77,11 +138,29 @@ class _ProGPOTrainerMixin:
         )
 
     def train_step(self, rollout_samples: Any, global_step: int) -> tuple[dict, int]:
-        """OpenRLHF's train step, plus episode (``env/``, ``rollout/``) and estimator (``adv/``) metrics."""
+        """OpenRLHF's train step, plus episode (``env/``, ``rollout/``), estimator (``adv/``) and,
+        with ``--debug.check_weight_sync``, weight-sync (``sync/``) metrics."""
         status, global_step = super().train_step(rollout_samples, global_step)
         status.update(self.samples_generator.last_stats)
         status.update(self.experience_maker.last_diagnostics)
+        status.update(getattr(self, "_sync_stats", {}))
         return status, global_step
+
+    def broadcast_to_vllm(self) -> None:
+        """OpenRLHF's weight sync; with ``--debug.check_weight_sync`` the largest actor-engine weight
+        difference is measured before (``sync/max_abs_diff_before``) and after it (``sync/max_abs_diff``)."""
+        if not getattr(self.strategy.args, "progpo_debug_check_weight_sync", False):
+            return super().broadcast_to_vllm()
+        before = self._weight_sync_diff()
+        super().broadcast_to_vllm()
+        after = self._weight_sync_diff()
+        self._sync_stats = {"sync/max_abs_diff_before": before, "sync/max_abs_diff": after}
+        logger.info("weight sync: max |actor - engine| %.3g before, %.3g after", before, after)
+
+    def _weight_sync_diff(self) -> float:
+        states = ray.get(self.actor_model_group.async_run_method(method_name="progpo_full_state"))
+        actor_state = next(s for s in states if s is not None)
+        return max(max_weight_diff(actor_state, ray.get(e.progpo_full_state.remote())) for e in self.vllm_engines)
 
 
 @ray.remote
@@ -101,16 +180,6 @@ class ProGPOPPOTrainer(_ProGPOTrainerMixin, PPOTrainer.__ray_actor_class__):
         self._install_progpo_stages(strategy, vllm_engines, cfg)
 
 
-@contextlib.contextmanager
-def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
-
-
 class _ParserCaptured(Exception):
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         super().__init__("parser captured")
@@ -128,7 +197,7 @@ def openrlhf_parser() -> argparse.ArgumentParser:
     def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
         raise _ParserCaptured(self)
 
-    with _patched(argparse.ArgumentParser, "parse_args", capture):
+    with patched(argparse.ArgumentParser, "parse_args", capture):
         try:
             runpy.run_module(_TRAIN_MODULE, run_name="__main__")
         except _ParserCaptured as captured:
@@ -140,15 +209,22 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
     """Run OpenRLHF's ``train_ppo_ray`` main block on an already-parsed flat ``namespace``.
 
     Its post-processing and checks apply unchanged; its ``train`` then builds the Ray actor
-    groups and vLLM engines and starts :class:`ProGPOPPOTrainer` in place of ``PPOTrainer``
-    (synchronous mode only; ``--train.async_enable`` is refused earlier by ``train_ray``).
+    groups and engines and starts :class:`ProGPOPPOTrainer` in place of ``PPOTrainer`` and
+    :class:`ProGPOPolicyModelActor` in place of ``PolicyModelActor`` (synchronous mode only;
+    ``--train.async_enable`` is refused earlier by ``train_ray``). With ``progpo_device == "cpu"``
+    the driver-side CPU stand-ins of :func:`progpo.openrlhf.cpu_compat.launch_patches` apply too.
     """
     check_openrlhf_version()
 
     def given(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> argparse.Namespace:
         return namespace
 
-    with _patched(argparse.ArgumentParser, "parse_args", given), _patched(
-        _ppo_trainer_module, "PPOTrainer", ProGPOPPOTrainer
-    ):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(argparse.ArgumentParser, "parse_args", given))
+        stack.enter_context(patched(_ppo_trainer_module, "PPOTrainer", ProGPOPPOTrainer))
+        stack.enter_context(patched(_ppo_actor_module, "PolicyModelActor", ProGPOPolicyModelActor))
+        if getattr(namespace, "progpo_device", "cuda") == "cpu":
+            from progpo.openrlhf.cpu_compat import launch_patches
+
+            stack.enter_context(launch_patches(ProGPOPolicyModelActor, getattr(namespace, "progpo_engine_kwargs", {})))
         runpy.run_module(_TRAIN_MODULE, run_name="__main__")

@@ -65,6 +65,8 @@ def summarize(env_name: str, episodes: list[Episode]) -> dict[str, Any]:
         "return": mean_interval([ep.episode_return for ep in done]),
         "episode_length": mean_interval([len(ep.steps) for ep in done]),
         "invalid_action_frac": float(np.mean([s.invalid for ep in done for s in ep.steps])) if done else math.nan,
+        "format_invalid": rate_interval(sum(s.format_invalid for ep in done for s in ep.steps),
+                                        sum(len(ep.steps) for ep in done)),
     }
     out.update(EVAL_EXTRAS[env_name](done))
     return out
@@ -72,13 +74,18 @@ def summarize(env_name: str, episodes: list[Episode]) -> dict[str, Any]:
 
 def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | None, n_samples: int,
                sampling, max_prompt_tokens: int, invalid_penalty: float = 0.1, gen_batch_size: int = 64,
-               history_length: int = 2) -> tuple[list[Episode], int]:
+               history_length: int = 2, progress: bool = True) -> tuple[list[Episode], int]:
     """Play tasks ``0..num_tasks-1`` of ``split`` (all when None) ``n_samples`` times each.
+
+    A progress bar (stderr, finished episodes with an ETA) runs unless ``progress`` is False.
 
     Returns:
         ``(episodes, tasks_in_split)``.
     """
+    import sys
+
     import torch
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from progpo.agents.episode import TaskSpec, run_episodes
@@ -94,10 +101,14 @@ def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | No
         total = envs.num_tasks(split)
         n = total if num_tasks is None else min(num_tasks, total)
         tasks = [TaskSpec(split, i) for i in range(n)]
-        episodes = asyncio.run(run_episodes(
-            tasks, env_pool=envs.pool, generate=gen, tokenizer=tok, env_name=env_settings.name,
-            n_samples_per_task=n_samples, sampling=sampling, max_steps=env_settings.max_steps,
-            history_length=history_length, max_prompt_tokens=max_prompt_tokens, invalid_penalty=invalid_penalty,
-            max_concurrency=64,
-        ))
+        bar = tqdm(total=n * n_samples, desc=f"evaluate {split}", unit="ep", disable=not progress, file=sys.stderr)
+        try:
+            episodes = asyncio.run(run_episodes(
+                tasks, env_pool=envs.pool, generate=gen, tokenizer=tok, env_name=env_settings.name,
+                n_samples_per_task=n_samples, sampling=sampling, max_steps=env_settings.max_steps,
+                history_length=history_length, max_prompt_tokens=max_prompt_tokens, invalid_penalty=invalid_penalty,
+                max_concurrency=64, on_episode_end=lambda ep: bar.update(1),
+            ))
+        finally:
+            bar.close()
     return episodes, total

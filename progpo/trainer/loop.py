@@ -27,6 +27,7 @@ from progpo.trainer.config import TrainConfig
 from progpo.trainer.encoder import LazyEncoder
 from progpo.trainer.env_setup import open_env_pool
 from progpo.trainer.metrics import MetricsLogger
+from progpo.trainer.progress import RunProgress
 from progpo.trainer.update import TrainSample, prepare, ppo_update
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,41 @@ class TaskSampler:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
 
 
+def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Whether a rollout can teach anything, and the WebShop score.
+
+    Returns:
+        ``rollout/flat_group_frac``: share of groups (tasks, by ``uid``, >= 2 finished episodes)
+        whose episode returns are all equal (within 1e-9): such a group has no episode-level signal,
+        and when every group is flat the batch carries none at all. ``env/score_mean``: mean of the
+        episodes' ``info["score"]`` (WebShop's [0, 1] score), when the env reports one.
+    """
+    done = [ep for ep in episodes if not ep.failed]
+    groups: dict[str, list[float]] = {}
+    for ep in done:
+        groups.setdefault(ep.uid, []).append(ep.episode_return)
+    sized = [r for r in groups.values() if len(r) >= 2]
+    out: dict[str, float] = {}
+    if sized:
+        out["rollout/flat_group_frac"] = float(np.mean([np.ptp(r) <= 1e-9 for r in sized]))
+    scores = [float(ep.info["score"]) for ep in done if "score" in ep.info]
+    if scores:
+        out["env/score_mean"] = float(np.mean(scores))
+    return out
+
+
+class _CountingGenerate:
+    """Forwards ``await generate(prompt_ids, sampling)`` and calls ``on_step(1)`` after each answer."""
+
+    def __init__(self, generate, on_step: Callable[[float], None]) -> None:
+        self.generate, self.on_step = generate, on_step
+
+    async def __call__(self, prompt_ids, sampling):
+        out = await self.generate(prompt_ids, sampling)
+        self.on_step(1)
+        return out
+
+
 @dataclass
 class RolloutResult:
     """What the rollout stage hands on: the episodes and its metrics."""
@@ -108,6 +144,7 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.last_samples: list[TrainSample] = []
         self.actor = None
+        self.progress = RunProgress(cfg.run.num_iterations, enabled=False)
 
     # ---- setup -------------------------------------------------------------------------------
     def _build(self, envs) -> int:
@@ -149,36 +186,33 @@ class Trainer:
             with open_env_pool(cfg.env, max_envs) as envs:
                 self.envs = envs
                 start = self._build(envs)
-                bar = self._progress_bar(start)
+                self.progress = RunProgress(cfg.run.num_iterations, start, enabled=cfg.run.progress_bar)
                 for it in range(start + 1, cfg.run.num_iterations + 1):
+                    self.progress.begin_iteration(it)
                     metrics = self.iteration(it, loop)
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(success=f"{metrics.get('env/success_rate', float('nan')):.2f}",
-                                        steps_per_s=f"{metrics['perf/steps_per_s']:.2f}")
-                if bar is not None:
-                    bar.close()
+                    self.progress.end_iteration(
+                        {"rollout": metrics["perf/rollout_s"], "advantages": metrics["perf/advantages_s"],
+                         "update": metrics["perf/update_s"], "checkpoint": metrics["perf/checkpoint_s"]},
+                        postfix={"success": f"{metrics.get('env/success_rate', float('nan')):.2f}"})
         finally:
+            self.progress.close()
             loop.close()
             if getattr(self, "metrics", None) is not None:
                 self.metrics.close()
         return self.history
 
-    def _progress_bar(self, start: int):
-        if not self.cfg.run.progress_bar:
-            return None
-        from tqdm.auto import tqdm
-
-        return tqdm(total=self.cfg.run.num_iterations, initial=start, desc="train", unit="iter")
-
     # ---- one iteration -----------------------------------------------------------------------
     def iteration(self, it: int, loop: asyncio.AbstractEventLoop) -> dict[str, float]:
         """rollout -> advantages -> update -> log -> checkpoint."""
+        cfg = self.cfg
         t0 = time.perf_counter()
+        self.progress.stage("rollout", cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt * cfg.env.max_steps)
         roll = self.rollout(it, loop)
         t1 = time.perf_counter()
+        self.progress.stage("advantages")
         samples, adv_metrics = self.advantages(roll.episodes)
         t2 = time.perf_counter()
+        self.progress.stage("update")
         upd_metrics = self.update(samples)
         t3 = time.perf_counter()
         n_steps = roll.metrics.get("rollout/num_steps", 0.0)
@@ -196,6 +230,7 @@ class Trainer:
         metrics = {**roll.metrics, **adv_metrics, **upd_metrics, **perf}
         self.log(it, metrics)
         t4 = time.perf_counter()
+        self.progress.stage("checkpoint")
         self.checkpoint(it)
         metrics["perf/checkpoint_s"] = time.perf_counter() - t4
         return metrics
@@ -211,15 +246,18 @@ class Trainer:
         g0 = dict(self.generator.stats)
         with self.actor.generation_context():
             episodes = loop.run_until_complete(run_episodes(
-                tasks, env_pool=self.envs.pool, generate=self.generator, tokenizer=self.actor.tokenizer,
+                tasks, env_pool=self.envs.pool, generate=_CountingGenerate(self.generator, self.progress.advance),
+                tokenizer=self.actor.tokenizer,
                 env_name=cfg.env.name, n_samples_per_task=cfg.rollout.n_samples_per_prompt, sampling=sampling,
                 max_steps=cfg.env.max_steps, history_length=cfg.env.history_length,
                 max_prompt_tokens=cfg.rollout.max_prompt_tokens, invalid_penalty=cfg.rollout.invalid_penalty,
+                on_episode_end=lambda ep: self.progress.advance(cfg.env.max_steps - len(ep.steps)),
             ))
         sample = next((ep.steps[0] for ep in episodes if ep.steps), None)
         if sample is not None:
             logger.info("iteration %d sample response: %r -> action %r", it, sample.response_text[:300], sample.action[:80])
         metrics = rollout_metrics(episodes)
+        metrics.update(signal_metrics(episodes))
         metrics["perf/generate_s"] = self.generator.stats["seconds"] - g0["seconds"]
         metrics["perf/gen_tokens"] = float(self.generator.stats["tokens"] - g0["tokens"])
         return RolloutResult(episodes, metrics)

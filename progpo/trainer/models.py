@@ -6,7 +6,9 @@
   transformers reads the GGUF (``gguf_file=``, dequantised to float) but cannot ``save_pretrained``
   it, so the model is rebuilt from its config, the dequantised state dict copied in, and the result
   written once (temp folder, then rename) to ``~/.cache/progpo/models/smollm2-135m-instruct``;
-* ``tiny``: the random tiny Qwen2 test model (``progpo.trainer.tiny_model``).
+* ``tiny``: the random tiny Qwen2 test model (``progpo.trainer.tiny_model``);
+* a run folder of ``train`` or ``sft`` (holding ``checkpoints/``): its newest complete checkpoint's
+  ``hf/`` folder (so ``train --pretrain runs/sft_webshop`` starts from a behaviour-cloned model).
 """
 
 from __future__ import annotations
@@ -84,7 +86,14 @@ def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None)
             convert_smollm2(out)
         return str(out)
     path = Path(pretrain).expanduser()
+    if (path / "checkpoints").is_dir():  # a run folder (its config.json is the run's, not a model's)
+        from progpo.trainer.checkpoint import CheckpointManager
+
+        latest = CheckpointManager(path).latest()
+        if latest is None:
+            raise FileNotFoundError(f"--pretrain {pretrain}: run folder without a complete checkpoint")
+        return str(latest / "hf")
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"--pretrain {pretrain!r} is neither a Hugging Face model folder "
-                                f"(no config.json there) nor one of {ALIASES}")
+                                f"(no config.json there), nor a run folder (no checkpoints/), nor one of {ALIASES}")
     return str(path)

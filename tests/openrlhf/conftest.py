@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 
 @pytest.fixture(scope="session")
-def openrlhf_stubs():
-    """Our test-only stub module for flash_attn/vllm (``openrlhf_stubs.py``), loaded once by path.
+def cpu_compat():
+    """``progpo.openrlhf.cpu_compat``: ``import_shims()`` lets OpenRLHF import without vLLM / flash-attn.
 
-    Loaded by file path because test folders are not packages (pytest importlib mode).
+    Only the import shims are used in this process (they leave ``sys.modules`` when the block ends;
+    whatever is not a real CPU implementation in them raises ``NeedsGPUStack`` when called). The
+    runtime stand-ins (``install()``) change torch globally and run only in subprocesses / Ray workers.
     """
-    import importlib.util
-    import sys
+    from progpo.openrlhf import cpu_compat
 
-    name = "_progpo_openrlhf_stubs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("openrlhf_stubs.py"))
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
+    return cpu_compat

@@ -18,16 +18,12 @@ alfworld = pytest.importorskip("progpo.envs.alfworld")
 SPLIT, INDEX = "valid_seen", 0
 
 
-
-
 @pytest.fixture(scope="module")
-def mods(openrlhf_stubs):
-    stubs = openrlhf_stubs
-    with stubs.stubbed():
+def mods(cpu_compat):
+    with cpu_compat.import_shims():
         from progpo.openrlhf import agent as openrlhf_agent
 
-        return SimpleNamespace(agent=openrlhf_agent, VllmParams=stubs.SamplingParams)
-
+        return SimpleNamespace(agent=openrlhf_agent, VllmParams=cpu_compat.SamplingParams)
 
 
 @pytest.fixture(scope="module")

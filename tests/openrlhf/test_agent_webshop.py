@@ -19,18 +19,14 @@ from envs.webshop_server.process import WebShopServerProcess
 from progpo.testing import PATIENCE_S
 
 
-
-
 @pytest.fixture(scope="module")
-def mods(openrlhf_stubs):
-    stubs = openrlhf_stubs
-    with stubs.stubbed():
+def mods(cpu_compat):
+    with cpu_compat.import_shims():
         from progpo.openrlhf import agent as openrlhf_agent, experience as openrlhf_experience
         from progpo.openrlhf import samples as openrlhf_samples
 
         return SimpleNamespace(agent=openrlhf_agent, samples=openrlhf_samples, experience=openrlhf_experience,
-                               VllmParams=stubs.SamplingParams)
-
+                               VllmParams=cpu_compat.SamplingParams)
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,9 @@ from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
 from progpo.agents.types import Episode, StepRecord
 
 
-
-
 @pytest.fixture(scope="module")
-def mods(openrlhf_stubs):
-    with openrlhf_stubs.stubbed():
+def mods(cpu_compat):
+    with cpu_compat.import_shims():
         from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
         from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
 

@@ -10,14 +10,12 @@ import torch
 from progpo.agents.types import Episode, StepRecord
 
 
-
-
 @pytest.fixture(scope="module")
-def mods(openrlhf_stubs):
-    with openrlhf_stubs.stubbed():
-        from progpo.openrlhf import agent as openrlhf_agent, samples as openrlhf_samples
+def mods(cpu_compat):
+    with cpu_compat.import_shims():
+        from progpo.openrlhf import agent as openrlhf_agent, experience as openrlhf_experience, samples as openrlhf_samples
 
-        return SimpleNamespace(samples=openrlhf_samples, agent=openrlhf_agent)
+        return SimpleNamespace(samples=openrlhf_samples, agent=openrlhf_agent, experience=openrlhf_experience)
 
 
 EOS = 99
@@ -28,6 +26,7 @@ def _step(prompt, resp, reward, *, term=False, trunc=False, invalid=False, obs="
         prompt_ids=list(prompt), response_ids=list(resp), logprobs=[-0.5 - 0.1 * i for i in range(len(resp))],
         response_text="x", action=f"act{len(resp)}", invalid=invalid, env_reward=reward, reward=reward,
         terminated=term, truncated=trunc, anchor_obs=obs, prefix_key=key, state_extra=extra,
+        finish_reason="stop" if resp[-1] == EOS else "length",  # what the engine reports
     )
 
 
@@ -38,7 +37,7 @@ def recorded_episodes() -> list[Episode]:
         _step([1, 2, 4, 5], [12, EOS], -0.1, invalid=True, obs="room", key="p1"),
         _step([1, 2, 6], [13, 14, 15, EOS], 10.0, term=True, obs="shelf", key="p2", extra="keys"),
     ])
-    loss = Episode(uid="u", traj_id=1, split="train", task_index=3, steps=[
+    loss = Episode(uid="u", traj_id=1, split="train", task_index=3, final_obs="garden", steps=[
         _step([1, 2, 3], [10, 16], 0.0, obs="start", key="p0"),
         _step([1, 2, 7], [17, EOS], 0.0, trunc=True, obs="hall", key="p3"),
     ])
@@ -82,7 +81,8 @@ def test_expansion_gives_one_sample_per_step_with_metadata(mods):
         assert exp.rollout_log_probs[0, : p - 1].abs().sum() == 0
         assert exp.rewards.tolist() == [pytest.approx(s.reward)]
         assert exp.response_length.tolist() == [r]
-        assert exp.truncated.tolist() == [s.response_ids[-1] != EOS]
+        assert exp.truncated.tolist() == [s.finish_reason == "length"]  # cut at the token limit
+        assert exp.info["response_clip_ratio"].tolist() == [s.finish_reason == "length"]
         info = exp.info
         assert info["progpo/uid"] == ["b1g0:train:3"]
         assert info["progpo/traj_id"].tolist() == [ep.traj_id]
@@ -94,8 +94,28 @@ def test_expansion_gives_one_sample_per_step_with_metadata(mods):
         assert info["progpo/prefix_key"] == [s.prefix_key]
         assert info["progpo/action"] == [s.action]
         assert info["progpo/state_extra"] == [s.state_extra or ""]
+        # the final observation sits on the last step of a truncated episode only, as in the local loop
+        assert info["progpo/final_obs"] == [ep.final_obs if s.truncated else ""]
+    assert [e.info["progpo/final_obs"][0] for e in steps] == ["", "", "", "", "garden"]
     assert gen.last_stats["env/success_rate"] == 0.5
-    assert gen.last_stats["rollout/steps"] == 5
+    assert gen.last_stats["rollout/num_steps"] == 5
+    assert gen.last_stats["rollout/truncated_response_frac"] == pytest.approx(1 / 5)  # one response hit the limit
+
+
+def test_step_rows_equal_the_local_loops_step_batch(mods):
+    """The OpenRLHF path's per-step columns are the local loop's ``episodes_to_step_batch`` rows."""
+    from progpo.agents.batching import episodes_to_step_batch
+
+    gen = _generator(mods, _args())
+    episodes = recorded_episodes()
+    samples = [gen._process_response_into_experience(r, max_len=64) for r in _responses(mods, episodes)]
+    ours = mods.experience.step_batch_from_experiences(gen.expand(samples, n_samples_per_prompt=2, max_len=64))
+    for ep, k in zip(episodes, range(2)):
+        ep.uid, ep.traj_id = "b1g0:train:3", k
+    local = episodes_to_step_batch(episodes)
+    for name in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated", "invalid", "anchor_obs",
+                 "prefix_key", "action", "state_extra", "final_obs"):
+        assert getattr(ours, name).tolist() == getattr(local, name).tolist(), name
 
 
 def test_generate_samples_expands_after_openrlhf_batching(mods):
@@ -121,6 +141,7 @@ def test_long_prompt_loses_oldest_tokens_and_failed_episodes_are_dropped(mods):
     samples = [gen._process_response_into_experience(r, max_len=6) for r in _responses(mods, episodes)]
     steps = gen.expand(samples, n_samples_per_prompt=2, max_len=6)
     assert len(steps) == 3 and gen.last_stats["rollout/failed_episodes"] == 1
+    assert gen.last_stats["env/failed_frac"] == 0.5 and gen.last_stats["rollout/num_episodes"] == 2
     last = steps[2]  # prompt [1,2,6] + response of 4 tokens -> one prompt token cut
     assert last.sequences.tolist() == [[2, 6, 13, 14, 15, EOS]]
     assert last.info["progpo/prompt_cut_tokens"].tolist() == [1.0]

@@ -12,15 +12,13 @@ import pytest
 from progpo.advantages import AdvantageConfig
 
 
-
-
 @pytest.fixture(scope="module")
-def cli(openrlhf_stubs):
-    with openrlhf_stubs.stubbed():
+def cli(cpu_compat):
+    with cpu_compat.import_shims():
         from progpo.cli import train_ray
         from progpo.openrlhf import trainer as openrlhf_trainer
 
-        train_ray.build_parser()  # runs OpenRLHF's __main__ block once while the stubs are present
+        train_ray.build_parser()  # runs OpenRLHF's __main__ block once while the import shims are present
         return SimpleNamespace(train_ray=train_ray, trainer=openrlhf_trainer)
 
 
@@ -122,8 +120,9 @@ def test_openrlhf_main_runs_its_checks_and_swaps_in_our_trainer(cli, tmp_path, m
 
     def fake_get_strategy(args):
         from openrlhf.trainer import ppo_trainer
+        from openrlhf.trainer.ray import ppo_actor
 
-        seen["args"], seen["trainer"] = args, ppo_trainer.PPOTrainer
+        seen["args"], seen["trainer"], seen["actor"] = args, ppo_trainer.PPOTrainer, ppo_actor.PolicyModelActor
         raise Reached
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # never start a cluster here
@@ -133,6 +132,7 @@ def test_openrlhf_main_runs_its_checks_and_swaps_in_our_trainer(cli, tmp_path, m
         cli.trainer.run_openrlhf_main(ns)
     args = seen["args"]
     assert seen["trainer"] is cli.trainer.ProGPOPPOTrainer
+    assert seen["actor"] is cli.trainer.ProGPOPolicyModelActor
     assert args.algo.advantage.estimator == "progpo" and args.critic.model_name_or_path is None
     assert args.reward.remote_url == ["agent"]  # OpenRLHF's own rewriting for agent_func_path
     assert isinstance(args.progpo_advantage_config, AdvantageConfig)
@@ -186,3 +186,85 @@ def test_openrlhf_loads_our_agent_file_as_its_engines_do(cli, tmp_path, monkeypa
     monkeypatch.delenv("PROGPO_AGENT_CONFIG")
     with pytest.raises(ValueError, match="PROGPO_AGENT_CONFIG"):
         _load_agent_executor(getattr(ns, "train.agent_func_path"))
+
+
+def test_help_works_without_the_gpu_stack():
+    """A fresh interpreter (no shims installed beforehand, vLLM and flash-attn absent) prints every flag."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-m", "progpo.cli.train_ray", "--help"], cwd=repo, capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    for flag in ["--device", "--cpu.ray_num_cpus", "--cpu.torch_threads", "--cpu.engine_batch_size", "--debug.dump_dir",
+                 "--debug.check_weight_sync", "--advantage_estimator", "--progpo.kappa", "--env.name",
+                 "--ds.zero_stage", "--vllm.num_engines", "--actor.model_name_or_path"]:
+        assert flag in res.stdout, flag
+
+
+@pytest.mark.parametrize("argv, flag, hint", [
+    (["--actor.adam.lrr", "1e-6"], "--actor.adam.lrr", "did you mean --actor.adam.lr"),
+    (["--ds.zero_stage", "three"], "--ds.zero_stage", "--help | grep -A2 -- '--ds.zero_stage'"),
+    (["--progpo.kappa", "-1"], "--progpo.kappa", "--help | grep -A2 -- '--progpo.kappa'"),
+])
+def test_flag_errors_are_one_line_plus_a_hint(cli, capsys, tmp_path, argv, flag, hint):
+    with pytest.raises(SystemExit) as exc:
+        cli.train_ray.main(BASE + ["--ckpt.path", str(tmp_path / "ckpt")] + argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "usage:" not in "\n".join(err), err
+    assert err[0].startswith("python -m progpo.cli.train_ray: error:") and flag in err[0]
+    assert err[1].startswith("  hint:") and hint in err[1]
+
+
+def test_cuda_without_the_gpu_stack_points_to_device_cpu(cli, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        cli.train_ray.main(BASE + ["--ckpt.path", str(tmp_path / "ckpt")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --device: cuda needs vllm and flash_attn installed" in err and "add --device cpu" in err
+
+
+def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path):
+    ns = _finalize(cli, BASE + ["--device", "cpu", "--actor.model_name_or_path", "tiny", "--actor.num_gpus_per_node",
+                                "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
+                                "--debug.check_weight_sync", "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
+    assert ns.progpo_device == "cpu"
+    assert getattr(ns, "ds.attn_implementation") == "sdpa" and getattr(ns, "vllm.sync_backend") == "gloo"
+    assert Path(getattr(ns, "actor.model_name_or_path"), "config.json").is_file()  # the alias, resolved
+    assert ns.progpo_engine_kwargs == {"dtype": "bf16", "max_batch_size": 32}
+    assert ns.progpo_ray_num_cpus == 4  # actor + reference + engine + 1 free slot for the trainer actor
+    assert ns.progpo_debug_check_weight_sync and ns.progpo_debug_dump_dir == str(tmp_path / "d")
+    assert not any(k.startswith(("cpu.", "debug.")) or k == "device" for k in vars(ns))
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--ds.packing_samples"], "--ds.packing_samples"),
+    (["--ds.adam_offload"], "--ds.adam_offload"),
+    (["--ds.enable_sleep"], "--ds.enable_sleep"),
+    (["--train.enable_ema"], "--train.enable_ema"),
+    (["--vllm.sync_with_ray"], "--vllm.sync_with_ray"),
+    (["--vllm.tensor_parallel_size", "2"], "--vllm.tensor_parallel_size"),
+    (["--ds.ring_attn_size", "2"], "--ds.ring_attn_size"),
+    (["--ds.attn_implementation", "flash_attention_3"], "--ds.attn_implementation"),
+    (["--vllm.sync_backend", "nccl_x"], "--vllm.sync_backend"),
+    (["--vllm.num_engines", "0"], "--vllm.num_engines"),
+    (["--cpu.torch_threads", "0"], "--cpu.torch_threads"),
+])
+def test_cpu_mode_refuses_what_has_no_cpu_path(cli, capsys, tmp_path, argv, flag):
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, BASE + ["--device", "cpu", "--vllm.num_engines", "1"] + argv, tmp_path)
+    assert exc.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--cpu.ray_num_cpus", "4"], "--cpu.ray_num_cpus"),
+    (["--debug.check_weight_sync"], "--debug.check_weight_sync"),
+])
+def test_cpu_flags_need_device_cpu(cli, capsys, tmp_path, argv, flag):
+    with pytest.raises(SystemExit):
+        _finalize(cli, BASE + argv, tmp_path)
+    assert flag in capsys.readouterr().err

@@ -9,11 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 
-
-
 @pytest.fixture(scope="module")
-def cli(openrlhf_stubs):
-    with openrlhf_stubs.stubbed():
+def cli(cpu_compat):
+    with cpu_compat.import_shims():
         from progpo.cli import train_ray
 
         train_ray.build_parser()

@@ -1,7 +1,7 @@
 """vLLM requests sample from our ``SamplingParams`` only (issue 12, case 1, vLLM side).
 
-vllm is not installed on CPU; the requests are checked on the stub ``SamplingParams`` (real vLLM
-field names and defaults) that OpenRLHF's template is built from, and on the keyword arguments our
+vllm is not installed on CPU; the requests are checked on the import shim's ``SamplingParams``
+(``progpo.openrlhf.cpu_compat``: real vLLM field names and defaults) that OpenRLHF's template is built from, and on the keyword arguments our
 local ``VLLMGenerator`` hands to a recording fake ``vllm`` module. One test per distribution-changing
 vLLM field: a template (or default) that sets it must not reach the request.
 """
@@ -35,8 +35,8 @@ POLLUTED = {
 
 
 @pytest.fixture(scope="module")
-def agent_mod(openrlhf_stubs):
-    with openrlhf_stubs.stubbed():
+def agent_mod(cpu_compat):
+    with cpu_compat.import_shims():
         from progpo.openrlhf import agent
 
     return agent
@@ -54,17 +54,17 @@ class _Engine:
         return SimpleNamespace(outputs=[out])
 
 
-def test_every_pinned_field_is_a_vllm_field(openrlhf_stubs):
-    names = {f.name for f in dataclasses.fields(openrlhf_stubs.SamplingParams)}
+def test_every_pinned_field_is_a_vllm_field(cpu_compat):
+    names = {f.name for f in dataclasses.fields(cpu_compat.SamplingParams)}
     assert set(POLLUTED) == set(VLLM_NEUTRAL_SAMPLING)
     assert set(SamplingParams().vllm_kwargs()) <= names
-    defaults = openrlhf_stubs.SamplingParams()
+    defaults = cpu_compat.SamplingParams()
     assert all(getattr(defaults, k) == v for k, v in VLLM_NEUTRAL_SAMPLING.items())  # neutral = vLLM's own default
 
 
 @pytest.mark.parametrize("field", sorted(POLLUTED))
-def test_openrlhf_template_field_does_not_reach_the_request(agent_mod, openrlhf_stubs, field):
-    template = openrlhf_stubs.SamplingParams(temperature=0.7, top_p=0.9, max_tokens=64, skip_special_tokens=False)
+def test_openrlhf_template_field_does_not_reach_the_request(agent_mod, cpu_compat, field):
+    template = cpu_compat.SamplingParams(temperature=0.7, top_p=0.9, max_tokens=64, skip_special_tokens=False)
     setattr(template, field, POLLUTED[field])
     engine = _Engine()
     gen = agent_mod.EngineGenerate(engine, template)

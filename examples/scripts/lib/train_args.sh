@@ -8,16 +8,30 @@
 # given to a launch script is appended last and wins (argparse keeps the last value).
 #
 # Inputs: ESTIMATOR (progpo|gigpo|grpo|rloo|hgpo), ENV_NAME (webshop|alfworld), WEBSHOP_URL (webshop).
+#
+# DEVICE=cpu switches to the CPU profile (`--device cpu`: a laptop dry run of the same job, see
+# docs/distributed.md): SmolLM2-135M-Instruct, 2 tasks x 4 rollouts, 3 steps, 64 response tokens,
+# 2 iterations, one actor / reference process and one engine, no colocation or sleep mode.
 
 progpo_train_args() {
   local env_name=${ENV_NAME:?set ENV_NAME to webshop or alfworld}
   local estimator=${ESTIMATOR:-progpo}
+  local cpu=0
+  [ "${DEVICE:-cuda}" = cpu ] && cpu=1
   local model=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
   local nodes=${NUM_NODES:-1}
   local gpus=${GPUS_PER_NODE:-8}
-  local engines=${VLLM_NUM_ENGINES:-$((nodes * gpus))}
   local max_steps=15
   [ "$env_name" = alfworld ] && max_steps=50
+  # the protocol's sizes; the CPU profile shrinks them (each still overridable)
+  local tasks=16 rollouts=8 iters=160 new_tokens=512 prompt_tokens=2048 max_len=2560 train_batch=256
+  local train_micro=8 rollout_micro=16 save_steps=20
+  if [ "$cpu" = 1 ]; then
+    model=${MODEL:-smollm2-135m} gpus=${GPUS_PER_NODE:-1} max_steps=3
+    tasks=2 rollouts=4 iters=2 new_tokens=64 prompt_tokens=1024 max_len=1152 train_batch=8
+    train_micro=2 rollout_micro=4 save_steps=-1
+  fi
+  local engines=${VLLM_NUM_ENGINES:-$((nodes * gpus))}
   local run=${RUN_NAME:-${estimator}_${env_name}_$(basename "$model")}
   local out=${OUTPUT_DIR:-$PWD/runs/$run}  # absolute: Ray actors may run in other working dirs
 
@@ -29,21 +43,20 @@ progpo_train_args() {
     --env.history_length "${HISTORY_LENGTH:-2}"
     --env.invalid_penalty 0.1
     --env.split train
-    --env.num_tasks "$(( ${TASKS_PER_ITER:-16} * ${TRAIN_ITERS:-160} ))"
-    --env.max_prompt_tokens "${MAX_PROMPT_TOKENS:-2048}"
-    --rollout.batch_size "${TASKS_PER_ITER:-16}"
-    --rollout.n_samples_per_prompt "${ROLLOUTS_PER_TASK:-8}"
-    --rollout.max_new_tokens "${MAX_NEW_TOKENS:-512}"
+    --env.num_tasks "$(( ${TASKS_PER_ITER:-$tasks} * ${TRAIN_ITERS:-$iters} ))"
+    --env.max_prompt_tokens "${MAX_PROMPT_TOKENS:-$prompt_tokens}"
+    --rollout.batch_size "${TASKS_PER_ITER:-$tasks}"
+    --rollout.n_samples_per_prompt "${ROLLOUTS_PER_TASK:-$rollouts}"
+    --rollout.max_new_tokens "${MAX_NEW_TOKENS:-$new_tokens}"
     --rollout.temperature 1.0
-    --rollout.micro_batch_size "${ROLLOUT_MICRO_BATCH:-16}"
-    --data.max_len "${MAX_LEN:-2560}"
-    --train.batch_size "${TRAIN_BATCH_SIZE:-256}"
-    --train.micro_batch_size "${TRAIN_MICRO_BATCH:-8}"
+    --rollout.micro_batch_size "${ROLLOUT_MICRO_BATCH:-$rollout_micro}"
+    --data.max_len "${MAX_LEN:-$max_len}"
+    --train.batch_size "${TRAIN_BATCH_SIZE:-$train_batch}"
+    --train.micro_batch_size "${TRAIN_MICRO_BATCH:-$train_micro}"
     --train.num_episodes 1
     --actor.adam.lr "${LR:-1e-6}"
     --actor.lr_scheduler constant_with_warmup
     --actor.lr_warmup_ratio 0
-    --actor.gradient_checkpointing_enable
     --algo.kl.use_loss
     --algo.kl.init_coef "${KL_COEF:-0.01}"
     --algo.kl.estimator k3
@@ -55,17 +68,20 @@ progpo_train_args() {
     --ref.num_gpus_per_node "$gpus"
     --vllm.num_engines "$engines"
     --vllm.tensor_parallel_size "${VLLM_TP:-1}"
-    --vllm.gpu_memory_utilization "${VLLM_GPU_MEM:-0.5}"
-    --vllm.enable_sleep
-    --ds.enable_sleep
-    --train.colocate_all
     --ckpt.path "$out/ckpt"
     --ckpt.output_dir "$out/final"
     --ckpt.save_hf
-    --ckpt.save_steps "${SAVE_STEPS:-20}"
+    --ckpt.save_steps "${SAVE_STEPS:-$save_steps}"
     --logger.tensorboard_dir "$out/tensorboard"
     --logger.logging_steps 1
   )
+  if [ "$cpu" = 1 ]; then
+    # entropy logged (coefficient 0), the weight sync checked after every update
+    PROGPO_ARGS+=(--device cpu --actor.entropy_coef 0 --debug.check_weight_sync)
+  else
+    PROGPO_ARGS+=(--actor.gradient_checkpointing_enable --vllm.gpu_memory_utilization "${VLLM_GPU_MEM:-0.5}"
+      --vllm.enable_sleep --ds.enable_sleep --train.colocate_all)
+  fi
   if [ -n "${TRAIN_SPLIT_SIZE:-}" ]; then  # e.g. 393 train goals of the 87-product WebShop subset
     PROGPO_ARGS+=(--env.split_size "$TRAIN_SPLIT_SIZE")
   fi

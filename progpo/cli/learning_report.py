@@ -1,0 +1,159 @@
+"""``python -m progpo.cli.learning_report OUT``: figures of ``examples/scripts/run_local_learning.sh``.
+
+Reads the run folder ``OUT`` written by that script:
+
+* ``eval_base_train.json``, ``eval_sft_train.json``: ``progpo.cli.evaluate`` on train-split tasks
+  (before / after SFT, sampled at the RL rollout temperature);
+* ``rl/metrics.jsonl``: one record per RL iteration (its rollouts are on the train split);
+* ``eval_sft_test.json``, ``eval_rl_test.json``: the held-out test split before / after RL;
+* ``sft/sft_summary.json``: the expert's success rate and the SFT losses.
+
+Writes ``OUT/learning.png`` (valid-format share and WebShop score per stage: train split as a line,
+test split as points with 95% intervals) and ``OUT/learning.json`` (the same figures), and prints
+them as a Markdown table. Intervals: Wilson for shares, normal for the mean score
+(``progpo.trainer.evaluation``); the RL iterations' train points have none (8 episodes each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _eval_point(label: str, ev: dict[str, Any]) -> dict[str, Any]:
+    fmt = ev["format_invalid"]
+    score = ev.get("score", {})
+    return {
+        "stage": label, "episodes": ev["episodes"] - ev.get("failed_episodes", 0),
+        "valid": 1.0 - fmt["rate"], "valid_low": 1.0 - fmt["high"], "valid_high": 1.0 - fmt["low"],
+        "score": score.get("mean"), "score_low": score.get("low"), "score_high": score.get("high"),
+        "success": ev["success"]["rate"], "success_low": ev["success"]["low"], "success_high": ev["success"]["high"],
+    }
+
+
+def collect(out: Path) -> dict[str, Any]:
+    """The figures of one learning run folder (see module docstring).
+
+    Raises:
+        FileNotFoundError: ``OUT`` holds none of the expected files.
+    """
+    from progpo.trainer.metrics import read_metrics
+
+    train: list[dict[str, Any]] = []
+    for name, label in (("eval_base_train.json", "base"), ("eval_sft_train.json", "SFT")):
+        ev = _load(out / name)
+        if ev is not None:
+            train.append(_eval_point(label, ev))
+    if (out / "rl" / "metrics.jsonl").exists():
+        for r in read_metrics(out / "rl"):
+            inv = r.get("rollout/invalid_format_frac")
+            train.append({"stage": f"RL {r['iteration']}", "episodes": int(r.get("rollout/num_episodes") or 0),
+                          "valid": None if inv is None else 1.0 - inv, "score": r.get("env/score_mean"),
+                          "success": r.get("env/success_rate"), "adv_std": r.get("adv/std"),
+                          "flat_group_frac": r.get("rollout/flat_group_frac"), "iteration_s": r.get("perf/iteration_s")})
+    test = []
+    for name, label in (("eval_base_test.json", "base"), ("eval_sft_test.json", "before RL (SFT)"),
+                        ("eval_rl_test.json", "after RL")):
+        ev = _load(out / name)
+        if ev is not None:
+            test.append(_eval_point(label, ev))
+    sft = _load(out / "sft" / "sft_summary.json")
+    if not train and not test and sft is None:
+        raise FileNotFoundError(f"{out} holds no evaluation, RL metrics or SFT summary (run examples/scripts/run_local_learning.sh)")
+    expert = None
+    if sft is not None:
+        expert = {"success": sft["expert_success"], "score_mean": sft.get("expert_score_mean"),
+                  "samples": sft["samples"], "epochs": [e["loss/sft_nll"] for e in sft["epochs"]]}
+    return {"train": train, "test": test, "expert": expert}
+
+
+def plot(figures: dict[str, Any], path: Path) -> Path:
+    """Two panels (valid-format share, WebShop score) into ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    train, test = figures["train"], figures["test"]
+    xs = list(range(len(train)))
+    for ax, key, title in ((axes[0], "valid", "valid-format share"), (axes[1], "score", "WebShop score (mean)")):
+        ys = [p.get(key) for p in train]
+        pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label="train split (sampled at T=1.0)")
+        for k, p in enumerate(test):
+            y = p.get(key)
+            if y is None or (isinstance(y, float) and math.isnan(y)):
+                continue
+            lo, hi = p.get(f"{key}_low"), p.get(f"{key}_high")
+            err = None if lo is None or hi is None else [[max(y - lo, 0.0)], [max(hi - y, 0.0)]]
+            x = len(train) + k
+            ax.errorbar([x], [y], yerr=err, fmt="s", capsize=4, color=f"C{k + 1}",
+                        label=f"test split, {p['stage']} (95% interval)")
+        ax.set_xticks(list(range(len(train) + len(test))))
+        ax.set_xticklabels([p["stage"] for p in train] + [f"test:\n{p['stage']}" for p in test], fontsize=8)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _fmt(p: dict[str, Any], key: str) -> str:
+    y = p.get(key)
+    if y is None or (isinstance(y, float) and math.isnan(y)):
+        return "-"
+    lo, hi = p.get(f"{key}_low"), p.get(f"{key}_high")
+    if lo is None or hi is None or any(isinstance(v, float) and math.isnan(v) for v in (lo, hi)):
+        return f"{y:.3f}"
+    return f"{y:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def table(figures: dict[str, Any]) -> str:
+    """The figures as a Markdown table (one row per stage; split in the first column)."""
+    rows = ["| split | stage | episodes | valid-format share | WebShop score | success |", "| --- | --- | --- | --- | --- | --- |"]
+    for split in ("train", "test"):
+        for p in figures[split]:
+            rows.append(f"| {split} | {p['stage']} | {p.get('episodes')} | {_fmt(p, 'valid')} | {_fmt(p, 'score')} | "
+                        f"{_fmt(p, 'success')} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; exit code 2 when the folder holds nothing to report."""
+    p = argparse.ArgumentParser(prog="python -m progpo.cli.learning_report", description=__doc__.split("\n")[0])
+    p.add_argument("out", help="the run folder of run_local_learning.sh")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    try:
+        figures = collect(out)
+    except FileNotFoundError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    png = plot(figures, out / "learning.png")
+    (out / "learning.json").write_text(json.dumps(figures, indent=2))
+    if figures["expert"] is not None:
+        e = figures["expert"]
+        s = e["success"]
+        print(f"expert: won {s['wins']}/{s['n']} ({s['rate']:.3f}, 95% {s['low']:.3f}-{s['high']:.3f}); "
+              f"SFT on {e['samples']} steps, NLL per epoch {', '.join(f'{v:.3f}' for v in e['epochs'])}")
+    print(table(figures))
+    print(f"wrote {png} and {out / 'learning.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

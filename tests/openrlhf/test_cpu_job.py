@@ -1,0 +1,260 @@
+"""The distributed path, whole, on CPU: ``bash examples/scripts/train_progpo_webshop_cpu.sh`` for real.
+
+One run of the CPU launch script (tiny Qwen2 from ``progpo/trainer/tiny_model.py``, warm-started
+by :func:`warm_started_tiny_model`; 2 tasks x 4 rollouts x up to 3 steps; 2 iterations) starts the WebShop server and, through
+``python -m progpo.cli.train_ray --device cpu``, a local Ray head with OpenRLHF 0.11.2's own PPO
+trainer, policy (DeepSpeed ZeRO-3 over gloo) and reference actors and the CPU engine actor. Every
+check reads what the job itself wrote: the final HF checkpoint (OpenRLHF's ``save_model``),
+TensorBoard (OpenRLHF's logger), and the ``--debug.dump_dir`` files (the step batch our experience
+maker computed advantages on, and the replay buffer the policy actor trained on). Then GiGPO and
+GRPO run the same job for one iteration each, without the reference model (cheaper variant).
+
+Cost on a 2-core machine: see docs/distributed.md ("What ran where"): three jobs of 1-2 minutes each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "scripts" / "train_progpo_webshop_cpu.sh"
+MAX_NEW_TOKENS = 24  # a well-formed answer of the tiny tokenizer takes ~18 tokens
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def warm_started_tiny_model(out: Path, steps: int = 80, lr: float = 5e-3, seed: int = 0) -> Path:
+    """The tiny model after ``steps`` supervised steps on well-formed WebShop answers.
+
+    A random tiny model never writes a parsable action, so every step would get the same -0.1
+    penalty and every trajectory the same return (GRPO advantages all 0, ProGPO's equal across
+    trajectories). A few steps of behaviour cloning (``<think>..</think><action>search[..]</action>``
+    then EOS, after real WebShop step prompts) make a sampled response sometimes valid, sometimes
+    not, sometimes stopped by EOS and sometimes cut at the token limit: rewards, pages and finish
+    reasons then differ between rollouts.
+    """
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from progpo.agents.templates import build_prompt, get_template
+    from progpo.trainer.tiny_model import save_model_folder, tiny_model_path
+
+    base = str(tiny_model_path())
+    tok, model = AutoTokenizer.from_pretrained(base), AutoModelForCausalLM.from_pretrained(base)
+    rng = random.Random(seed)
+    words = "red blue shoes shirt women men cotton large small pack organic coffee tea bag".split()
+    prompts = [build_prompt(tok, get_template("webshop"), task=f"i need {' '.join(rng.sample(words, 5))}",
+                            observation="Search", admissible_actions=["search[<your query>]"]).prompt_ids
+               for _ in range(8)]
+    answers = [tok(f"<think>search</think><action>search[{' '.join(rng.sample(words, 1 + k % 2))}]</action>",
+                   add_special_tokens=False).input_ids + [tok.eos_token_id] for k in range(8)]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    torch.manual_seed(seed)
+    for _ in range(steps):
+        pairs = [(rng.choice(prompts), rng.choice(answers)) for _ in range(4)]
+        width = max(len(p) + len(a) for p, a in pairs)
+        ids = torch.full((4, width), tok.pad_token_id)
+        labels = torch.full((4, width), -100)
+        attn = torch.zeros((4, width), dtype=torch.long)
+        for k, (p, a) in enumerate(pairs):
+            ids[k, : len(p) + len(a)] = torch.tensor(p + a)
+            labels[k, len(p) : len(p) + len(a)] = torch.tensor(a)
+            attn[k, : len(p) + len(a)] = 1
+        model(input_ids=ids, attention_mask=attn, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return save_model_folder(model, tok, out)
+
+
+def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, iters: int,
+                extra: list[str]) -> dict:
+    """Run the CPU launch script once; returns its paths, exit status, log and wall time."""
+    out, dump = root / "out", root / "dump"
+    ray_tmp = Path("/tmp") / f"pg_ray_{os.getpid()}_{estimator}"  # short: Ray's socket paths < 108 chars
+    webshop_port = _free_port()
+    env = dict(os.environ, ESTIMATOR=estimator, MODEL=str(model), TRAIN_ITERS=str(iters), MAX_NEW_TOKENS=str(MAX_NEW_TOKENS),
+               MAX_PROMPT_TOKENS="1024", MAX_LEN="1100", LR="1e-3", OUTPUT_DIR=str(out), PROGPO_LOG_DIR=str(root / "logs"),
+               WEBSHOP_DATA_DIR=str(shared_data / "webshop"), WEBSHOP_PORT=str(webshop_port), WEBSHOP_THREADS="4",
+               RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
+    t0 = time.monotonic()
+    try:
+        res = subprocess.run(["bash", str(SCRIPT), "--debug.dump_dir", str(dump), *extra], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=1500)
+    finally:
+        wall = time.monotonic() - t0
+        leftover = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        ray_sessions = list(ray_tmp.glob("ray/session_*"))  # the head really ran under our temp dir
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    log = res.stdout + res.stderr
+    (root / "job.log").write_text(log)
+    print(f"\n[cpu job {estimator} x{iters}] wall {wall:.0f} s, exit {res.returncode}, load {os.getloadavg()}")
+    return {"rc": res.returncode, "log": log, "wall": wall, "out": out, "dump": dump, "leftover": leftover,
+            "ray_tmp": str(ray_tmp), "ray_sessions": ray_sessions, "webshop_port": webshop_port}
+
+
+def tensorboard_scalars(out: Path) -> dict[str, list[float]]:
+    """``tag -> values by step`` from the job's TensorBoard event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = [p for p in (out / "tensorboard").iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    acc = EventAccumulator(str(runs[0]), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def dumped_iterations(dump: Path) -> list[tuple[dict, dict]]:
+    """``(step batch dump, actor replay-buffer dump)`` per iteration."""
+    pairs = []
+    for sb in sorted(dump.glob("iter*_step_batch.json")):
+        actor = dump / sb.name.replace("step_batch", "actor_rank0")
+        pairs.append((json.loads(sb.read_text()), json.loads(actor.read_text())))
+    return pairs
+
+
+def expected_step_advantages(step_dump: dict) -> np.ndarray:
+    """``compute_advantages`` recomputed here on the dumped step batch with the dumped config."""
+    cfg = AdvantageConfig(**step_dump["config"])
+    batch = StepBatch.from_lists(**step_dump["columns"])
+    encoder = None
+    if cfg.semantic_expansion:
+        from progpo.advantages.embeddings import default_encoder
+
+        encoder = default_encoder()
+    return np.asarray(compute_advantages(batch, cfg, encoder=encoder).advantages, dtype=np.float64)
+
+
+def assert_actor_trained_on_step_advantages(dump: Path, estimator: str, iters: int, min_distinct: int) -> None:
+    """Each row the actor trained on: its step's ``compute_advantages`` value on the response tokens, 0 elsewhere.
+
+    ``min_distinct``: the step advantages of an iteration must take at least this many values, so
+    that a row given another row's advantage would be noticed.
+    """
+    pairs = dumped_iterations(dump)
+    assert len(pairs) == iters
+    for step_dump, actor_dump in pairs:
+        assert step_dump["config"]["estimator"] == estimator and step_dump["kl_coef"] == 0.0
+        expected = expected_step_advantages(step_dump)
+        rows = actor_dump["rows"]
+        assert sorted(r["index"] for r in rows) == list(range(len(expected)))  # every step row, once
+        for r in rows:
+            adv = np.asarray(r["advantages"], dtype=np.float64)
+            mask = np.asarray(r["action_mask"], dtype=bool)
+            n_resp = int(r["response_length"])
+            # the action tokens are exactly the response: the last R of the T-1 shifted positions
+            assert mask.tolist() == [False] * (len(r["sequences"]) - 1 - n_resp) + [True] * n_resp
+            np.testing.assert_allclose(adv[mask], expected[r["index"]], rtol=1e-6, atol=1e-6)
+            assert not adv[~mask].any()
+        distinct = len(set(np.round(expected, 5).tolist()))
+        assert distinct >= min_distinct, f"{distinct} distinct step advantages: the check could not tell rows apart"
+
+
+WARM_VERSION = "1"  # bump when warm_started_tiny_model changes
+
+
+@pytest.fixture(scope="module")
+def start_model() -> Path:
+    """The warm-started tiny model, built once per machine next to the tiny model (deterministic)."""
+    from progpo.trainer.tiny_model import tiny_model_path
+
+    out = tiny_model_path().parent / f"{tiny_model_path().name}-webshop-warm{WARM_VERSION}"
+    if not (out / "model.safetensors").is_file():
+        warm_started_tiny_model(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def progpo_job(tmp_path_factory, shared_data, start_model):
+    return run_cpu_job(tmp_path_factory.mktemp("cpu_progpo"), shared_data, start_model, estimator="progpo", iters=2,
+                       extra=[])
+
+
+def test_job_ends_cleanly(progpo_job):
+    assert progpo_job["rc"] == 0, progpo_job["log"][-6000:]
+    assert "local Ray head shut down" in progpo_job["log"]
+    # its Ray head, workers and WebShop server are gone (only ours: our temp dir and port)
+    assert progpo_job["ray_sessions"], "the local Ray head did not use the job's RAY_TMPDIR"
+    assert progpo_job["ray_tmp"] not in progpo_job["leftover"]
+    assert f"--port {progpo_job['webshop_port']}" not in progpo_job["leftover"]
+
+
+def test_actor_parameters_changed_and_the_engine_holds_them(progpo_job, start_model):
+    from safetensors.torch import load_file
+
+    before = load_file(str(start_model / "model.safetensors"))
+    after = load_file(str(progpo_job["out"] / "final" / "model.safetensors"))  # OpenRLHF's save_model
+    assert before.keys() == after.keys()
+    changed = max(float((after[k].double() - before[k].double()).abs().max()) for k in before)
+    assert changed > 1e-4
+    tb = tensorboard_scalars(progpo_job["out"])
+    # measured by the trainer after each update: engine vs actor, over every parameter
+    assert len(tb["train/sync/max_abs_diff"]) == 2
+    assert max(tb["train/sync/max_abs_diff"]) <= 1e-6
+    assert min(tb["train/sync/max_abs_diff_before"]) > 1e-6  # the update moved the actor away first
+
+
+def test_actor_trained_on_progpo_step_advantages(progpo_job):
+    assert_actor_trained_on_step_advantages(progpo_job["dump"], "progpo", iters=2, min_distinct=4)
+
+
+def test_truncated_episodes_keep_their_final_observation(progpo_job):
+    for step_dump, _ in dumped_iterations(progpo_job["dump"]):
+        cols = step_dump["columns"]
+        assert any(cols["truncated"])  # 3-step episodes of a random model run into the step limit
+        for trunc, final in zip(cols["truncated"], cols["final_obs"]):
+            assert bool(final) == trunc  # recorded exactly on the last step of a truncated episode
+
+
+def test_losses_finite_and_metrics_reach_tensorboard(progpo_job, start_model):
+    tb = tensorboard_scalars(progpo_job["out"])
+    for tag in ("train/policy_loss", "train/kl", "train/entropy_loss"):
+        assert len(tb[tag]) == 2 and np.isfinite(tb[tag]).all(), (tag, tb.get(tag))
+    for tag in ("train/env/success_rate", "train/rollout/num_steps", "train/adv/step_advantage",
+                "train/timing/broadcast", "train/rollout/truncated_response_frac", "train/response_clip_ratio"):
+        assert len(tb[tag]) == 2, tag
+    # share of responses cut at the token limit: every row whose response does not end in EOS
+    from transformers import AutoTokenizer
+
+    eos = AutoTokenizer.from_pretrained(str(start_model)).eos_token_id
+    for k, (_, actor_dump) in enumerate(dumped_iterations(progpo_job["dump"])):
+        cut = np.mean([r["sequences"][-1] != eos and r["response_length"] == MAX_NEW_TOKENS for r in actor_dump["rows"]])
+        assert tb["train/rollout/truncated_response_frac"][k] == pytest.approx(cut)
+        assert tb["train/response_clip_ratio"][k] == pytest.approx(cut)
+        assert tb["train/rollout/num_steps"][k] == len(actor_dump["rows"])
+
+
+@pytest.mark.parametrize("estimator", ["gigpo", "grpo"])
+def test_gigpo_and_grpo_run_the_same_job(estimator, tmp_path, shared_data, start_model):
+    """One iteration, no reference model (``--algo.kl.init_coef 0``): the cheaper variant."""
+    job = run_cpu_job(tmp_path, shared_data, start_model, estimator=estimator, iters=1,
+                      extra=["--algo.kl.init_coef", "0"])
+    assert job["rc"] == 0, job["log"][-6000:]
+    assert "ReferenceModelActor" not in job["log"]
+    assert_actor_trained_on_step_advantages(job["dump"], estimator, iters=1, min_distinct=2)
+    tb = tensorboard_scalars(job["out"])
+    assert np.isfinite(tb["train/policy_loss"]).all() and max(tb["train/sync/max_abs_diff"]) <= 1e-6
+    assert job["ray_tmp"] not in job["leftover"]
+
+
+def test_torch_is_cpu_only_here():
+    """The job above ran without a GPU: CPU-only torch, no CUDA device."""
+    assert not torch.cuda.is_available()

@@ -1,0 +1,79 @@
+"""scripts/install.sh and its check scripts/requirements_missing.py (the one install path of CI and the main job)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK = REPO / "scripts" / "requirements_missing.py"
+
+
+def _missing(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
+    req = tmp_path / "req.txt"
+    req.write_text(text)
+    return subprocess.run([sys.executable, str(CHECK), str(req)], capture_output=True, text=True)
+
+
+def test_check_lists_exactly_the_unmet_lines(tmp_path):
+    numpy = md.version("numpy")
+    res = _missing(tmp_path, f"""# a comment
+numpy=={numpy}   # pinned to what is installed
+numpy==0.0.1
+surely-not-a-package-xyz==1.0
+ray[default]=={md.version("ray")}
+Numpy>=1.0
+old-only; python_version < "3.0"
+-r other.txt
+""")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["numpy==0.0.1", "surely-not-a-package-xyz==1.0"]
+
+
+def test_check_sees_a_missing_extra(tmp_path):
+    # ray's "default" extra needs aiohttp etc. (installed); a made-up extra adds nothing, so it passes;
+    # an extra of a package that is absent fails on the package itself
+    res = _missing(tmp_path, "ray[no-such-extra]\nsurely-not-a-package-xyz[default]\n")
+    assert res.stdout.splitlines() == ["surely-not-a-package-xyz[default]"]
+
+
+def test_check_rejects_a_bad_line_and_a_missing_file(tmp_path):
+    res = _missing(tmp_path, "not a requirement ===\n")
+    assert res.returncode == 2 and "not a requirement line" in res.stderr
+    res = subprocess.run([sys.executable, str(CHECK), str(tmp_path / "nope.txt")], capture_output=True, text=True)
+    assert res.returncode == 2 and "nope.txt" in res.stderr
+
+
+def test_project_requirements_are_all_met_here():
+    files = ["requirements.txt", "requirements-openrlhf-cpu.txt", "requirements-nodeps.txt"]
+    res = subprocess.run([sys.executable, str(CHECK), *files], cwd=REPO, capture_output=True, text=True, check=True)
+    assert res.stdout == ""
+
+
+def test_second_install_run_calls_no_pip(tmp_path):
+    """Everything is installed here, so install.sh must not start pip (or apt) at all."""
+    log = tmp_path / "calls.log"
+    shim = tmp_path / "python"
+    shim.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    res = subprocess.run(["bash", "scripts/install.sh"], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHON=str(shim)))
+    assert res.returncode == 0, res.stderr
+    assert "all requirements present" in res.stderr
+    calls = log.read_text().splitlines()
+    assert calls and not any(c.startswith("-m pip") for c in calls), calls
+
+
+def test_install_rejects_unknown_arguments():
+    res = subprocess.run(["bash", "scripts/install.sh", "--gpu"], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 2 and "unknown argument --gpu" in res.stderr
+
+
+def test_main_job_script_rejects_a_bad_env_before_installing():
+    res = subprocess.run(["bash", "examples/scripts/run_local.sh"], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, ENV="atari"))
+    assert res.returncode == 2 and "ENV must be webshop or alfworld" in res.stderr
+    assert "[install]" not in res.stderr

@@ -1,0 +1,45 @@
+"""The learning run's report: figures read back from the files the script writes, plot and table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from progpo.cli import learning_report
+from progpo.trainer.evaluation import mean_interval, rate_interval
+
+
+def _eval(valid_answers: int, answers: int, scores: list[float], wins: int) -> dict:
+    return {"episodes": len(scores), "failed_episodes": 0, "success": rate_interval(wins, len(scores)),
+            "score": mean_interval(scores), "format_invalid": rate_interval(answers - valid_answers, answers)}
+
+
+def test_report_reads_the_run_folder(tmp_path, capsys):
+    out = tmp_path / "learn"
+    (out / "rl").mkdir(parents=True)
+    (out / "sft").mkdir()
+    (out / "eval_base_train.json").write_text(json.dumps(_eval(0, 10, [0.0, 0.0], 0)))
+    (out / "eval_sft_train.json").write_text(json.dumps(_eval(9, 10, [0.5, 0.25], 0)))
+    (out / "eval_sft_test.json").write_text(json.dumps(_eval(8, 8, [1.0, 0.0, 0.5], 1)))
+    (out / "rl" / "metrics.jsonl").write_text(
+        json.dumps({"iteration": 1, "rollout/invalid_format_frac": 0.25, "env/score_mean": 0.4, "rollout/num_episodes": 8.0})
+        + "\n")
+    (out / "sft" / "sft_summary.json").write_text(json.dumps(
+        {"expert_success": rate_interval(3, 4), "expert_score_mean": 0.9, "samples": 12,
+         "epochs": [{"loss/sft_nll": 1.5}, {"loss/sft_nll": 0.5}]}))
+    assert learning_report.main([str(out)]) == 0
+    figures = json.loads((out / "learning.json").read_text())
+    assert [p["stage"] for p in figures["train"]] == ["base", "SFT", "RL 1"]
+    assert figures["train"][1]["valid"] == pytest.approx(0.9) and figures["train"][1]["score"] == pytest.approx(0.375)
+    assert figures["train"][2] == pytest.approx({**figures["train"][2], "valid": 0.75, "score": 0.4, "episodes": 8})
+    sft_test = figures["test"][0]
+    assert sft_test["valid"] == 1.0 and sft_test["valid_low"] < 1.0  # Wilson interval of 8/8
+    assert (out / "learning.png").stat().st_size > 10_000
+    text = capsys.readouterr().out
+    assert "won 3/4" in text and "| test | before RL (SFT) | 3 | 1.000 [" in text
+
+
+def test_report_on_an_empty_folder_fails_cleanly(tmp_path, capsys):
+    assert learning_report.main([str(tmp_path)]) == 2
+    assert "run_local_learning.sh" in capsys.readouterr().err
