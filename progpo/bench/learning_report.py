@@ -205,3 +205,49 @@ def predictiveness_table(final: dict[str, list[RunResult]], fixed: dict[str, dic
         return "(fewer than 3 rows with probes: no correlation across rows)"
     return report.markdown_table(["fidelity measure", f"rank corr. with learning speed (to {target:.0%})",
                                   "rank corr. with final success", "rows"], rows)
+
+
+def ratio_table(final: dict[str, list[RunResult]], references: Sequence[str], target: float = 0.8) -> str:
+    """Per row, its restricted mean steps to ``target`` divided by each reference row's (percentile
+    bootstrap 95% interval over seeds; tau = the smallest budget of the runs, as in :func:`main_table`).
+
+    Raises:
+        ValueError: a reference that is not a row of ``final`` (names the rows).
+    """
+    missing = [r for r in references if r not in final]
+    if missing:
+        raise ValueError(f"reference rows {missing} are not in the runs; rows: {list(final)}")
+    tau = common_tau(list(final.values()))
+    header = ["row", "final success", f"restricted mean to {target:.0%} (tau {tau / 1e3:,.0f}k)"]
+    header += [f"x {ref} [95%]" for ref in references]
+    rows = []
+    for name, runs in final.items():
+        c = censored(runs, target)
+        r, h = rmst(c, tau)
+        row = [name, report.fmt_ci(*mean_ci(final_success(runs))), f"{r:,.0f} ± {h:,.0f}"]
+        for ref in references:
+            q, lo, hi = rmst_ratio(c, censored(final[ref], target), tau)
+            row.append(f"{q:.2f} [{lo:.2f}, {hi:.2f}]")
+        rows.append(row)
+    return report.markdown_table(header, rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m progpo.bench.learning_report RUNS.pkl --references gigpo,hgpo``: the ratio table of a
+    finished learning run (its ``*-runs.pkl``) against several reference rows."""
+    import argparse
+    import pickle
+
+    ap = argparse.ArgumentParser(prog="python -m progpo.bench.learning_report", description=main.__doc__)
+    ap.add_argument("runs", help="the *-runs.pkl a learning run wrote next to its report")
+    ap.add_argument("--references", default="gigpo,hgpo", help="comma list of reference rows")
+    ap.add_argument("--target", type=float, default=0.8)
+    args = ap.parse_args(argv)
+    with open(args.runs, "rb") as fh:
+        final = pickle.load(fh)["final"]  # noqa: S301 - our own run files
+    print(ratio_table(final, [r for r in args.references.split(",") if r], args.target))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -59,3 +59,26 @@ def test_pick_lr_prefers_the_fastest_rate_then_the_higher_final_success():
     assert lr.pick_lr({3.0: [never_lo], 10.0: [never_hi]}, 0.8, 600.0) == 10.0  # tie at tau: final success
     c = lr.censored([fast, never_hi], 0.8)
     assert c.times[0] == 100.0 and np.isnan(c.times[1]) and c.budgets.tolist() == [600.0, 600.0]
+
+
+def test_ratio_table_against_several_references(tmp_path):
+    import pickle
+
+    from progpo.bench import learning_report as lr
+    from progpo.bench.learner import RunResult
+
+    def run(first_hit):  # 100 env steps per iteration, 6 iterations; success 0.9 from iteration first_hit
+        s = np.array([0.1] * first_hit + [0.9] * (6 - first_hit))
+        return RunResult(None, np.arange(1, 7) * 100.0, s, np.zeros(0, np.int64), {}, 0.0)
+
+    # 3-iteration moving average (shorter at the start) first >= 0.8: a at iteration 1 (100 steps); b at 4
+    # (0.1, 0.9, 0.9 -> 0.63 at 3; 0.9 at 4: 400); c at 6 (600 = tau); final success (last 5): c 0.58
+    final = {"a": [run(0), run(0)], "b": [run(1), run(1)], "c": [run(3), run(3)]}
+    with open(tmp_path / "x-runs.pkl", "wb") as fh:
+        pickle.dump({"final": final}, fh)
+    text = lr.ratio_table(final, ["a", "b"])
+    assert "| a | 0.900 ± 0.000 | 100 ± 0 | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |" in text
+    assert "| c | 0.580 ± 0.000 | 600 ± 0 | 6.00 [6.00, 6.00] | 1.50 [1.50, 1.50] |" in text
+    with pytest.raises(ValueError, match=r"reference rows \['z'\]"):
+        lr.ratio_table(final, ["z"])
+    assert lr.main([str(tmp_path / "x-runs.pkl"), "--references", "b"]) == 0
