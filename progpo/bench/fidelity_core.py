@@ -119,14 +119,18 @@ def _v(name: str, encoder: bool = False, **kw: object) -> Variant:
 
 
 def all_variants() -> list[Variant]:
-    """Baselines, ProGPO (paper reading), its ablations and the E1-E3 extensions (spec names)."""
+    """Baselines, ProGPO (the product default, and the paper reading), the default's ablations and the
+    E1-E3 extensions (spec names). Tables generated before issue 10's default change read ``progpo`` as
+    the paper reading with the batch-scaled floor (``progpo paper sigma2_floor_ref=batch``)."""
     pg = dict(estimator="progpo")
+    paper = {k: v for k, v in PRESETS["paper"].items() if k not in ENV_FIELDS}
     return [
         _v("grpo", estimator="grpo"),
         _v("rloo", estimator="rloo"),
         _v("gigpo", estimator="gigpo"),
         _v("hgpo", estimator="hgpo"),
         _v("progpo", True, **pg),
+        _v("progpo paper", True, **pg, **paper),
         _v("progpo -peer", True, **pg, use_peer=False),
         _v("progpo -potential", True, **pg, use_potential=False),
         _v("progpo -semantic", False, **pg, semantic_expansion=False),
