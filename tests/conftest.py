@@ -6,8 +6,13 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from progpo.paths import data_root
+
+# Property tests draw the same examples on every run (a red CI must be reproducible, never a lucky draw).
+settings.register_profile("progpo", derandomize=True, database=None)
+settings.load_profile("progpo")
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ from progpo.trainer.encoder import LazyEncoder
 from progpo.trainer.env_setup import open_env_pool
 from progpo.trainer.metrics import MetricsLogger
 from progpo.trainer.progress import RunProgress
-from progpo.trainer.update import TrainSample, prepare, ppo_update
+from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class Trainer:
         self.progress.stage("advantages")
         samples, adv_metrics = self.advantages(roll.episodes)
         t2 = time.perf_counter()
-        self.progress.stage("update")
+        self.progress.stage("update", num_micro_batches(len(samples), cfg.update, self.actor.cfg.micro_batch_size))
         upd_metrics = self.update(samples)
         t3 = time.perf_counter()
         n_steps = roll.metrics.get("rollout/num_steps", 0.0)
@@ -285,7 +285,7 @@ class Trainer:
         t0 = time.perf_counter()
         samples = prepare(self.actor, samples, self.cfg.update)
         t1 = time.perf_counter()
-        metrics = ppo_update(self.actor, samples, self.cfg.update, self.rng)
+        metrics = ppo_update(self.actor, samples, self.cfg.update, self.rng, on_micro_batch=self.progress.advance)
         self.last_samples = samples
         sync = getattr(self.generator, "load_weights", None)  # engines holding their own weight copy (vLLM)
         if sync is not None:

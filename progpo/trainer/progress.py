@@ -6,8 +6,9 @@ The bar counts iterations (``n`` is fractional inside an iteration) and shows th
 unplayed steps as done). Inside an iteration each stage moves the bar by its share of the
 iteration's time, taken from the previous iteration's measured split (a fixed guess for the first),
 so tqdm's rate and ETA are in iterations of wall time. Lines printed with :func:`write` appear
-above the bar instead of tearing it. On a non-terminal stream (a log file) the bar redraws at most
-every 30 s.
+above the bar instead of tearing it. On a non-terminal stream (a log file) the bar redraws when a
+stage starts and otherwise at most every 30 s (the update counts micro-batches, so a long update
+moves the bar too).
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class RunProgress:
             self._done_share += self.shares.get(self.stage_name, 0.0)
         self.stage_name, self._units, self._stage_total = name, 0.0, float(total_units)
         self._redraw()
+        if self.bar is not None:
+            self.bar.refresh()  # a stage start is always shown, also in a log file (mininterval 30 s)
 
     def advance(self, units: float = 1) -> None:
         """``units`` of the current stage are done."""

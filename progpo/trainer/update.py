@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,12 +115,21 @@ def _micro_tensors(chunk: list[TrainSample], pad_id: int) -> dict[str, torch.Ten
     return t
 
 
-def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng: np.random.Generator) -> dict[str, float]:
+def num_micro_batches(n_samples: int, cfg: UpdateConfig, micro_batch_size: int) -> int:
+    """Micro-batches (forward/backward passes) :func:`ppo_update` runs over ``n_samples`` samples."""
+    per_epoch = sum(-(-min(cfg.batch_size, n_samples - s) // micro_batch_size)
+                    for s in range(0, n_samples, cfg.batch_size))
+    return cfg.epochs * per_epoch
+
+
+def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng: np.random.Generator,
+               on_micro_batch: Callable[[], None] | None = None) -> dict[str, float]:
     """Run ``cfg.epochs`` PPO epochs over ``samples`` (already ``prepare``d).
 
     Args:
         actor: the DeepSpeed actor. samples: the rollout's step samples.
         cfg: update settings. rng: the run's generator (shuffles the mini-batches).
+        on_micro_batch: called after each micro-batch's backward pass (progress; see :func:`num_micro_batches`).
 
     Returns:
         Mean ``loss/*`` metrics over optimizer steps (policy, kl, entropy, clip_frac, ratio,
@@ -154,6 +164,8 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
                 engine.step()
                 for name in ("loss", "policy", "kl", "entropy", "clip_frac", "ratio"):
                     sums[name] += float(getattr(terms, name).detach())
+                if on_micro_batch is not None:
+                    on_micro_batch()
             n_steps += 1
             norm = engine.get_global_grad_norm()  # None when DeepSpeed did not compute it (ZeRO-0 path)
             if norm is not None:

@@ -82,3 +82,26 @@ def test_metrics_line_shows_the_zero_signal_state():
     assert line.startswith("iter 3 success=0.000 score=0.100")
     assert "adv_std=0.968 flat=1.00" in line and "no signal" in line
     assert "no signal" not in format_metrics(3, {**flat, "rollout/flat_group_frac": 0.5})
+
+
+def test_a_stage_start_is_written_to_a_log_file_at_once():
+    # a log file (not a tty) redraws at most every 30 s; the update stage (minutes on CPU) used to show
+    # only when it ended (fresh-clone trial of the main job, 2026-11-30)
+    out = io.StringIO()
+    p = RunProgress(2, 0, file=out)
+    p.begin_iteration(1)
+    p.stage("rollout", 4)
+    p.advance(4)
+    p.stage("update", 3)
+    assert "iter 1/2 update 0/3" in out.getvalue()
+    p.close()
+
+
+def test_update_micro_batch_count_is_hand_computed():
+    from progpo.trainer.update import UpdateConfig, num_micro_batches
+
+    # 10 samples, mini-batches of 4 -> 4, 4, 2; micro-batches of 2 -> 2 + 2 + 1 = 5 per epoch; 2 epochs
+    assert num_micro_batches(10, UpdateConfig(batch_size=4, epochs=2), 2) == 10
+    # 3 samples, one mini-batch of 3, micro-batches of 2 -> 2 per epoch
+    assert num_micro_batches(3, UpdateConfig(batch_size=8, epochs=1), 2) == 2
+    assert num_micro_batches(0, UpdateConfig(batch_size=8, epochs=1), 2) == 0
