@@ -60,7 +60,7 @@ class AdvantageConfig:
         potential_estimator: mc (pooled Monte-Carlo means of G, (3)-(5)) or graph (empirical MDP, E1).
         credit: transition (C = r + gamma Phi' - Phi, (6)) or action (C = Q - V, E2; needs graph).
         credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1]; ProGPO only; credit='action' needs 0.
-        zero_signal: advantage exactly 0 where the episode returns R carry no signal, from every term, for every estimator: off; task = on every task whose trajectories all have the same R; batch = on the whole batch when every task does (e.g. every return -0.4); auto = batch for progpo, off for the others (True/False mean task/off).
+        zero_signal: advantage exactly 0 where the episode returns R carry no signal, from every term, for every estimator: off; task = on every task whose trajectories all have the same R; batch = on the whole batch when every task does (e.g. every return -0.4); auto = task for progpo, off for the others (True/False mean task/off).
         state_key: anchor state for depth/graph/GiGPO/HGPO keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo on a batch that carries state_extra, obs otherwise (``for_batch``).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
         max_steps: H, the env's step limit, horizon of the graph backward induction (E1); >= 1.
@@ -192,11 +192,12 @@ class AdvantageConfig:
 
 
 #: Fields whose ``auto`` default depends on the estimator (issue 10), resolved when the config is built:
-#: ProGPO's product default zeroes a batch without any return signal; every other estimator (``*``)
+#: ProGPO's product default zeroes every task without a return signal (the best variant measured,
+#: docs/fidelity.md); every other estimator (``*``)
 #: keeps its published behaviour, and can take the same option explicitly. (``state_key='auto'`` is
 #: resolved per batch instead, by :meth:`AdvantageConfig.for_batch`.)
 ESTIMATOR_DEFAULTS: dict[str, dict[str, str]] = {
-    "zero_signal": {"progpo": "batch", "*": "off"},
+    "zero_signal": {"progpo": "task", "*": "off"},
 }
 
 #: The spec's paper reading (``docs/progpo-algorithm.md``, components (1)-(7)), every field it fixes
@@ -215,8 +216,9 @@ PAPER: dict[str, object] = {
 #:
 #: * ``paper``: the spec's paper reading (floor in success-reward units, one-step credit, observation keys).
 #: * ``default``: the product defaults (the dataclass defaults; no override).
-#: * ``candidate``: the candidate new default measured in issue 10: observation + inventory state keys (E3),
-#:   credit accumulated with GAE lambda 0.8, and zero advantages for tasks without a return signal.
+#: * ``candidate``: the candidate measured in issue 10 (observation + inventory state keys (E3), credit
+#:   accumulated with GAE lambda 0.8, zero advantages for tasks without a return signal), written out; for
+#:   ProGPO it equals the product default, which was chosen from it.
 PRESETS: dict[str, dict[str, object]] = {
     "paper": PAPER,
     "default": {},

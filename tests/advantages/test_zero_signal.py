@@ -124,10 +124,13 @@ def test_zero_signal_equals_the_loop_oracle_on_random_batches():
 
 
 def test_product_default_gives_exact_zeros_on_a_batch_without_signal():
-    # issue 10: ProGPO's product default zeroes a batch in which no task has a return spread (the main
-    # job's every-return--0.4 batch); by hand: every advantage is exactly 0.0
+    # issue 10: ProGPO's product default (zero_signal task) zeroes a batch in which no task has a return
+    # spread (the main job's every-return--0.4 batch); by hand: every advantage is exactly 0.0; the batch
+    # scope does the same
     cfg = AdvantageConfig()
-    assert (cfg.estimator, cfg.zero_signal) == ("progpo", "batch")
+    assert (cfg.estimator, cfg.zero_signal) == ("progpo", "task")
+    assert compute_advantages(_all_invalid_batch(), AdvantageConfig(zero_signal="batch"), HashEncoder()
+                              ).advantages.tolist() == [0.0] * 16
     out = compute_advantages(_all_invalid_batch(), cfg, HashEncoder())
     assert out.advantages.tolist() == [0.0] * 16
     # two tasks, each flat but at different returns (-0.4 and 10): still no signal anywhere -> zeros
@@ -159,7 +162,7 @@ def test_zero_signal_values():
     assert AdvantageConfig(zero_signal=True).zero_signal == "task"
     assert AdvantageConfig(zero_signal=False).zero_signal == "off"
     for name in ALL:  # auto: batch for ProGPO only; the baselines keep their published behaviour
-        assert AdvantageConfig(estimator=name).zero_signal == ("batch" if name == "progpo" else "off")
+        assert AdvantageConfig(estimator=name).zero_signal == ("task" if name == "progpo" else "off")
     with pytest.raises(ValueError, match="zero_signal"):
         AdvantageConfig(zero_signal="on")
 
