@@ -56,12 +56,9 @@ def webshop_goals(data_dir: str | Path) -> list[dict[str, Any]]:
     code (``envs.webshop_server``: catalog, price draws, goal construction and shuffle).
     """
     from envs.webshop_server.cache import load_or_build
-    from envs.webshop_server.goals import build_goals
     from envs.webshop_server.shop import ShopConfig
 
-    config = ShopConfig(data_dir=str(data_dir), preload_nlp=False)
-    catalog, rng, _ = load_or_build(config)
-    goals, _ = build_goals(catalog, rng, config.split_mode)
+    _, goals, _ = load_or_build(ShopConfig(data_dir=str(data_dir), preload_nlp=False))
     return goals
 
 
