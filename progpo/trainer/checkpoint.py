@@ -33,10 +33,30 @@ logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^iter_(\d{6})$")
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a hidden temporary file and a rename (never half written)."""
     tmp = path.with_name(f".tmp-{path.name}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def ensure_run_dir(path: str | os.PathLike, flag: str = "--save_path") -> Path:
+    """Create the run folder ``path`` (and its parents) before any costly work, or say why not.
+
+    Raises:
+        ValueError: ``path`` (or a parent) is a file, or the folder cannot be created or written;
+            the message names ``flag`` and the path.
+    """
+    out = Path(path).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"{flag} {out} is a file, not a folder; choose another {flag}") from None
+    except OSError as e:
+        raise ValueError(f"{flag} {out}: cannot create the run folder ({e.strerror})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {out}: the folder is not writable")
+    return out
 
 
 def rng_state(generator: np.random.Generator) -> dict[str, Any]:
@@ -113,7 +133,7 @@ class CheckpointManager:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _atomic_write_text(self.root / "latest", name)
+        atomic_write_text(self.root / "latest", name)
         for old in self.complete()[: -self.max_keep]:
             shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint written: %s", final)
