@@ -53,7 +53,7 @@ def ensure_run_dir(path: str | os.PathLike, flag: str = "--save_path") -> Path:
     except FileExistsError:
         raise ValueError(f"{flag} {out} is a file, not a folder; choose another {flag}") from None
     except OSError as e:
-        raise ValueError(f"{flag} {out}: cannot create the run folder ({e.strerror})") from None
+        raise ValueError(f"{flag} {out}: cannot create the folder ({e.strerror})") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {out}: the folder is not writable")
     return out
