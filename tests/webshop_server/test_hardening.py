@@ -190,3 +190,25 @@ def test_async_env_treats_a_refused_action_like_the_sync_env(server):
     for a, b in zip(got, expected):
         assert (a.terminated, a.truncated, a.info["invalid_action"], a.observation) == \
             (b.terminated, b.truncated, b.info["invalid_action"], b.observation)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--workers", "0"], "--workers must be >= 1, got 0"),      # was exit 1 without 'error:'
+    (["--threads", "-1"], "--threads must be >= 1, got -1"),
+    (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
+    (["--cache-min-mb", "nan"], "cache_min_mb must be a finite number >= 0, got nan"),  # never cached, silently
+    (["--cache-min-mb", "-1"], "cache_min_mb must be a finite number >= 0, got -1.0"),
+    (["--cache-min-mb", "0", "--cache-dir", "{file}"], "catalog cache folder (--cache-dir) {file} is a file"),
+    (["--cache-min-mb", "0", "--cache-dir", "{file}/sub"], "catalog cache folder (--cache-dir) {file}/sub is a file"),
+])
+def test_server_flags_refused_in_one_line(webshop_dir, tmp_path, capsys, argv, says):
+    """Bad server flags exit 2 with one ``error:`` line naming the value (the cache-dir ones were
+    an errno line naming neither the flag nor what to do)."""
+    from envs.webshop_server.__main__ import main
+
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    argv = [a.replace("{file}", str(blocker)) for a in argv]
+    assert main(["--data-dir", str(webshop_dir), "--prepare", *argv]) == 2
+    assert f"error: {says.replace('{file}', str(blocker))}" in capsys.readouterr().err
+    assert blocker.read_text() == "keep me"
