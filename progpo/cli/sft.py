@@ -130,7 +130,7 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from progpo.trainer.actor import Actor
-    from progpo.trainer.checkpoint import CheckpointManager, atomic_write_text, ensure_run_dir
+    from progpo.trainer.checkpoint import CheckpointManager, atomic_write_text, check_run_dir
     from progpo.trainer.evaluation import rate_interval
     from progpo.trainer.metrics import MetricsLogger
     from progpo.trainer.models import resolve_pretrain
@@ -141,7 +141,7 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
     ckpt = CheckpointManager(save, ns["ckpt.max_num"])
     if ckpt.latest() is not None:
         raise ValueError(f"--save_path {save} already holds checkpoints; choose another --save_path")
-    ensure_run_dir(save)  # before the model and the expert episodes, not after them
+    check_run_dir(save)  # before the model and the expert episodes, not after them
     actor_cfg = dataclasses.replace(actor_cfg, pretrain=resolve_pretrain(actor_cfg.pretrain))
     t0 = time.perf_counter()
     actor = Actor(actor_cfg)

@@ -290,11 +290,11 @@ def _env_splits(name: str) -> tuple[str, ...]:
 
 
 def _folder(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
-    """Create folder ``path`` now (exit 2 naming ``flag`` if it is a file or cannot be made), not in a worker."""
-    from progpo.trainer.checkpoint import ensure_run_dir
+    """Check now that folder ``path`` can be made (exit 2 naming ``flag`` if not), not later in a worker."""
+    from progpo.trainer.checkpoint import check_run_dir
 
     try:
-        ensure_run_dir(path, flag)
+        check_run_dir(path, flag)
     except ValueError as exc:
         parser.error(f"argument {exc}")
 

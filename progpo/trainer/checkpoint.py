@@ -40,22 +40,20 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def ensure_run_dir(path: str | os.PathLike, flag: str = "--save_path") -> Path:
-    """Create the run folder ``path`` (and its parents) before any costly work, or say why not.
+def check_run_dir(path: str | os.PathLike, flag: str = "--save_path") -> Path:
+    """Check, before any costly work, that folder ``path`` can be made and written (creates nothing).
 
     Raises:
-        ValueError: ``path`` (or a parent) is a file, or the folder cannot be created or written;
-            the message names ``flag`` and the path.
+        ValueError: ``path`` or a parent of it is a file, or the nearest existing folder is not
+            writable; the message names ``flag`` and the path.
     """
     out = Path(path).expanduser()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ValueError(f"{flag} {out} is a file, not a folder; choose another {flag}") from None
-    except OSError as e:
-        raise ValueError(f"{flag} {out}: cannot create the folder ({e.strerror})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {out}: the folder is not writable")
+    existing = next(p for p in (out, *out.parents) if p.exists())  # "/" or "." at the latest
+    if not existing.is_dir():
+        where = "" if existing == out else f": {existing} is a file"
+        raise ValueError(f"{flag} {out}{where or ' is a file'}, not a folder; choose another {flag}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {out}: {existing} is not writable")
     return out
 
 

@@ -73,9 +73,9 @@ def test_task_list_is_never_left_half_written(cli, tmp_path):
     (["--actor.num_nodes", "0"], "--actor.num_nodes: must be >= 1, got 0"),
     (["--actor.num_gpus_per_node", "-1"], "--actor.num_gpus_per_node: must be >= 1, got -1"),
     (["--debug.dump_dir", "{file}"], "--debug.dump_dir {file} is a file, not a folder"),  # failed in the workers
-    (["--debug.dump_dir", "{file}/sub"], "--debug.dump_dir {file}/sub: cannot create the folder"),
+    (["--debug.dump_dir", "{file}/sub"], "--debug.dump_dir {file}/sub: {file} is a file, not a folder"),
     (["--env.task_dir", "{file}"], "--env.task_dir {file} is a file, not a folder"),  # was a traceback
-    (["--ckpt.path", "{file}"], "--ckpt.path {file}/progpo_tasks: cannot create the folder"),
+    (["--ckpt.path", "{file}"], "--ckpt.path {file}/progpo_tasks: {file} is a file, not a folder"),
 ])
 def test_cpu_values_refused_before_ray_starts(cli, capsys, tmp_path, argv, says):
     blocker = tmp_path / "notes.txt"
