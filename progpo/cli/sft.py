@@ -141,6 +141,10 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
     ckpt = CheckpointManager(save, ns["ckpt.max_num"])
     if ckpt.latest() is not None:
         raise ValueError(f"--save_path {save} already holds checkpoints; choose another --save_path")
+    earlier = [n for n in ("metrics.jsonl", SUMMARY) if (save / n).exists()]
+    if earlier:  # a run stopped before its first checkpoint: its records would be mixed with ours
+        raise ValueError(f"--save_path {save} holds {' and '.join(earlier)} of an earlier run (no checkpoint); "
+                         "choose another --save_path, or remove that folder")
     check_run_dir(save)  # before the model and the expert episodes, not after them
     actor_cfg = dataclasses.replace(actor_cfg, pretrain=resolve_pretrain(actor_cfg.pretrain))
     t0 = time.perf_counter()

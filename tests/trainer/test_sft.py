@@ -170,3 +170,19 @@ def test_sft_cli_save_path_on_a_file_fails_before_any_work(tmp_path, capsys, whe
     assert "--save_path" in captured.err and str(save) in captured.err
     assert "expert: won" not in captured.out  # refused before the model and the expert episodes
     assert blocker.read_text() == "keep me"
+
+
+def test_sft_cli_refuses_a_save_path_with_an_earlier_runs_records(tmp_path, capsys):
+    """An sft stopped between its first metrics record and its first checkpoint left metrics.jsonl;
+    a rerun appended to it (epoch 1 twice)."""
+    from progpo.cli import sft
+
+    save = tmp_path / "sft"
+    save.mkdir()
+    (save / "metrics.jsonl").write_text('{"iteration": 1, "loss/sft_nll": 2.0}\n')
+    assert sft.main(["--pretrain", "tiny", "--save_path", str(save), "--sft.num_tasks", "1", "--train.max_epochs", "1",
+                     "--log.progress_bar", "false"]) == 2
+    captured = capsys.readouterr()
+    assert f"--save_path {save} holds metrics.jsonl of an earlier run" in captured.err
+    assert "expert: won" not in captured.out
+    assert (save / "metrics.jsonl").read_text() == '{"iteration": 1, "loss/sft_nll": 2.0}\n'
