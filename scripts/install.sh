@@ -24,6 +24,9 @@ for arg in "$@"; do
     *) echo "scripts/install.sh: unknown argument $arg (expected --tests)" >&2; exit 2 ;;
   esac
 done
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then
+  echo "scripts/install.sh: PYTHON=$PYTHON is not a Python >= 3.10 interpreter that runs here" >&2; exit 2
+fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 log() { printf '[install] %s\n' "$*" >&2; }
 

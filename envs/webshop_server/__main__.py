@@ -39,10 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Load the shop, bind, print ``LISTENING <url>`` and serve until killed."""
     args = build_parser().parse_args(argv)
-    if not 0 <= args.port < 65536:
-        raise SystemExit(f"--port must be in [0, 65535], got {args.port}")
-    if args.threads < 1 or args.workers < 1:
-        raise SystemExit(f"--threads and --workers must be >= 1, got {args.threads}, {args.workers}")
+    bad = (f"--port must be in [0, 65535], got {args.port}" if not 0 <= args.port < 65536 else
+           next((f"--{name} must be >= 1, got {value}" for name, value in (("threads", args.threads),
+                 ("workers", args.workers)) if value < 1), None))
+    if bad:  # the exit status and form of every other bad flag (argparse's own: 2)
+        print(f"error: {bad}", file=sys.stderr, flush=True)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from waitress import create_server
 

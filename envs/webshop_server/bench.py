@@ -435,6 +435,33 @@ def prepare_data(args: argparse.Namespace) -> Path:
     return out
 
 
+BENCH_CACHE_MARKER = ".progpo-bench-cache"  # a folder holding it is the benchmark's own: emptied freely
+
+
+def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 naming the first count out of range (before any catalog is generated or server started)."""
+    at_least = {"--products": (args.products, 1), "--steps": (args.steps, 1), "--threads": (args.threads, 1),
+                "--workers": (args.workers, 1), "--search-queries": (args.search_queries, 0),
+                "--search-cache": (args.search_cache, 0), "--human-goals": (args.human_goals, 0),
+                "--original-products": (args.original_products, 0)}
+    at_least.update({"--sessions": (min(args.sessions), 1), "--episodes": (min(args.episodes), 0)})
+    for flag, (value, low) in at_least.items():
+        if value < low:
+            p.error(f"{flag} must be >= {low}, got {value}")
+    for flag, value in (("--original-mem-gb", args.original_mem_gb), ("--original-time-s", args.original_time_s)):
+        if not 0 < value < float("inf"):
+            p.error(f"{flag} must be a finite number > 0, got {value}")
+
+
+def _check_cache_dir(p: argparse.ArgumentParser, cache: Path) -> None:
+    """The cache folder is emptied first: refuse a file, or a non-empty folder the benchmark did not make."""
+    if cache.exists() and not cache.is_dir():
+        p.error(f"--cache-dir {cache} is a file; choose a folder")
+    if cache.is_dir() and any(cache.iterdir()) and not (cache / BENCH_CACHE_MARKER).exists():
+        p.error(f"--cache-dir {cache} is not empty and is not a benchmark cache (no {BENCH_CACHE_MARKER}); "
+                "it would be emptied: choose a new or empty folder")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table (and write ``--json-out``)."""
     p = argparse.ArgumentParser(prog="python -m envs.webshop_server.bench", description=__doc__,
@@ -461,14 +488,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", nargs="*", default=[], choices=["cold", "latency", "search"])
     p.add_argument("--json-out", default=None)
     args = p.parse_args(argv)
-    if args.products < 1 or args.steps < 1 or any(n < 1 for n in args.sessions):
-        p.error("--products, --steps and --sessions must be >= 1")
+    _check_args(p, args)
     src = data_root() / "webshop"
-    data = prepare_data(args)
+    if args.cache_dir:
+        _check_cache_dir(p, Path(args.cache_dir))  # before a catalog is generated, not after
+    try:
+        data = prepare_data(args)
+    except ValueError as e:
+        p.error(str(e))
     cache = Path(args.cache_dir) if args.cache_dir else data.with_name(data.name + ".bench-cache")
     if "cold" not in args.skip:
         shutil.rmtree(cache, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
+    (cache / BENCH_CACHE_MARKER).touch()
     instructions, queries = real_queries(src)
     print(f"WebShop benchmark: {data} ({psutil.cpu_count()} CPUs, load {_loadavg()}); cache {cache}", flush=True)
     res: dict[str, Any] = {"data": str(data), "cpus": psutil.cpu_count()}

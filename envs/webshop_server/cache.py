@@ -133,7 +133,11 @@ def load_or_build(config: Any) -> tuple[Catalog, list[dict], SearchIndex]:
     if config.use_cache and files["products"].stat().st_size >= config.cache_min_mb * 2**20:
         root = Path(config.cache_dir).expanduser() if config.cache_dir else DEFAULT_CACHE_DIR
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                raise ValueError(f"catalog cache folder (--cache-dir) {root} is a file or lies under one; "
+                                 "pass a folder, or --no-cache") from None
             key, files = cache_key(config, memo_dir=root)
             folder = root / key
             if not (folder / "meta.json").exists():

@@ -69,6 +69,8 @@ class ShopConfig:
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.search_cache < 0:
             raise ValueError(f"search_cache must be >= 0, got {self.search_cache}")
+        if not 0 <= self.cache_min_mb < float("inf"):  # NaN too: no file size compares >= NaN
+            raise ValueError(f"cache_min_mb must be a finite number >= 0, got {self.cache_min_mb}")
         if self.max_query_chars < 1:
             raise ValueError(f"max_query_chars must be >= 1, got {self.max_query_chars}")
 

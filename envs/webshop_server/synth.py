@@ -215,21 +215,33 @@ def human_instruction(product: dict, entry: dict, pools: Pools, r: random.Random
             "instruction_attributes": chosen, "instruction_options": [v for _, v in options[:2]]}
 
 
+def _check_out(out: Path, names: Any) -> None:
+    """Refuse an output folder that is a file, or that holds WebShop files without our ``MARKER``."""
+    if any(p.exists() and not p.is_dir() for p in (out, *out.parents)):
+        raise ValueError(f"output folder {out} is a file or lies under one; choose a folder")
+    theirs = sorted(n for n in names if (out / n).exists())
+    if theirs and not (out / MARKER).exists():
+        raise ValueError(f"{out} holds WebShop files this generator did not write ({', '.join(theirs)}; no "
+                         f"{MARKER}); refusing to overwrite them: choose a new or empty output folder")
+
+
 def generate(out: Path, n_products: int, *, seed: int = 0, human_goals: int = HUMAN_GOALS,
              src: Path | None = None, progress: bool = False) -> dict[str, Path]:
     """Write the three files into ``out`` (each through a temp name, renamed when complete).
 
     Raises:
-        ValueError: ``n_products`` < 1 or ``human_goals`` < 0.
+        ValueError: ``n_products`` < 1 or ``human_goals`` < 0; ``out`` is a file (or under one), or
+            holds WebShop files this generator did not write (real data is never overwritten).
     """
     if n_products < 1 or human_goals < 0:
         raise ValueError(f"need n_products >= 1 and human_goals >= 0, got {n_products}, {human_goals}")
+    names = {"products": "items_shuffle.json", "attributes": "items_ins_v2.json", "human": "items_human_ins.json"}
+    _check_out(out, names.values())
     pools = Pools(src or data_root() / "webshop")
     out.mkdir(parents=True, exist_ok=True)
     pick = random.Random(f"human-{seed}")
     human_rows = Counter(pick.randrange(n_products) for _ in range(human_goals))
     human: dict[str, list[dict]] = {}
-    names = {"products": "items_shuffle.json", "attributes": "items_ins_v2.json", "human": "items_human_ins.json"}
     tmp = {k: out / f".{v}.tmp" for k, v in names.items()}
     t0 = time.perf_counter()
     with open(tmp["products"], "w", encoding="utf-8") as fp, open(tmp["attributes"], "w", encoding="utf-8") as fa:

@@ -33,6 +33,21 @@ RL_ITERS=${RL_ITERS:-2}
 RL_LR=${RL_LR:-1e-5}
 EVAL_TRAIN_TASKS=${EVAL_TRAIN_TASKS:-8}
 EVAL_TEST_TASKS=${EVAL_TEST_TASKS:-12}
+# Check every setting before anything is installed or run (a bad one would otherwise surface ~1 h in).
+bad() { echo "run_local_learning.sh: $*" >&2; exit 2; }
+int_at_least() {  # int_at_least NAME MIN
+  if ! [[ ${!1} =~ ^[0-9]+$ ]] || (( 10#${!1} < $2 )); then bad "$1 must be an integer >= $2, got '${!1}'"; fi
+}
+for name in MAX_STEPS MAX_PROMPT_TOKENS MAX_NEW_TOKENS SFT_TASKS SFT_EPOCHS RL_ITERS EVAL_TRAIN_TASKS EVAL_TEST_TASKS; do
+  int_at_least "$name" 1
+done
+int_at_least HISTORY_LENGTH 0
+for name in SFT_LR RL_LR; do
+  if ! [[ ${!name} =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]] || [[ ${!name} =~ ^[0.]+([eE].*)?$ ]]; then
+    bad "$name must be a number > 0, got '${!name}'"
+  fi
+done
+if [ -e "$OUT" ] && [ ! -d "$OUT" ]; then bad "OUT must be a folder, got the file '$OUT'"; fi
 bash scripts/install.sh
 mkdir -p "$OUT"
 PROTOCOL=(--env.name webshop --env.max_steps "$MAX_STEPS" --env.history_length "$HISTORY_LENGTH"

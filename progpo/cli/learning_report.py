@@ -25,7 +25,28 @@ from typing import Any
 
 
 def _load(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None
+    """The JSON object in ``path``, or None when there is no such file.
+
+    Raises:
+        ValueError: ``path`` is not a JSON object (cut short, a folder, another format); names it.
+    """
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable JSON file ({e}); rerun the step that writes it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def _read(path: Path, what: str, read):
+    """``read()``, with a missing key or a wrong type reported as a ValueError naming ``path``."""
+    try:
+        return read()
+    except (KeyError, TypeError, IndexError) as e:
+        raise ValueError(f"{path}: not {what} ({type(e).__name__}: {e})") from None
 
 
 def _eval_point(label: str, ev: dict[str, Any]) -> dict[str, Any]:
@@ -43,36 +64,50 @@ def collect(out: Path) -> dict[str, Any]:
     """The figures of one learning run folder (see module docstring).
 
     Raises:
-        FileNotFoundError: ``OUT`` holds none of the expected files.
+        FileNotFoundError: ``OUT`` is not a folder or holds none of the expected files.
+        ValueError: one of them is unreadable or not of its kind (cut short, another format); names it.
     """
     from progpo.trainer.metrics import read_metrics
 
+    if not out.is_dir():
+        raise FileNotFoundError(f"{out} is not a folder (pass the OUT folder of examples/scripts/run_local_learning.sh)")
+    evaluation = "an evaluation written by progpo.cli.evaluate"
     train: list[dict[str, Any]] = []
     for name, label in (("eval_base_train.json", "base"), ("eval_sft_train.json", "SFT")):
         ev = _load(out / name)
         if ev is not None:
-            train.append(_eval_point(label, ev))
-    if (out / "rl" / "metrics.jsonl").exists():
-        for r in read_metrics(out / "rl"):
-            inv = r.get("rollout/invalid_format_frac")
-            train.append({"stage": f"RL {r['iteration']}", "episodes": int(r.get("rollout/num_episodes") or 0),
-                          "valid": None if inv is None else 1.0 - inv, "score": r.get("env/score_mean"),
-                          "success": r.get("env/success_rate"), "adv_std": r.get("adv/std"),
-                          "flat_group_frac": r.get("rollout/flat_group_frac"), "iteration_s": r.get("perf/iteration_s")})
+            train.append(_read(out / name, evaluation, lambda: _eval_point(label, ev)))
+    metrics = out / "rl" / "metrics.jsonl"
+    if metrics.exists():
+        try:
+            records = read_metrics(out / "rl")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{metrics}: not readable JSON lines ({e})") from None
+        train += _read(metrics, "the metrics of progpo.cli.train", lambda: [_rl_point(r) for r in records])
     test = []
     for name, label in (("eval_base_test.json", "base"), ("eval_sft_test.json", "before RL (SFT)"),
                         ("eval_rl_test.json", "after RL")):
         ev = _load(out / name)
         if ev is not None:
-            test.append(_eval_point(label, ev))
-    sft = _load(out / "sft" / "sft_summary.json")
+            test.append(_read(out / name, evaluation, lambda: _eval_point(label, ev)))
+    summary = out / "sft" / "sft_summary.json"
+    sft = _load(summary)
     if not train and not test and sft is None:
         raise FileNotFoundError(f"{out} holds no evaluation, RL metrics or SFT summary (run examples/scripts/run_local_learning.sh)")
     expert = None
     if sft is not None:
-        expert = {"success": sft["expert_success"], "score_mean": sft.get("expert_score_mean"),
-                  "samples": sft["samples"], "epochs": [e["loss/sft_nll"] for e in sft["epochs"]]}
+        expert = _read(summary, "an sft summary of progpo.cli.sft", lambda: {
+            "success": sft["expert_success"], "score_mean": sft.get("expert_score_mean"),
+            "samples": sft["samples"], "epochs": [e["loss/sft_nll"] for e in sft["epochs"]]})
     return {"train": train, "test": test, "expert": expert}
+
+
+def _rl_point(r: dict[str, Any]) -> dict[str, Any]:
+    inv = r.get("rollout/invalid_format_frac")
+    return {"stage": f"RL {r['iteration']}", "episodes": int(r.get("rollout/num_episodes") or 0),
+            "valid": None if inv is None else 1.0 - inv, "score": r.get("env/score_mean"),
+            "success": r.get("env/success_rate"), "adv_std": r.get("adv/std"),
+            "flat_group_frac": r.get("rollout/flat_group_frac"), "iteration_s": r.get("perf/iteration_s")}
 
 
 def plot(figures: dict[str, Any], path: Path) -> Path:
@@ -133,14 +168,14 @@ def table(figures: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; exit code 2 when the folder holds nothing to report."""
+    """CLI entry point; exit code 2 when the folder holds nothing to report or an unreadable file."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.learning_report", description=__doc__.split("\n")[0])
     p.add_argument("out", help="the run folder of run_local_learning.sh")
     args = p.parse_args(argv)
     out = Path(args.out)
     try:
         figures = collect(out)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     png = plot(figures, out / "learning.png")

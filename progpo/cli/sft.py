@@ -26,6 +26,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+SUMMARY = "sft_summary.json"  # written last: a run folder without it is an SFT run cut short
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The sft CLI parser (flag names shared with ``progpo.cli.train`` where they mean the same)."""
@@ -128,7 +130,7 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from progpo.trainer.actor import Actor
-    from progpo.trainer.checkpoint import CheckpointManager
+    from progpo.trainer.checkpoint import CheckpointManager, atomic_write_text, check_run_dir
     from progpo.trainer.evaluation import rate_interval
     from progpo.trainer.metrics import MetricsLogger
     from progpo.trainer.models import resolve_pretrain
@@ -139,6 +141,11 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
     ckpt = CheckpointManager(save, ns["ckpt.max_num"])
     if ckpt.latest() is not None:
         raise ValueError(f"--save_path {save} already holds checkpoints; choose another --save_path")
+    earlier = [n for n in ("metrics.jsonl", SUMMARY) if (save / n).exists()]
+    if earlier:  # a run stopped before its first checkpoint: its records would be mixed with ours
+        raise ValueError(f"--save_path {save} holds {' and '.join(earlier)} of an earlier run (no checkpoint); "
+                         "choose another --save_path, or remove that folder")
+    check_run_dir(save)  # before the model and the expert episodes, not after them
     actor_cfg = dataclasses.replace(actor_cfg, pretrain=resolve_pretrain(actor_cfg.pretrain))
     t0 = time.perf_counter()
     actor = Actor(actor_cfg)
@@ -173,7 +180,7 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
                           on_step=lambda loss: (bar.update(1), bar.set_postfix(nll=f"{loss:.3f}")))
             m["perf/epoch_s"] = time.perf_counter() - e0
             metrics.log(epoch, m)
-            path = ckpt.save(actor, epoch, {"sft_epoch": epoch, "seed": ns["seed"]}, rng)
+            path = ckpt.save(actor, epoch, {"sft_epoch": epoch, "sft_epochs": sft.epochs, "seed": ns["seed"]}, rng)
             summary["epochs"].append({"epoch": epoch, **m, "checkpoint": str(path)})
             bar.write(f"epoch {epoch}: nll={m['loss/sft_nll']:.4f} steps={int(m['loss/optimizer_steps'])} "
                       f"time={m['perf/epoch_s']:.0f}s checkpoint={path}", file=sys.stdout)
@@ -182,7 +189,7 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
         metrics.close()
     summary["final_nll"] = mean_nll(actor, samples[: min(len(samples), 64)])
     summary["total_s"] = time.perf_counter() - t0
-    (save / "sft_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    atomic_write_text(save / SUMMARY, json.dumps(summary, indent=2, default=str))  # marks the run finished
     return summary
 
 

@@ -289,6 +289,16 @@ def _env_splits(name: str) -> tuple[str, ...]:
     return SPLITS
 
 
+def _folder(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
+    """Check now that folder ``path`` can be made (exit 2 naming ``flag`` if not), not later in a worker."""
+    from progpo.trainer.checkpoint import check_run_dir
+
+    try:
+        check_run_dir(path, flag)
+    except ValueError as exc:
+        parser.error(f"argument {exc}")
+
+
 def _tasks(parser: argparse.ArgumentParser, ns: dict[str, Any]) -> None:
     splits = _env_splits(ns["env.name"])
     for flag in ("env.split", "env.eval_split"):
@@ -297,6 +307,8 @@ def _tasks(parser: argparse.ArgumentParser, ns: dict[str, Any]) -> None:
     task_dir = Path(ns["env.task_dir"] or Path(ns["ckpt.path"]) / "progpo_tasks")
     if not task_dir.is_absolute():  # actors on other nodes / in other working dirs must find it
         task_dir = Path.cwd() / task_dir
+    if ns["data.prompt_dataset"] is None or (ns["env.num_eval_tasks"] and ns["eval.dataset"] is None):
+        _folder(parser, "--env.task_dir" if ns["env.task_dir"] else "--ckpt.path", task_dir)
     if ns["data.prompt_dataset"] is None:
         n = ns["env.num_tasks"]
         if n is None or n < 1:
@@ -344,6 +356,8 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
     elif not Path(ns["train.agent_func_path"]).is_file():
         _fail(parser, "--train.agent_func_path", f"no such file: {ns['train.agent_func_path']}")
     _tasks(parser, ns)
+    if ns["debug.dump_dir"]:
+        _folder(parser, "--debug.dump_dir", Path(ns["debug.dump_dir"]))
     ns["progpo_debug_dump_dir"] = ns["debug.dump_dir"] and str(Path(ns["debug.dump_dir"]).resolve())
     ns["progpo_debug_check_weight_sync"] = ns["debug.check_weight_sync"]
     for key in [k for k in ns if k.startswith(("progpo.", "env.", "cpu.", "debug."))]:
@@ -400,8 +414,11 @@ def _device(parser: argparse.ArgumentParser, ns: dict[str, Any]) -> None:
         ns["vllm.sync_backend"] = "gloo"
     elif ns["vllm.sync_backend"] != "gloo":
         _fail(parser, "--vllm.sync_backend", f"must be gloo with --device cpu, got {ns['vllm.sync_backend']!r}")
-    if not ns["vllm.num_engines"]:
+    if not ns["vllm.num_engines"] or ns["vllm.num_engines"] < 1:
         _fail(parser, "--vllm.num_engines", "must be >= 1: the agent executor runs inside the engines")
+    for flag in ("actor.num_nodes", "actor.num_gpus_per_node"):  # on CPU: the policy's processes
+        if ns[flag] < 1:
+            _fail(parser, f"--{flag}", f"must be >= 1, got {ns[flag]}")
     model = ns["actor.model_name_or_path"]
     if model in MODEL_ALIASES:
         from progpo.trainer.models import resolve_pretrain

@@ -33,10 +33,28 @@ logger = logging.getLogger(__name__)
 _NAME = re.compile(r"^iter_(\d{6})$")
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a hidden temporary file and a rename (never half written)."""
     tmp = path.with_name(f".tmp-{path.name}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def check_run_dir(path: str | os.PathLike, flag: str = "--save_path") -> Path:
+    """Check, before any costly work, that folder ``path`` can be made and written (creates nothing).
+
+    Raises:
+        ValueError: ``path`` or a parent of it is a file, or the nearest existing folder is not
+            writable; the message names ``flag`` and the path.
+    """
+    out = Path(path).expanduser()
+    existing = next(p for p in (out, *out.parents) if p.exists())  # "/" or "." at the latest
+    if not existing.is_dir():
+        where = "" if existing == out else f": {existing} is a file"
+        raise ValueError(f"{flag} {out}{where or ' is a file'}, not a folder; choose another {flag}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {out}: {existing} is not writable")
+    return out
 
 
 def rng_state(generator: np.random.Generator) -> dict[str, Any]:
@@ -113,7 +131,7 @@ class CheckpointManager:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _atomic_write_text(self.root / "latest", name)
+        atomic_write_text(self.root / "latest", name)
         for old in self.complete()[: -self.max_keep]:
             shutil.rmtree(old, ignore_errors=True)
         logger.info("checkpoint written: %s", final)

@@ -22,7 +22,7 @@ from progpo.advantages import compute_advantages
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
 from progpo.agents.episode import TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
-from progpo.trainer.checkpoint import CheckpointManager
+from progpo.trainer.checkpoint import CheckpointManager, check_run_dir
 from progpo.trainer.config import TrainConfig
 from progpo.trainer.encoder import LazyEncoder
 from progpo.trainer.env_setup import open_env_pool
@@ -159,6 +159,7 @@ class Trainer:
         if not cfg.run.resume and self.ckpt.latest() is not None:
             raise ValueError(f"--save_path {self.save_path} already holds checkpoints: pass --resume to continue "
                              "that run, or choose another --save_path")
+        check_run_dir(self.save_path)
         actor_cfg = dataclasses.replace(cfg.actor, pretrain=resolve_pretrain(cfg.actor.pretrain))
         self.actor = Actor(actor_cfg)
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.run.seed)

@@ -70,11 +70,24 @@ def convert_smollm2(out_dir: Path, dtype: str = "bfloat16") -> Path:
     return save_model_folder(model, tok, out_dir)
 
 
+def _refuse_unfinished_sft(pretrain: str, run: Path, latest: Path) -> None:
+    """An ``sft`` run writes ``sft_summary.json`` last; without it the run was cut short."""
+    import json
+
+    state = json.loads((latest / "trainer_state.json").read_text())
+    if "sft_epoch" in state and not (run / "sft_summary.json").exists():
+        of = f" of {state['sft_epochs']}" if "sft_epochs" in state else ""
+        raise ValueError(f"--pretrain {pretrain}: the sft run there did not finish (stopped after epoch "
+                         f"{state['sft_epoch']}{of}, no sft_summary.json); run sft again into an empty "
+                         f"--save_path, or pass {latest / 'hf'} to start from that epoch's model")
+
+
 def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None) -> str:
     """Return an HF folder path for ``--pretrain`` (see module docstring).
 
     Raises:
         FileNotFoundError: neither an existing folder nor a known alias (the message names the flag).
+        ValueError: a run folder of an ``sft`` run that did not finish (no ``sft_summary.json``).
     """
     root = Path(models_dir) if models_dir is not None else MODELS_DIR
     if pretrain == "tiny":
@@ -92,6 +105,7 @@ def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None)
         latest = CheckpointManager(path).latest()
         if latest is None:
             raise FileNotFoundError(f"--pretrain {pretrain}: run folder without a complete checkpoint")
+        _refuse_unfinished_sft(pretrain, path, latest)
         return str(latest / "hf")
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"--pretrain {pretrain!r} is neither a Hugging Face model folder "

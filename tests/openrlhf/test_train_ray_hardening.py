@@ -66,3 +66,25 @@ def test_task_list_is_never_left_half_written(cli, tmp_path):
         cli.train_ray.write_tasks(path, "train", indices())
     assert path.read_text() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["train.jsonl"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--vllm.num_engines", "-1"], "--vllm.num_engines: must be >= 1"),   # was taken (only 0 refused)
+    (["--actor.num_nodes", "0"], "--actor.num_nodes: must be >= 1, got 0"),
+    (["--actor.num_gpus_per_node", "-1"], "--actor.num_gpus_per_node: must be >= 1, got -1"),
+    (["--debug.dump_dir", "{file}"], "--debug.dump_dir {file} is a file, not a folder"),  # failed in the workers
+    (["--debug.dump_dir", "{file}/sub"], "--debug.dump_dir {file}/sub: {file} is a file, not a folder"),
+    (["--env.task_dir", "{file}"], "--env.task_dir {file} is a file, not a folder"),  # was a traceback
+    (["--ckpt.path", "{file}"], "--ckpt.path {file}/progpo_tasks: {file} is a file, not a folder"),
+])
+def test_cpu_values_refused_before_ray_starts(cli, capsys, tmp_path, argv, says):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    argv = [a.replace("{file}", str(blocker)) for a in argv]
+    parser = cli.train_ray.build_parser()
+    with pytest.raises(SystemExit) as exc:  # --ckpt.path given last wins over the default below
+        cli.train_ray.finalize(parser, parser.parse_args(
+            ["--device", "cpu", "--vllm.num_engines", "1", *BASE, "--ckpt.path", str(tmp_path / "ckpt"), *argv]))
+    assert exc.value.code == 2
+    assert f"argument {says.replace('{file}', str(blocker))}" in capsys.readouterr().err
+    assert blocker.read_text() == "keep me"

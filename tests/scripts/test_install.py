@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CHECK = REPO / "scripts" / "requirements_missing.py"
@@ -77,3 +80,40 @@ def test_main_job_script_rejects_a_bad_env_before_installing():
                          env=dict(os.environ, ENV="atari"))
     assert res.returncode == 2 and "ENV must be webshop or alfworld" in res.stderr
     assert "[install]" not in res.stderr
+
+
+def test_install_names_a_python_that_does_not_run(tmp_path):
+    res = subprocess.run(["bash", "scripts/install.sh"], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHON=str(tmp_path / "nope" / "python")))
+    assert res.returncode == 2, res.stderr
+    assert f"PYTHON={tmp_path / 'nope' / 'python'} is not a Python >= 3.10 interpreter" in res.stderr
+
+
+@pytest.mark.parametrize("name, value, says", [
+    ("RL_ITERS", "-1", "RL_ITERS must be an integer >= 1, got '-1'"),
+    ("SFT_TASKS", "abc", "SFT_TASKS must be an integer >= 1, got 'abc'"),
+    ("MAX_STEPS", "1.5", "MAX_STEPS must be an integer >= 1, got '1.5'"),
+    ("HISTORY_LENGTH", "-1", "HISTORY_LENGTH must be an integer >= 0, got '-1'"),
+    ("SFT_LR", "-1e-5", "SFT_LR must be a number > 0, got '-1e-5'"),
+    ("RL_LR", "0.0", "RL_LR must be a number > 0, got '0.0'"),
+    ("OUT", "{file}", "OUT must be a folder, got the file '{file}'"),
+])
+def test_learning_script_rejects_a_bad_setting_before_installing(tmp_path, name, value, says):
+    """Each was taken and failed only at its step (SFT_TASKS after the base evaluation, RL_ITERS
+    after SFT: up to an hour in), or ran with a nonsense value."""
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    env = {**os.environ, "PRETRAIN": "tiny", "OUT": str(tmp_path / "out"), name: value.replace("{file}", str(blocker))}
+    # its own session: were the check missing, the script's steps are stopped with it, not orphaned
+    proc = subprocess.Popen(["bash", "examples/scripts/run_local_learning.sh"], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 2, err[-500:]
+    assert f"run_local_learning.sh: {says.replace('{file}', str(blocker))}" in err
+    assert "[install]" not in err and not (tmp_path / "out").exists()
+    assert blocker.read_text() == "keep me"

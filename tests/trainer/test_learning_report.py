@@ -43,3 +43,33 @@ def test_report_reads_the_run_folder(tmp_path, capsys):
 def test_report_on_an_empty_folder_fails_cleanly(tmp_path, capsys):
     assert learning_report.main([str(tmp_path)]) == 2
     assert "run_local_learning.sh" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rel, text, says", [
+    ("eval_base_train.json", '{"episodes": 3, "format', "not a readable JSON file"),  # cut short
+    ("eval_sft_test.json", "{}", "not an evaluation written by progpo.cli.evaluate (KeyError"),
+    ("eval_sft_test.json", "[1, 2]", "expected a JSON object, found list"),
+    ("rl/metrics.jsonl", '{"iteration": 1}\n{"iterat', "not readable JSON lines"),
+    ("rl/metrics.jsonl", '{"env/score_mean": 0.5}\n', "not the metrics of progpo.cli.train (KeyError"),
+    ("sft/sft_summary.json", '{"samples": 3}', "not an sft summary of progpo.cli.sft (KeyError"),
+    ("eval_rl_test.json/", None, "not a readable JSON file"),  # a folder where the file should be
+])
+def test_report_names_the_bad_file_and_writes_nothing(tmp_path, capsys, rel, text, says):
+    out = tmp_path / "learn"
+    (out / "rl").mkdir(parents=True)
+    (out / "sft").mkdir()
+    (out / "eval_sft_train.json").write_text(json.dumps(_eval(9, 10, [0.5, 0.25], 0)))  # a good file beside it
+    if text is None:
+        (out / rel).mkdir()
+    else:
+        (out / rel).write_text(text)
+    assert learning_report.main([str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {out / rel.rstrip('/')}: {says}"), err
+    assert not (out / "learning.png").exists() and not (out / "learning.json").exists()
+
+
+def test_report_on_a_file_says_it_is_not_a_folder(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert learning_report.main([str(tmp_path / "f")]) == 2
+    assert "is not a folder" in capsys.readouterr().err

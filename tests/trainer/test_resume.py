@@ -128,3 +128,16 @@ def test_sigkill_then_resume_matches_uninterrupted(e2e_runs, tmp_path):
     assert resumed.keys() == uninterrupted.keys()
     for name in resumed:
         assert torch.equal(resumed[name], uninterrupted[name]), name
+
+
+def test_save_path_on_a_file_is_refused_before_the_model_is_built(tmp_path, webshop_url, capsys):
+    from progpo.cli.train import main
+
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    rc = main(["--pretrain", "tiny", "--save_path", str(blocker), "--env.webshop_url", webshop_url,
+               "--train.num_iterations", "1", "--log.progress_bar", "false", "--log.tensorboard", "false"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"--save_path {blocker} is a file" in err
+    assert blocker.read_text() == "keep me"

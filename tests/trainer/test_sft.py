@@ -133,6 +133,13 @@ def test_sft_cli_checkpoint_starts_train(tmp_path, webshop_url, capsys):
     trainer._build = (lambda build: lambda envs: (build(envs), _same(trainer, start))[0])(trainer._build)
     assert [m["iteration"] for m in trainer.fit()] == [1]
 
+    # the same run cut short before its summary (e.g. killed after the last epoch's checkpoint):
+    # its checkpoint is complete, but train/evaluate --pretrain must not take it as a finished SFT
+    (out / "sft_summary.json").rename(tmp_path / "summary.json")
+    with pytest.raises(ValueError, match=r"did not finish \(stopped after epoch 1 of 1.*iter_000001/hf"):
+        resolve_pretrain(str(out))
+    assert resolve_pretrain(hf) == hf  # the escape hatch the message names
+
 
 def _same(trainer, state):
     live = trainer.actor.model.state_dict()
@@ -148,3 +155,34 @@ def test_sft_cli_bad_values_name_the_flag(tmp_path, capsys, flag, value):
     assert sft.main(["--pretrain", "tiny", "--save_path", str(tmp_path / "x"), flag, value]) == 2
     assert flag.lstrip("-") in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # nothing written
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file"])
+def test_sft_cli_save_path_on_a_file_fails_before_any_work(tmp_path, capsys, where):
+    from progpo.cli import sft
+
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    save = blocker if where == "file" else blocker / "run"
+    assert sft.main(["--pretrain", "tiny", "--save_path", str(save), "--sft.num_tasks", "1",
+                     "--log.progress_bar", "false"]) == 2
+    captured = capsys.readouterr()
+    assert "--save_path" in captured.err and str(save) in captured.err
+    assert "expert: won" not in captured.out  # refused before the model and the expert episodes
+    assert blocker.read_text() == "keep me"
+
+
+def test_sft_cli_refuses_a_save_path_with_an_earlier_runs_records(tmp_path, capsys):
+    """An sft stopped between its first metrics record and its first checkpoint left metrics.jsonl;
+    a rerun appended to it (epoch 1 twice)."""
+    from progpo.cli import sft
+
+    save = tmp_path / "sft"
+    save.mkdir()
+    (save / "metrics.jsonl").write_text('{"iteration": 1, "loss/sft_nll": 2.0}\n')
+    assert sft.main(["--pretrain", "tiny", "--save_path", str(save), "--sft.num_tasks", "1", "--train.max_epochs", "1",
+                     "--log.progress_bar", "false"]) == 2
+    captured = capsys.readouterr()
+    assert f"--save_path {save} holds metrics.jsonl of an earlier run" in captured.err
+    assert "expert: won" not in captured.out
+    assert (save / "metrics.jsonl").read_text() == '{"iteration": 1, "loss/sft_nll": 2.0}\n'

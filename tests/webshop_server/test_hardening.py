@@ -3,6 +3,7 @@ from many threads. Every bad request gets 4xx JSON, and the server and the sessi
 
 from __future__ import annotations
 
+import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -190,3 +191,76 @@ def test_async_env_treats_a_refused_action_like_the_sync_env(server):
     for a, b in zip(got, expected):
         assert (a.terminated, a.truncated, a.info["invalid_action"], a.observation) == \
             (b.terminated, b.truncated, b.info["invalid_action"], b.observation)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--workers", "0"], "--workers must be >= 1, got 0"),      # was exit 1 without 'error:'
+    (["--threads", "-1"], "--threads must be >= 1, got -1"),
+    (["--port", "70000"], "--port must be in [0, 65535], got 70000"),
+    (["--cache-min-mb", "nan"], "cache_min_mb must be a finite number >= 0, got nan"),  # never cached, silently
+    (["--cache-min-mb", "-1"], "cache_min_mb must be a finite number >= 0, got -1.0"),
+    (["--cache-min-mb", "0", "--cache-dir", "{file}"], "catalog cache folder (--cache-dir) {file} is a file"),
+    (["--cache-min-mb", "0", "--cache-dir", "{file}/sub"], "catalog cache folder (--cache-dir) {file}/sub is a file"),
+])
+def test_server_flags_refused_in_one_line(webshop_dir, tmp_path, capsys, argv, says):
+    """Bad server flags exit 2 with one ``error:`` line naming the value (the cache-dir ones were
+    an errno line naming neither the flag nor what to do)."""
+    from envs.webshop_server.__main__ import main
+
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    argv = [a.replace("{file}", str(blocker)) for a in argv]
+    assert main(["--data-dir", str(webshop_dir), "--prepare", *argv]) == 2
+    assert f"error: {says.replace('{file}', str(blocker))}" in capsys.readouterr().err
+    assert blocker.read_text() == "keep me"
+
+
+def _exit_2(main, argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_synth_never_overwrites_data_it_did_not_write(tmp_path, capsys):
+    """``--out`` on a real WebShop data folder overwrote its items_shuffle.json; a file as ``--out``
+    was a FileExistsError traceback. A folder of the generator's own (synth.json) is still reused."""
+    from envs.webshop_server import synth
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "items_shuffle.json").write_text('[{"asin": "REAL"}]')
+    err = _exit_2(synth.main, ["--products", "5", "--human-goals", "2", "--out", str(real)], capsys)
+    assert f"{real} holds WebShop files this generator did not write (items_shuffle.json" in err
+    assert (real / "items_shuffle.json").read_text() == '[{"asin": "REAL"}]'
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("keep me")
+    for out in (blocker, blocker / "sub"):
+        assert f"output folder {out} is a file" in _exit_2(synth.main, ["--products", "5", "--out", str(out)], capsys)
+    assert blocker.read_text() == "keep me"
+    ours = tmp_path / "ours"
+    for n in (5, 7):  # regenerating into its own folder is fine
+        assert synth.main(["--products", str(n), "--human-goals", "2", "--out", str(ours)]) == 0
+    assert json.loads((ours / synth.MARKER).read_text())["products"] == 7
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--workers", "0"], "--workers must be >= 1, got 0"),     # failed only after the catalog was prepared
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--sessions", "1", "0"], "--sessions must be >= 1, got 0"),
+    (["--episodes", "-1", "2"], "--episodes must be >= 0, got -1"),
+    (["--search-cache", "-1"], "--search-cache must be >= 0, got -1"),
+    (["--original-mem-gb", "nan"], "--original-mem-gb must be a finite number > 0, got nan"),
+    (["--cache-dir", "{precious}"], "--cache-dir {precious} is not empty and is not a benchmark cache"),  # was emptied
+    (["--cache-dir", "{precious}/notes.txt"], "--cache-dir {precious}/notes.txt is a file"),
+])
+def test_bench_refuses_bad_flags_before_touching_anything(webshop_dir, tmp_path, capsys, argv, says):
+    from envs.webshop_server import bench
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    argv = [a.replace("{precious}", str(precious)) for a in argv]
+    err = _exit_2(bench.main, ["--data-dir", str(webshop_dir), "--skip", "latency", "search", *argv], capsys)
+    assert f"error: {says.replace('{precious}', str(precious))}" in err
+    assert (precious / "notes.txt").read_text() == "keep me"
