@@ -237,6 +237,7 @@ def prepare(batch: StepBatch, cfg: AdvantageConfig) -> Prepared:
     if not isinstance(batch, StepBatch):
         raise ValueError(f"batch must be a StepBatch, got {type(batch).__name__}")
     batch.validate()
+    cfg = cfg.for_batch(batch.state_extra is not None)  # state_key='auto' (ProGPO's default: E3 keys)
     if np.max(np.abs(batch.reward)) > MAX_ABS_REWARD:
         raise ValueError(f"StepBatch.reward has |r| > {MAX_ABS_REWARD:g}; rescale rewards")
     order = np.lexsort((batch.step_index, batch.traj_id))

@@ -8,7 +8,7 @@ lists a str field's values). Formulas and defaults follow the shared spec
 """
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
 Estimator = Literal["grpo", "gigpo", "progpo", "rloo", "hgpo"]
@@ -23,7 +23,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "fusion": ("ivw", "ivw_bias", "none"),
     "potential_estimator": ("mc", "graph"),
     "credit": ("transition", "action"),
-    "state_key": ("obs", "obs_inventory"),
+    "state_key": ("auto", "obs", "obs_inventory"),
+    "zero_signal": ("auto", "off", "task", "batch"),
     "diagnostics": ("full", "basic"),
     "sigma2_floor_ref": ("batch", "success_reward"),
 }
@@ -58,9 +59,9 @@ class AdvantageConfig:
         eta: added to each depth variance in ivw fusion, w_d = 1/(e_d + eta) (5); > 0.
         potential_estimator: mc (pooled Monte-Carlo means of G, (3)-(5)) or graph (empirical MDP, E1).
         credit: transition (C = r + gamma Phi' - Phi, (6)) or action (C = Q - V, E2; needs graph).
-        credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1].
-        zero_signal: a task whose trajectories all have the same episode return R gets advantage exactly 0 on every step, from every term, for every estimator (False: step terms still compare returns-to-go).
-        state_key: anchor state for depth/graph/GiGPO/HGPO keys: obs or obs_inventory (E3; needs state_extra).
+        credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1]; ProGPO only; credit='action' needs 0.
+        zero_signal: advantage exactly 0 where the episode returns R carry no signal, from every term, for every estimator: off; task = on every task whose trajectories all have the same R; batch = on the whole batch when every task does (e.g. every return -0.4); auto = task for progpo, off for the others (True/False mean task/off).
+        state_key: anchor state for depth/graph/GiGPO/HGPO keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo on a batch that carries state_extra, obs otherwise (``for_batch``).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
         max_steps: H, the env's step limit, horizon of the graph backward induction (E1); >= 1.
         diagnostics: full (every estimator also reports the batch's peer/depth-pool fragmentation) or basic.
@@ -90,9 +91,9 @@ class AdvantageConfig:
     eta: float = 1e-6
     potential_estimator: Literal["mc", "graph"] = "mc"
     credit: Literal["transition", "action"] = "transition"
-    credit_lambda: float = 0.0
-    zero_signal: bool = False
-    state_key: Literal["obs", "obs_inventory"] = "obs"
+    credit_lambda: float = 0.8
+    zero_signal: Literal["auto", "off", "task", "batch"] = "auto"
+    state_key: Literal["auto", "obs", "obs_inventory"] = "auto"
     hgpo_alpha: float = 1.0
     max_steps: int = 50
     diagnostics: Literal["full", "basic"] = "full"
@@ -100,9 +101,17 @@ class AdvantageConfig:
     def __post_init__(self) -> None:
         """Validate every field.
 
+        ``auto`` fields are resolved first (:data:`ESTIMATOR_DEFAULTS`), so a built config holds only
+        concrete values (``zero_signal`` True/False become ``task``/``off``).
+
         Raises:
             ValueError: naming the first invalid field and the allowed values/range.
         """
+        if isinstance(self.zero_signal, bool):
+            object.__setattr__(self, "zero_signal", "task" if self.zero_signal else "off")
+        for name, by_estimator in ESTIMATOR_DEFAULTS.items():
+            if getattr(self, name) == "auto" and self.estimator in get_args(Estimator):
+                object.__setattr__(self, name, by_estimator.get(self.estimator, by_estimator["*"]))
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
@@ -150,11 +159,24 @@ class AdvantageConfig:
             raise ValueError(
                 "AdvantageConfig.credit='action' needs potential_estimator='graph' (Q and V come from the graph, E2)"
             )
-        if self.credit_lambda > 0 and self.credit != "transition":
+        if self.estimator == "progpo" and self.credit_lambda > 0 and self.credit != "transition":
             raise ValueError(
                 "AdvantageConfig.credit_lambda > 0 accumulates the transition credit (GAE); it needs "
-                f"credit='transition', got credit={self.credit!r}"
+                f"credit='transition', got credit={self.credit!r} (set credit_lambda=0 with credit='action')"
             )
+
+    def for_batch(self, has_state_extra: bool) -> "AdvantageConfig":
+        """This config with ``state_key='auto'`` resolved for one batch (other configs: ``self``).
+
+        ``auto`` keys ProGPO's anchor states on observation + state_extra (E3, issue 10) when the
+        batch carries state_extra (both training backends record it from the real envs), and on the
+        observation alone otherwise; GiGPO/HGPO/GRPO/RLOO always get the observation (their published
+        keys). An explicit ``obs_inventory`` still requires state_extra.
+        """
+        if self.state_key != "auto":
+            return self
+        key = "obs_inventory" if self.estimator == "progpo" and has_state_extra else "obs"
+        return replace(self, state_key=key)
 
     @staticmethod
     def choices(name: str) -> tuple[str, ...] | None:
@@ -169,6 +191,15 @@ class AdvantageConfig:
         return self.sigma2_floor_coef * self.success_reward**2
 
 
+#: Fields whose ``auto`` default depends on the estimator (issue 10), resolved when the config is built:
+#: ProGPO's product default zeroes every task without a return signal (the best variant measured,
+#: docs/fidelity.md); every other estimator (``*``)
+#: keeps its published behaviour, and can take the same option explicitly. (``state_key='auto'`` is
+#: resolved per batch instead, by :meth:`AdvantageConfig.for_batch`.)
+ESTIMATOR_DEFAULTS: dict[str, dict[str, str]] = {
+    "zero_signal": {"progpo": "task", "*": "off"},
+}
+
 #: The spec's paper reading (``docs/progpo-algorithm.md``, components (1)-(7)), every field it fixes
 #: written out, so that the preset keeps meaning the paper when the product defaults move.
 PAPER: dict[str, object] = {
@@ -176,7 +207,7 @@ PAPER: dict[str, object] = {
     "gigpo_mode": "mean_std_norm", "prefix_mode": "prompt", "kappa": 8.0, "use_peer": True, "use_potential": True,
     "semantic_expansion": True, "min_peers": 2, "tau": 0.90, "depths": 2, "m0": 2.0, "sigma2_floor_coef": 1e-2,
     "sigma2_floor_ref": "success_reward", "success_reward": 10.0, "potential_pool": "inclusive", "fusion": "ivw",
-    "eta": 1e-6, "potential_estimator": "mc", "credit": "transition", "credit_lambda": 0.0, "zero_signal": False,
+    "eta": 1e-6, "potential_estimator": "mc", "credit": "transition", "credit_lambda": 0.0, "zero_signal": "off",
     "state_key": "obs", "hgpo_alpha": 1.0,
 }
 
@@ -185,12 +216,13 @@ PAPER: dict[str, object] = {
 #:
 #: * ``paper``: the spec's paper reading (floor in success-reward units, one-step credit, observation keys).
 #: * ``default``: the product defaults (the dataclass defaults; no override).
-#: * ``candidate``: the candidate new default measured in issue 10: observation + inventory state keys (E3),
-#:   credit accumulated with GAE lambda 0.8, and zero advantages for tasks without a return signal.
+#: * ``candidate``: the candidate measured in issue 10 (observation + inventory state keys (E3), credit
+#:   accumulated with GAE lambda 0.8, zero advantages for tasks without a return signal), written out; for
+#:   ProGPO it equals the product default, which was chosen from it.
 PRESETS: dict[str, dict[str, object]] = {
     "paper": PAPER,
     "default": {},
-    "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": True},
+    "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": "task"},
 }
 
 

@@ -54,6 +54,7 @@ class _Batch:
     """Per-step records with trajectories, returns-to-go and keys (all plain Python)."""
 
     def __init__(self, batch: StepBatch, cfg: AdvantageConfig):
+        cfg = cfg.for_batch(batch.state_extra is not None)
         self.cfg = cfg
         self.steps = _steps(batch)
         self.trajs: dict[int, list[dict]] = {}
@@ -119,7 +120,11 @@ class _Batch:
         return max(returns) - min(returns) <= 1e-12 * max(abs(x) for x in returns)
 
     def finish(self, s, value):
-        return 0.0 if self.cfg.zero_signal and self.no_signal(s) else value
+        if self.cfg.zero_signal == "task" and self.no_signal(s):
+            return 0.0
+        if self.cfg.zero_signal == "batch" and all(self.no_signal(q) for q in self.steps):
+            return 0.0
+        return value
 
     def episode_term(self, s):
         returns = [traj[0]["R"] for traj in self._task_trajs(s["uid"])]

@@ -64,7 +64,8 @@ def equal_return_tasks(p: Prepared) -> np.ndarray:
 
 
 def finish(p: Prepared, adv_sorted: np.ndarray, diag: dict[str, float]) -> StepAdvantages:
-    """Unsort, zero the tasks without a return signal (``zero_signal``), add the advantage statistics
+    """Unsort, zero the tasks without a return signal (``zero_signal='task'``; with ``'batch'`` only when
+    no task of the batch has one), add the advantage statistics
     (and fragmentation if ``diagnostics='full'``), check finiteness.
 
     Raises:
@@ -75,7 +76,7 @@ def finish(p: Prepared, adv_sorted: np.ndarray, diag: dict[str, float]) -> StepA
             diag.setdefault(key, value)
     a = adv_sorted.astype(np.float64, copy=False)
     flat = equal_return_tasks(p)
-    if p.cfg.zero_signal:
+    if p.cfg.zero_signal == "task" or (p.cfg.zero_signal == "batch" and np.all(flat)):
         a = np.where(flat, 0.0, a)
     diag.update({
         "adv/frac_equal_return_steps": float(np.mean(flat)),

@@ -25,7 +25,7 @@ VARIANTS = {
     "progpo history prefix": dict(prefix_mode="history"),
     "progpo obs_inventory (E3)": dict(state_key="obs_inventory"),
     "progpo graph (E1)": dict(potential_estimator="graph"),
-    "progpo graph+action (E1+E2)": dict(potential_estimator="graph", credit="action"),
+    "progpo graph+action (E1+E2)": dict(potential_estimator="graph", credit="action", credit_lambda=0.0),
 }
 
 

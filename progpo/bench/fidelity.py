@@ -35,20 +35,12 @@ from progpo.bench.fidelity_core import (
     select_variants,
 )
 from progpo.bench.oracle import ExactOracle
-from progpo.bench.synthetic_mdp import MDPConfig, make_tasks
+from progpo.bench.families import get_family, make_tasks
 
 ORACLE_ROW = "TD oracle (true V)"
 
-#: fragmentation sweep: name -> overrides of the base MDPConfig (same task seeds in every setting).
-SWEEP: dict[str, dict[str, object]] = {
-    "base (L=6, 3 wordings, slip .1, H=20)": {},
-    "1 wording (less fragmentation)": {"n_variants": 1},
-    "4 wordings (more fragmentation)": {"n_variants": 4},
-    "branching L=8": {"n_locations": 8},
-    "stochastic slip .3 fail .3": {"slip": 0.3, "fail": 0.3},
-    "horizon H=30": {"horizon": 30},
-    "history-heavy (repeat penalty 3)": {"repeat_penalty": 3.0},
-}
+#: fragmentation sweep of the ALFWorld-like family (``progpo.bench.families.AlfworldFamily.sweep``).
+SWEEP: dict[str, dict[str, object]] = get_family("alfworld").sweep
 
 
 @dataclass
@@ -56,16 +48,16 @@ class Setting:
     """Tasks and their oracles for one MDP configuration."""
 
     name: str
-    cfg: MDPConfig
+    cfg: object  #: the family's task config (MDPConfig, ShopConfig, ...)
     tasks: list
     oracles: list[ExactOracle]
     build_s: float
 
 
-def build_setting(name: str, cfg: MDPConfig, n_tasks: int, seed: int) -> Setting:
-    """Generate ``n_tasks`` tasks and solve each exactly (timed)."""
+def build_setting(name: str, cfg, n_tasks: int, seed: int, family: str = "alfworld") -> Setting:
+    """Generate ``n_tasks`` tasks of ``family`` with config ``cfg`` and solve each exactly (timed)."""
     t0 = time.perf_counter()
-    tasks = make_tasks(cfg, n_tasks, seed)
+    tasks = make_tasks(get_family(family), cfg, n_tasks, seed)
     oracles = [ExactOracle(t) for t in tasks]
     return Setting(name, cfg, tasks, oracles, time.perf_counter() - t0)
 
@@ -139,6 +131,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--env", choices=("synthetic", "alfworld"), default="synthetic",
                     help="synthetic MDPs with exact DP truth (default) or real ALFWorld games (slow, opt-in)")
     ap.add_argument("--quick", action="store_true", help="tiny settings for CI (< 2 min)")
+    ap.add_argument("--family", default="alfworld", help="synthetic task family: alfworld | webshop")
     ap.add_argument("--batches", type=int, default=50, help="batches per N (>= 1)")
     ap.add_argument("--n-rollouts", default="4,8,16", help="comma list of N (rollouts per task)")
     ap.add_argument("--tasks-per-batch", type=int, default=16)
@@ -188,17 +181,20 @@ def run_synthetic(args: argparse.Namespace) -> str:
     """The synthetic benchmark: main tables per N, the sweep, PNGs; returns the markdown report."""
     t_start, c_start = time.perf_counter(), time.process_time()
     variants = select_variants(args.estimators.split(",") if args.estimators else None)
-    base_cfg = MDPConfig(n_locations=4, horizon=10, n_variants=2) if args.quick else MDPConfig()
-    sweep = {"base (quick)": {}, "1 wording": {"n_variants": 1}} if args.quick else SWEEP
+    family = get_family(args.family)
+    base_cfg = family.fidelity_cfg
+    if args.quick:
+        base_cfg = replace(base_cfg, **family.quick_overrides)
+    sweep = {"base (quick)": {}, "1 wording": {"n_variants": 1}} if args.quick else family.sweep
     encoder, load_s = _encoder(args.encoder)
-    main = build_setting("base", base_cfg, args.task_pool, args.seed)
+    main = build_setting("base", base_cfg, args.task_pool, args.seed, args.family)
     embed_line = "encoder: none (semantic expansion off)"
     if encoder is not None:
         vocab = observation_vocab(main)
         encoder.warm(vocab)
         embed_line = (f"encoder: all-MiniLM-L6-v2 on CPU, load {load_s:.1f} s, {len(vocab)} observation texts "
                       f"embedded once in {encoder.seconds:.1f} s")
-    parts = [f"Synthetic MDP: {base_cfg}\n", f"{len(main.tasks)} tasks solved exactly in {main.build_s:.1f} s "
+    parts = [f"Synthetic MDP ({args.family} family): {base_cfg}\n", f"{len(main.tasks)} tasks solved exactly in {main.build_s:.1f} s "
              f"({np.mean([o.num_nodes for o in main.oracles]):.0f} nodes/task); {embed_line}.\n"]
     results = {}
     for n in args.n_list:
@@ -209,7 +205,8 @@ def run_synthetic(args: argparse.Namespace) -> str:
     if args.sweep_batches > 0:
         core = [v for v in variants if v.name in CORE_VARIANTS] or variants
         for name, over in sweep.items():
-            st = main if not over else build_setting(name, replace(base_cfg, **over), args.task_pool, args.seed)
+            st = main if not over else build_setting(name, replace(base_cfg, **over), args.task_pool, args.seed,
+                                                             args.family)
             if encoder is not None:
                 encoder.warm(observation_vocab(st))
             sweep_res[name] = evaluate(st, core, args.sweep_n, args.sweep_batches, args.tasks_per_batch, encoder,
@@ -219,8 +216,8 @@ def run_synthetic(args: argparse.Namespace) -> str:
                      f"per setting)\n\n" + sweep_table(sweep_res, names))
     out = Path(args.out)
     pngs = report.plot_fidelity(results, sweep_res, out)
-    parts.append(f"Total wall time {time.perf_counter() - t_start:.0f} s, CPU time {time.process_time() - c_start:.0f} s (encoder {0 if encoder is None else encoder.seconds:.0f} s"
-                 f" of it); figures: {', '.join(p.name for p in pngs)}.")
+    parts.append(f"Total wall time {time.perf_counter() - t_start:.0f} s, CPU time {time.process_time() - c_start:.0f} s (this process; the"
+                 f" encoder's calls took {0 if encoder is None else encoder.seconds:.0f} s wall); figures: {', '.join(p.name for p in pngs)}.")
     return "\n\n".join(parts)
 
 
@@ -233,7 +230,8 @@ def main(argv: Sequence[str]) -> int:
         block = "fidelity-alfworld"
     else:
         text = run_synthetic(args)
-        block = "fidelity-quick" if args.quick else "fidelity"
+        block = "fidelity" if args.family == "alfworld" else f"fidelity-{args.family}"
+        block += "-quick" if args.quick else ""
     cmd = "python -m progpo.cli.bench fidelity " + shlex.join(argv)
     print(text)
     out = Path(args.out)

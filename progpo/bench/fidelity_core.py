@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 from scipy import stats
 
-from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
+from progpo.advantages import PRESETS, AdvantageConfig, StepBatch, compute_advantages
 from progpo.bench.oracle import ExactOracle
 from progpo.bench.synthetic_mdp import SyntheticTask
 
@@ -119,14 +119,18 @@ def _v(name: str, encoder: bool = False, **kw: object) -> Variant:
 
 
 def all_variants() -> list[Variant]:
-    """Baselines, ProGPO (paper reading), its ablations and the E1-E3 extensions (spec names)."""
+    """Baselines, ProGPO (the product default, and the paper reading), the default's ablations and the
+    E1-E3 extensions (spec names). Tables generated before issue 10's default change read ``progpo`` as
+    the paper reading with the batch-scaled floor (``progpo paper sigma2_floor_ref=batch``)."""
     pg = dict(estimator="progpo")
+    paper = {k: v for k, v in PRESETS["paper"].items() if k not in ENV_FIELDS}
     return [
         _v("grpo", estimator="grpo"),
         _v("rloo", estimator="rloo"),
         _v("gigpo", estimator="gigpo"),
         _v("hgpo", estimator="hgpo"),
         _v("progpo", True, **pg),
+        _v("progpo paper", True, **pg, **paper),
         _v("progpo -peer", True, **pg, use_peer=False),
         _v("progpo -potential", True, **pg, use_potential=False),
         _v("progpo -semantic", False, **pg, semantic_expansion=False),
@@ -138,13 +142,13 @@ def all_variants() -> list[Variant]:
         _v("progpo pool=loo", True, **pg, potential_pool="loo"),
         _v("progpo state=obs_inv", True, **pg, state_key="obs_inventory"),
         _v("progpo graph (E1)", True, **pg, potential_estimator="graph"),
-        _v("progpo graph+action (E1+E2)", True, **pg, potential_estimator="graph", credit="action"),
-        _v("progpo E1+E2 beta_ep=0", True, **pg, potential_estimator="graph", credit="action", beta_episode=0.0),
+        _v("progpo graph+action (E1+E2)", True, **pg, potential_estimator="graph", credit="action", credit_lambda=0.0),
+        _v("progpo E1+E2 beta_ep=0", True, **pg, potential_estimator="graph", credit="action", credit_lambda=0.0, beta_episode=0.0),
         # E1+E2 on E3 keys (observation + inventory): the synthetic observations alias holding / not holding
         # the object (docs/fidelity.md, "Why E1+E2 does not learn").
-        _v("progpo E1+E2 state=obs_inv", True, **pg, potential_estimator="graph", credit="action",
+        _v("progpo E1+E2 state=obs_inv", True, **pg, potential_estimator="graph", credit="action", credit_lambda=0.0,
            state_key="obs_inventory"),
-        _v("progpo E1+E2 beta_ep=0 state=obs_inv", True, **pg, potential_estimator="graph", credit="action",
+        _v("progpo E1+E2 beta_ep=0 state=obs_inv", True, **pg, potential_estimator="graph", credit="action", credit_lambda=0.0,
            beta_episode=0.0, state_key="obs_inventory"),
     ]
 
@@ -154,19 +158,81 @@ CORE_VARIANTS = ("grpo", "gigpo", "hgpo", "progpo", "progpo -peer", "progpo grap
 
 
 def select_variants(names: Sequence[str] | None) -> list[Variant]:
-    """The variants named (all when ``names`` is None), in table order.
+    """The rows named (all named variants when ``names`` is None).
+
+    Each name is either a named variant of :func:`all_variants` or a row spec for :func:`parse_row`;
+    rows come in the order given (duplicates dropped).
 
     Raises:
-        ValueError: an unknown name (the message lists the known ones).
+        ValueError: a name that is neither (the message names the row and the problem).
     """
     every = all_variants()
     if names is None:
         return every
     known = {v.name: v for v in every}
-    bad = [n for n in names if n not in known]
-    if bad:
-        raise ValueError(f"--estimators: unknown {bad}; known: {list(known)}")
-    return [v for v in every if v.name in set(names)]
+    return [known[n] if n in known else parse_row(n) for n in dict.fromkeys(names)]
+
+
+def _parse_value(row: str, name: str, ftype, text: str) -> object:
+    kind = ftype if isinstance(ftype, str) else getattr(ftype, "__name__", str(ftype))
+    try:
+        if kind == "bool":
+            low = text.lower()
+            if low not in ("true", "false", "1", "0"):
+                raise ValueError("expected true/false")
+            return low in ("true", "1")
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+    except ValueError as exc:
+        raise ValueError(f"row {row!r}: {name}={text!r} is not a valid {kind} ({exc})") from None
+    return text
+
+
+def parse_row(spec: str) -> Variant:
+    """A row from ``ESTIMATOR [preset=NAME] [field=value ...]`` (fields of :class:`AdvantageConfig`).
+
+    Fields and their types come from ``dataclasses.fields(AdvantageConfig)``, so fields added later
+    need no change here. ``preset=NAME`` applies ``progpo.advantages.PRESETS[NAME]`` where it stands in
+    the spec (fields after it win), except the env fields :data:`ENV_FIELDS` (the family's step limit,
+    discount and success reward hold for every row alike). The row's name is the spec itself.
+
+    Raises:
+        ValueError: naming the row: an unknown estimator, field or preset, a malformed token, or a
+            value ``AdvantageConfig`` rejects.
+    """
+    tokens = spec.split()
+    if not tokens:
+        raise ValueError("empty row spec")
+    est, rest = tokens[0], tokens[1:]
+    if est not in AdvantageConfig.choices("estimator"):
+        raise ValueError(f"row {spec!r}: unknown estimator or row name {est!r}; estimators: "
+                         f"{list(AdvantageConfig.choices('estimator'))}, named rows: {[v.name for v in all_variants()]}")
+    types = {f.name: f.type for f in fields(AdvantageConfig)}
+    over: dict[str, object] = {"estimator": est}
+    for tok in rest:
+        name, eq, text = tok.partition("=")
+        if not eq:
+            raise ValueError(f"row {spec!r}: token {tok!r} is not field=value")
+        if name == "preset":
+            if text not in PRESETS:
+                raise ValueError(f"row {spec!r}: unknown preset {text!r}; presets: {list(PRESETS)}")
+            # the family fixes the env's step limit, discount and success reward for every row alike
+            over.update({k: v for k, v in PRESETS[text].items() if k not in ENV_FIELDS})
+            continue
+        if name not in types or name == "estimator":
+            raise ValueError(f"row {spec!r}: AdvantageConfig has no field {name!r}; fields: {sorted(types)}")
+        over[name] = _parse_value(spec, name, types[name], text)
+    try:
+        cfg = AdvantageConfig(**over)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"row {spec!r}: {exc}") from None
+    return Variant(spec, tuple(over.items()), cfg.estimator == "progpo" and cfg.semantic_expansion)
+
+
+#: AdvantageConfig fields that describe the env, set by :func:`config_base` from the task family.
+ENV_FIELDS = ("max_steps", "gamma", "success_reward")
 
 
 def config_base(horizon: int, gamma: float, success_reward: float) -> dict[str, object]:

@@ -1,249 +1,233 @@
 """``python -m progpo.cli.bench learning``: does better credit assignment learn faster? (no LLM)
 
-A log-linear softmax policy over the admissible actions of the synthetic ALFWorld-like tasks
-(``progpo.bench.synthetic_mdp``) is trained from scratch with each estimator's step advantages by the
-same policy-gradient update, on the same tasks and seeds:
-
-    logits(a | task u, observation o) = theta_obs[u, o, a] + theta_act[u, a]
-    theta <- theta + lr * (1/n_traj) * sum_steps A_step * grad log pi(a_step | u, o_step)
-
-(REINFORCE with a step advantage, Williams 1992 eq. 11, on-policy so no PPO ratio/clip; one update per
-batch of ``tasks x rollouts`` episodes, as GRPO/GiGPO train). The table reports the success rate of
-the training batches, the environment steps to reach ``--target`` (default 80%) success with 95%
-intervals over seeds, and the final success; a PNG shows the curves. Same learning rate for every
-estimator (their advantage scales differ; nothing is tuned per estimator).
+A log-linear softmax policy over the admissible actions of a task family
+(:mod:`progpo.bench.families`: ``alfworld``-like rooms or ``webshop``-like search and select) is
+trained from scratch with each estimator row's step advantages by the same REINFORCE update, on the
+same tasks, seeds and budget (:mod:`progpo.bench.learner`, vectorised in :mod:`progpo.bench.engine`).
+Rows are named estimators or specs ``ESTIMATOR [preset=NAME] [field=value ...]`` over
+``AdvantageConfig``'s fields. With ``--lr-sweep`` every row first runs each learning rate on
+``--sweep-seeds`` seeds of their own, and the final table runs ``--seeds`` fresh seeds at each row's
+best rate (smallest restricted mean steps to ``--target``). Reported: final success, steps to 50% and
+to ``--target`` with censored statistics over all seeds (:mod:`progpo.bench.survival`), the on-policy
+fidelity against the exact advantage of the learner's own policy during training, the fixed-policy
+fidelity of the same rows, and how well each fidelity measure ranks the rows' learning.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import os
-import resource
+import pickle
+import shlex
 import time
-from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
-from progpo.advantages import StepBatch, compute_advantages
+from progpo.bench import learning_report as lr_report
 from progpo.bench import report
-from progpo.bench.fidelity_core import CachedEncoder, config_base, mean_ci, prompt_key, select_variants
-from progpo.bench.synthetic_mdp import MDPConfig, SyntheticTask, make_tasks
+from progpo.bench.families import AlfworldFamily, family_config, get_family, make_tasks
+from progpo.bench.fidelity_core import CachedEncoder, select_variants
+from progpo.bench.learner import RunSpec, build_source, make_context, run_all
+from progpo.bench.survival import steps_to_target  # noqa: F401  (re-exported: the benchmark's definition)
 
-DEFAULT_ESTIMATORS = ("grpo", "rloo", "gigpo", "hgpo", "progpo", "progpo graph+action (E1+E2)",
-                      "progpo E1+E2 beta_ep=0")
-LEARN_CFG = MDPConfig(n_locations=4, horizon=30)
-
-
-class LogLinearPolicy:
-    """Tabular/log-linear softmax over admissible actions; parameters are dicts (sparse, start at 0)."""
-
-    def __init__(self) -> None:
-        self.theta_obs: dict[tuple[str, str, str], float] = {}
-        self.theta_act: dict[tuple[str, str], float] = {}
-
-    def probs(self, uid: str, obs: str, actions: Sequence[str]) -> np.ndarray:
-        """``[n_actions]`` probabilities of ``actions`` at observation ``obs`` of task ``uid``."""
-        z = np.array([self.theta_obs.get((uid, obs, a), 0.0) + self.theta_act.get((uid, a), 0.0) for a in actions])
-        p = np.exp(z - z.max())
-        return p / p.sum()
-
-    def update(self, grads: list[tuple[str, str, Sequence[str], np.ndarray, int, float]], lr: float,
-               n_traj: int) -> None:
-        """Apply ``lr / n_traj * sum_steps A * grad log pi`` for steps ``(uid, obs, actions, probs, chosen, adv)``."""
-        scale = lr / max(n_traj, 1)
-        for uid, obs, actions, p, k, adv in grads:
-            if adv == 0.0:
-                continue
-            g = -p * adv * scale
-            g[k] += adv * scale
-            for a, ga in zip(actions, g):
-                self.theta_obs[(uid, obs, a)] = self.theta_obs.get((uid, obs, a), 0.0) + ga
-                self.theta_act[(uid, a)] = self.theta_act.get((uid, a), 0.0) + ga
-
-
-def task_vocab(task: SyntheticTask) -> list[str]:
-    """Every observation text of ``task`` reachable by any policy (BFS over latent states)."""
-    texts = {t: None for _, _, t in task.initial()}
-    seen, todo = set(), [s for _, s, _ in task.initial()]
-    while todo:
-        s = todo.pop()
-        if s in seen:
-            continue
-        seen.add(s)
-        for a in task.admissible(s) + task.invalid_actions:
-            for o in task.outcomes(s, a):
-                texts[o.obs] = None
-                if not o.terminated:
-                    todo.append(o.next_state)
-    return list(texts)
-
-
-def rollout_batch(tasks: Sequence[SyntheticTask], policy: LogLinearPolicy, n_rollouts: int,
-                  rng: np.random.Generator):
-    """Play ``n_rollouts`` episodes per task; returns (StepBatch, per-step grad records, successes, env steps)."""
-    cols: dict[str, list] = {k: [] for k in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated",
-                                             "invalid", "anchor_obs", "prefix_key", "action", "state_extra",
-                                             "final_obs")}
-    recs, wins, tid = [], [], 0
-    for task in tasks:
-        uid = f"task{task.seed}"
-        init = task.initial()
-        for _ in range(n_rollouts):
-            _, state, obs = init[int(rng.integers(len(init)))]
-            pairs: list[tuple[str, str]] = []
-            won = False
-            for t in range(task.horizon):
-                acts = task.admissible(state)
-                p = policy.probs(uid, obs, acts)
-                k = int(min(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"), len(p) - 1))
-                out = task.step(state, acts[k], rng)
-                last = out.terminated or t == task.horizon - 1
-                key = prompt_key(task.goal_text, t, pairs[len(pairs) - task.history:] if task.history else [],
-                                 obs, acts)
-                for name, val in (("uid", uid), ("traj_id", tid), ("step_index", t), ("reward", out.reward),
-                                  ("terminated", out.terminated), ("truncated", last and not out.terminated),
-                                  ("invalid", out.invalid), ("anchor_obs", obs),
-                                  ("prefix_key", key), ("action", acts[k]), ("state_extra", task.inventory(state)),
-                                  ("final_obs", out.obs if last and not out.terminated else "")):
-                    cols[name].append(val)
-                recs.append((uid, obs, acts, p, k))
-                pairs.append((obs, acts[k]))
-                state, obs = out.next_state, out.obs
-                if out.terminated:
-                    won = out.reward > 0
-                    break
-            wins.append(won)
-            tid += 1
-    return StepBatch.from_lists(**cols), recs, np.asarray(wins), len(recs)
-
-
-def train_one(variant, tasks, seed: int, args, encoder) -> tuple[list[float], list[float]]:
-    """One training run; returns (cumulative env steps, training-batch success rate) per iteration."""
-    rng = np.random.default_rng([seed, 4242])
-    policy = LogLinearPolicy()
-    cfg = variant.config(config_base(tasks[0].horizon, tasks[0].gamma, tasks[0].cfg.success_reward))
-    steps, succ, total = [], [], 0
-    for _ in range(args.iterations):
-        batch, recs, wins, n = rollout_batch(tasks, policy, args.rollouts, rng)
-        adv = compute_advantages(batch, cfg, encoder if variant.needs_encoder else None).advantages
-        policy.update([(*r, float(a)) for r, a in zip(recs, adv)], args.lr, len(wins))
-        total += n
-        steps.append(float(total))
-        succ.append(float(wins.mean()))
-    return steps, succ
-
-
-def _train_job(job):
-    """One (variant, seed) run in a worker; the encoder is the precomputed text -> vector cache."""
-    variant, tasks, seed, args, cache = job
-    encoder = None
-    if cache is not None:
-        encoder = CachedEncoder(_missing_text)
-        encoder.cache = cache
-    return train_one(variant, tasks, seed, args, encoder)
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds of this process plus its finished worker processes."""
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + kids.ru_utime + kids.ru_stime
-
-
-def _missing_text(texts: list[str]):
-    raise ValueError(f"learning: observation text not in the precomputed embedding cache: {texts[:1]!r}")
-
-
-def steps_to_target(steps: Sequence[float], succ: Sequence[float], target: float, window: int = 3) -> float:
-    """Env steps at the first iteration whose success, averaged over the last ``window`` iterations,
-    reaches ``target``; NaN when never reached."""
-    s = np.asarray(succ)
-    for i in range(len(s)):
-        if s[max(0, i - window + 1):i + 1].mean() >= target:
-            return float(steps[i])
-    return float("nan")
+DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo", "progpo", "progpo state_key=obs_inventory",
+                      "gigpo state_key=obs_inventory", "hgpo state_key=obs_inventory")
+LEARN_CFG = AlfworldFamily.learn_cfg
+SWEEP_SEED0 = 1000  #: sweep seeds are 1000, 1001, ... (the final seeds 0..n-1 are never used to pick the lr)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """CLI flags (``--help`` lists them)."""
+    """CLI flags (``--help`` lists them).
+
+    Raises:
+        ValueError: naming the flag, for counts < 1, a non-positive lr, a target outside (0, 1], or a
+            malformed ``--lr-sweep``.
+    """
     ap = argparse.ArgumentParser(prog="python -m progpo.cli.bench learning", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny settings for CI (< 2 min)")
-    ap.add_argument("--seeds", type=int, default=5, help="training seeds per estimator (>= 1)")
+    ap.add_argument("--quick", action="store_true", help="tiny settings for CI (< 1 min)")
+    ap.add_argument("--family", default="alfworld", help="task family: alfworld | webshop")
+    ap.add_argument("--regime", choices=("fixed", "fresh"), default="fixed",
+                    help="fixed: the same --tasks tasks every iteration; fresh: new tasks from a pool every iteration")
+    ap.add_argument("--policy", choices=("auto", "tabular", "features"), default="auto",
+                    help="learner parameters: per-task table or shared features (auto: tabular if fixed, else features)")
+    ap.add_argument("--pool", type=int, default=0, help="fresh regime: pool size (0 = iterations x tasks, no repeats)")
+    ap.add_argument("--task-config", default="", help="comma list field=value overriding the family's task config")
+    ap.add_argument("--seeds", type=int, default=15, help="seeds per row in the final table (seeds 0..n-1)")
     ap.add_argument("--iterations", type=int, default=100, help="policy updates per run")
-    ap.add_argument("--tasks", type=int, default=16, help="tasks per batch (the same tasks every iteration)")
+    ap.add_argument("--tasks", type=int, default=16, help="tasks per batch")
     ap.add_argument("--rollouts", type=int, default=8, help="N, rollouts per task")
-    ap.add_argument("--lr", type=float, default=10.0, help="learning rate (same for every estimator)")
+    ap.add_argument("--lr", type=float, default=10.0, help="learning rate of every row when there is no sweep")
+    ap.add_argument("--lr-sweep", default="", help="comma list of learning rates; each row runs at its best")
+    ap.add_argument("--sweep-seeds", type=int, default=5, help="seeds per (row, lr) of the sweep (seeds 1000+)")
     ap.add_argument("--target", type=float, default=0.8, help="success rate whose first crossing is reported")
-    ap.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS), help="comma list of fidelity row names")
-    ap.add_argument("--encoder", choices=("minilm", "none"), default="minilm")
+    ap.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS),
+                    help="comma list of rows: named variants or 'ESTIMATOR field=value ...' specs")
+    ap.add_argument("--reference", default="gigpo", help="row of the restricted-mean ratio column ('' = none)")
+    ap.add_argument("--probe-every", type=int, default=5, help="on-policy fidelity every k iterations (0 = off)")
+    ap.add_argument("--fixed-fidelity-batches", type=int, default=20,
+                    help="batches of the fixed-policy fidelity table on the same tasks (0 = skip)")
+    ap.add_argument("--sign-threshold", type=float, default=0.1, help="|A*| above which a step counts for sign")
+    ap.add_argument("--encoder", choices=("auto", "minilm", "none"), default="auto",
+                    help="ProGPO's semantic expansion encoder (auto: minilm if fixed, none if fresh)")
     ap.add_argument("--task-seed", type=int, default=1)
-    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
-                    help="processes training (estimator, seed) runs in parallel (1 = in-process)")
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (1 = in-process)")
     ap.add_argument("--out", default="runs/bench/learning")
     ap.add_argument("--write-docs", action="store_true", help="replace the generated block of docs/fidelity.md")
     args = ap.parse_args(list(argv))
-    for name in ("seeds", "iterations", "tasks", "rollouts", "workers"):
+    for name in ("seeds", "iterations", "tasks", "rollouts", "workers", "sweep_seeds"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("pool", "probe_every", "fixed_fidelity_batches"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if not args.lr > 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     if not 0 < args.target <= 1:
         raise ValueError(f"--target must be in (0, 1], got {args.target}")
+    try:
+        args.lrs = [float(x) for x in args.lr_sweep.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lr-sweep must be a comma list of numbers, got {args.lr_sweep!r}") from None
+    if any(not x > 0 for x in args.lrs):
+        raise ValueError(f"--lr-sweep rates must be > 0, got {args.lr_sweep!r}")
+    get_family(args.family)
+    if args.policy == "auto":
+        args.policy = "tabular" if args.regime == "fixed" else "features"
+    if args.encoder == "auto":
+        args.encoder = "minilm" if args.regime == "fixed" else "none"
     if args.quick:
         args.seeds, args.iterations, args.tasks, args.rollouts = 2, 4, 3, 4
+        args.sweep_seeds, args.lrs, args.probe_every, args.fixed_fidelity_batches = 1, args.lrs[:2], 2, 2
+    if args.pool == 0:
+        args.pool = args.iterations * args.tasks
     return args
 
 
+def _encoder(args, source) -> tuple[CachedEncoder | None, str]:
+    if args.encoder == "none":
+        return None, "encoder: none (semantic expansion off)"
+    from progpo.advantages.embeddings import default_encoder
+
+    enc = CachedEncoder(default_encoder())
+    texts = list(dict.fromkeys(t for ct in source.tasks for t in ct.obs_text[ct.node_obs]))
+    enc.warm(texts)
+    return enc, f"encoder: all-MiniLM-L6-v2, {len(texts)} observation texts embedded once in {enc.seconds:.0f} s"
+
+
+def _phase(ctx, rows, lrs: dict[str, list[float]], seeds, args, probe_every: int,
+           matched_on: str | None = None) -> dict[str, dict[float, list]]:
+    """Run every (row, lr, seed); returns row -> lr -> results (seed order). The runs of row
+    ``matched_on`` also probe every row's advantages on their batches (matched-policy fidelity)."""
+    specs = [RunSpec(row, lr, s, args.iterations, args.rollouts, probe_every, args.sign_threshold,
+                     tuple(rows) if row.name == matched_on and probe_every else ())
+             for row in rows for lr in lrs[row.name] for s in seeds]
+    out: dict[str, dict[float, list]] = {row.name: {} for row in rows}
+    for res in run_all(ctx, specs, args.workers):
+        out[res.spec.row.name].setdefault(res.spec.lr, []).append(res)
+    return out
+
+
+def _cost(label: str, results: list, wall: float) -> str:
+    cpu = sum(r.cpu_s for r in results)
+    return (f"{label}: {len(results)} runs, {wall:.0f} s wall, {cpu:.0f} s CPU in the runs "
+            f"({cpu / max(len(results), 1):.1f} s per run)")
+
+
 def run(args: argparse.Namespace) -> str:
-    """Train every estimator on every seed; returns the markdown report (and writes the PNG)."""
-    t0, c0 = time.perf_counter(), _cpu_seconds()
-    variants = select_variants([s.strip() for s in args.estimators.split(",") if s.strip()])
-    tasks = make_tasks(LEARN_CFG, args.tasks, args.task_seed)
-    encoder, enc_line = None, "encoder: none (semantic expansion off)"
-    if args.encoder == "minilm":
-        from progpo.advantages.embeddings import default_encoder
-        encoder = CachedEncoder(default_encoder())
-        vocab = [t for task in tasks for t in task_vocab(task)]
-        encoder.warm(vocab)
-        enc_line = f"encoder: all-MiniLM-L6-v2, {len(set(vocab))} texts embedded once in {encoder.seconds:.1f} s"
-    jobs = [(v, seed) for v in variants for seed in range(args.seeds)]
-    cache = None if encoder is None else dict(encoder.cache)
-    if args.workers > 1:
-        with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            results = list(pool.map(_train_job, [(v, tasks, seed, args, cache) for v, seed in jobs]))
-    else:
-        results = [_train_job((v, tasks, seed, args, cache)) for v, seed in jobs]
-    curves: dict[str, list] = {}
-    for (v, _), res in zip(jobs, results):
-        curves.setdefault(v.name, []).append(res)
-    rows = []
-    for v in variants:
-        runs = curves[v.name]
-        final = [float(np.mean(y[-5:])) for _, y in runs]
-        first = [y[0] for _, y in runs]
-        row = [v.name, report.fmt_ci(*mean_ci(first), 2), report.fmt_ci(*mean_ci(final), 3)]
-        for target in (0.5, args.target):
-            hit = [steps_to_target(s, y, target) for s, y in runs]
-            reached = [h for h in hit if np.isfinite(h)]
-            m, h = mean_ci(reached) if reached else (float("nan"), float("nan"))
-            txt = "n/a" if not reached else (f"{m:,.0f} ± {h:,.0f}" if len(reached) > 1 else f"{m:,.0f} (1 seed)")
-            row += [f"{len(reached)}/{len(runs)}", txt]
-        rows.append(row)
-    out = Path(args.out)
-    png = report.plot_curves(curves, out / "learning_curves.png",
-                             f"Log-linear policy, {args.tasks} tasks x {args.rollouts} rollouts, {args.seeds} seeds")
-    head = (f"Tasks: {args.tasks} synthetic tasks ({LEARN_CFG}), {args.rollouts} rollouts each per iteration, "
-            f"{args.iterations} iterations, lr {args.lr}, {args.seeds} seeds; {enc_line}. Success = share of the "
-            f"iteration's training episodes that succeeded; 'steps to X' = env steps when the "
-            f"3-iteration moving average first reaches it (mean ± 95% t-interval over the seeds that reached it).")
-    header = ["estimator", "success at start", "final success (last 5 it.)", "seeds reaching 50%",
-              "env steps to 50%", f"seeds reaching {args.target:.0%}", f"env steps to {args.target:.0%}"]
-    return (head + "\n\n" + report.markdown_table(header, rows)
-            + f"\n\nTotal wall time {time.perf_counter() - t0:.0f} s, CPU time {_cpu_seconds() - c0:.0f} s "
-            f"(all processes); "
+    """Sweep (optional), final runs, tables; returns the markdown report (and writes the PNG)."""
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    family = get_family(args.family)
+    cfg = family_config(family, "learn", [x for x in args.task_config.split(",") if x.strip()])
+    rows = select_variants([s.strip() for s in args.estimators.split(",") if s.strip()])
+    names = [r.name for r in rows]
+    reference = args.reference if args.reference in names else None
+    source = build_source(family, cfg, args.regime, args.policy, args.tasks, args.task_seed, args.pool, args.workers)
+    build_s = time.perf_counter() - t0
+    encoder, enc_line = _encoder(args, source) if any(r.needs_encoder for r in rows) else (None, "encoder: not needed")
+    ctx = make_context(source, encoder)
+    costs, parts = [f"setup (tasks compiled, encoder) {time.perf_counter() - t0:.0f} s wall "
+                    f"(task compilation {build_s:.0f} s)"], []
+    best, sweep_line = _sweep(ctx, rows, args, costs, parts)
+    t1 = time.perf_counter()
+    final_by = _phase(ctx, rows, {n: [best[n]] for n in names}, range(args.seeds), args, args.probe_every,
+                      reference)
+    final = {n: final_by[n][best[n]] for n in names}
+    args.results["final"] = final
+    costs.append(_cost("final runs", [r for runs in final.values() for r in runs], time.perf_counter() - t1))
+    tau = lr_report.common_tau(list(final.values()))
+    parts.append(f"**Learning** ({args.seeds} seeds per row, seeds 0..{args.seeds - 1}; {sweep_line})\n\n"
+                 + lr_report.main_table(final, best, args.target, tau, reference))
+    if args.probe_every:
+        parts.append(f"**On-policy fidelity** (against the exact advantage of the learner's own current policy, "
+                     f"every {args.probe_every} iterations of the final runs; mean over probes, then mean ± 95% "
+                     f"interval over seeds; early / late = first / last third of training)\n\n"
+                     + lr_report.onpolicy_table(final))
+        if reference:
+            parts.append(f"**Matched-policy fidelity** (every row's advantages on the batches of the {reference} "
+                         f"runs above, against the exact advantage of that policy: all rows judged on the same "
+                         f"policies)\n\n" + lr_report.matched_table(final[reference], names))
+    fixed = None
+    if args.fixed_fidelity_batches:
+        t1 = time.perf_counter()
+        tasks = make_tasks(family, cfg, args.tasks, args.task_seed)
+        fixed = lr_report.fixed_policy_fidelity(tasks, rows, ctx.base, args.fixed_fidelity_batches, args.rollouts,
+                                                encoder, args.sign_threshold, 0)
+        costs.append(f"fixed-policy fidelity: {time.perf_counter() - t1:.0f} s wall")
+        parts.append(f"**Fixed-policy fidelity** (the same rows against the exact advantage of the family's "
+                     f"fixed behaviour policy on the first {args.tasks} tasks, {args.fixed_fidelity_batches} batches "
+                     f"of {args.tasks} x {args.rollouts})\n\n" + lr_report.fixed_policy_table(fixed))
+    if args.probe_every:
+        parts.append("**Which fidelity predicts learning** (Spearman rank correlation across the rows above)\n\n"
+                     + lr_report.predictiveness_table(final, fixed, args.target, tau,
+                                                      final[reference] if reference else None))
+    png = report.plot_curves({n: [(r.steps, r.success) for r in runs] for n, runs in final.items()},
+                             Path(args.out) / f"{_block(args)}.png",
+                             f"{args.family} ({args.regime} tasks), {args.tasks} tasks x {args.rollouts}, "
+                             f"{args.seeds} seeds, best lr each")
+    head = _head(args, cfg, enc_line)
+    load1 = os.getloadavg()[0]
+    cost = ("Cost: " + "; ".join(costs) + f"; total {time.perf_counter() - t0:.0f} s wall; load average "
+            f"{load0:.1f} at start, {load1:.1f} at end ({os.cpu_count()} CPUs, {args.workers} workers); "
             f"figure: {png.name}.")
+    return "\n\n".join([head, *parts, cost])
+
+
+def _sweep(ctx, rows, args, costs: list[str], parts: list[str]) -> tuple[dict[str, float], str]:
+    """The learning-rate sweep (when ``--lr-sweep`` is given): (best lr per row, a line saying how lrs were
+    chosen); appends its table to ``parts``, its cost to ``costs``, its runs to ``args.results``."""
+    names = [r.name for r in rows]
+    args.results = {"sweep": {}}
+    if not args.lrs:
+        return {n: args.lr for n in names}, f"lr {args.lr:g} for every row (no sweep)"
+    t1 = time.perf_counter()
+    sweep = _phase(ctx, rows, {n: args.lrs for n in names}, range(SWEEP_SEED0, SWEEP_SEED0 + args.sweep_seeds),
+                   args, 0)
+    args.results["sweep"] = sweep
+    flat = [r for by in sweep.values() for runs in by.values() for r in runs]
+    costs.append(_cost("lr sweep", flat, time.perf_counter() - t1))
+    tau_s = lr_report.common_tau([flat])
+    best = {n: lr_report.pick_lr(sweep[n], args.target, tau_s) for n in names}
+    parts.append(f"**Learning-rate sweep** ({args.sweep_seeds} seeds per cell, seeds {SWEEP_SEED0}+; cell: "
+                 f"restricted mean env steps to {args.target:.0%} at tau {tau_s / 1e3:,.0f}k (seeds reaching), "
+                 f"final success; bold: the rate each row uses below)\n\n"
+                 + lr_report.sweep_table(sweep, args.target, tau_s, best))
+    return best, f"each row at its best lr of {args.lr_sweep} (sweep above)"
+
+
+def _head(args: argparse.Namespace, cfg, enc_line: str) -> str:
+    return (f"Family **{args.family}** ({cfg}), **{args.regime}** tasks ("
+            + (f"the same {args.tasks} tasks every iteration" if args.regime == "fixed" else
+               f"{args.tasks} new tasks per iteration from a pool of {args.pool}")
+            + f"), {args.policy} policy, {args.rollouts} rollouts per task, {args.iterations} iterations; {enc_line}. "
+            "Success = share of the iteration's training episodes that succeeded (final: last 5 iterations, mean "
+            "± 95% t-interval over seeds); steps to X = env steps when the 3-iteration moving average first "
+            "reaches X; seeds that never do are censored at their budget (KM median with 95% interval; "
+            "restricted mean = mean of min(steps, tau), tau = smallest budget of the final runs).")
+
+
+def _block(args: argparse.Namespace) -> str:
+    name = "learning" if (args.family, args.regime) == ("alfworld", "fixed") else f"learning-{args.family}-{args.regime}"
+    return name + ("-quick" if args.quick else "")
 
 
 def main(argv: Sequence[str]) -> int:
@@ -254,8 +238,10 @@ def main(argv: Sequence[str]) -> int:
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    block = "learning-quick" if args.quick else "learning"
+    block = _block(args)
     (out / f"{block}.md").write_text(f"`{cmd}`\n\n{text}\n")
+    with open(out / f"{block}-runs.pkl", "wb") as fh:  # every run's curves and probes, for re-analysis
+        pickle.dump(args.results, fh)
     if args.write_docs:
         report.write_docs_block(block, cmd, text)
     return 0

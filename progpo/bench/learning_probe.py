@@ -26,13 +26,85 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
-from progpo.advantages import AdvantageConfig, compute_advantages
-from progpo.bench.fidelity_core import config_base
-from progpo.bench.learning import LEARN_CFG, LogLinearPolicy, rollout_batch
+from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
+from progpo.bench.fidelity_core import config_base, prompt_key
 from progpo.bench.oracle import ExactOracle
+from progpo.bench.families import AlfworldFamily
 from progpo.bench.synthetic_mdp import SyntheticTask, make_tasks
 
-E12 = dict(estimator="progpo", potential_estimator="graph", credit="action")
+LEARN_CFG = AlfworldFamily.learn_cfg  #: the learning benchmark's ALFWorld-like tasks
+
+
+# The reference loop: one episode and one dict lookup at a time (``progpo.bench.engine`` is the fast,
+# vectorised version the learning benchmark uses; tests/bench/test_engine.py checks they agree).
+class LogLinearPolicy:
+    """Tabular/log-linear softmax over admissible actions; parameters are dicts (sparse, start at 0)."""
+
+    def __init__(self) -> None:
+        self.theta_obs: dict[tuple[str, str, str], float] = {}
+        self.theta_act: dict[tuple[str, str], float] = {}
+
+    def probs(self, uid: str, obs: str, actions: Sequence[str]) -> np.ndarray:
+        """``[n_actions]`` probabilities of ``actions`` at observation ``obs`` of task ``uid``."""
+        z = np.array([self.theta_obs.get((uid, obs, a), 0.0) + self.theta_act.get((uid, a), 0.0) for a in actions])
+        p = np.exp(z - z.max())
+        return p / p.sum()
+
+    def update(self, grads: list[tuple[str, str, Sequence[str], np.ndarray, int, float]], lr: float,
+               n_traj: int) -> None:
+        """Apply ``lr / n_traj * sum_steps A * grad log pi`` for steps ``(uid, obs, actions, probs, chosen, adv)``."""
+        scale = lr / max(n_traj, 1)
+        for uid, obs, actions, p, k, adv in grads:
+            if adv == 0.0:
+                continue
+            g = -p * adv * scale
+            g[k] += adv * scale
+            for a, ga in zip(actions, g):
+                self.theta_obs[(uid, obs, a)] = self.theta_obs.get((uid, obs, a), 0.0) + ga
+                self.theta_act[(uid, a)] = self.theta_act.get((uid, a), 0.0) + ga
+
+
+def rollout_batch(tasks: Sequence[SyntheticTask], policy: LogLinearPolicy, n_rollouts: int,
+                  rng: np.random.Generator):
+    """Play ``n_rollouts`` episodes per task; returns (StepBatch, per-step grad records, successes, env steps)."""
+    cols: dict[str, list] = {k: [] for k in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated",
+                                             "invalid", "anchor_obs", "prefix_key", "action", "state_extra",
+                                             "final_obs")}
+    recs, wins, tid = [], [], 0
+    for task in tasks:
+        uid = f"task{task.seed}"
+        init = task.initial()
+        for _ in range(n_rollouts):
+            _, state, obs = init[int(rng.integers(len(init)))]
+            pairs: list[tuple[str, str]] = []
+            won = False
+            for t in range(task.horizon):
+                acts = task.admissible(state)
+                p = policy.probs(uid, obs, acts)
+                k = int(min(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"), len(p) - 1))
+                out = task.step(state, acts[k], rng)
+                last = out.terminated or t == task.horizon - 1
+                key = prompt_key(task.goal_text, t, pairs[len(pairs) - task.history:] if task.history else [],
+                                 obs, acts)
+                for name, val in (("uid", uid), ("traj_id", tid), ("step_index", t), ("reward", out.reward),
+                                  ("terminated", out.terminated), ("truncated", last and not out.terminated),
+                                  ("invalid", out.invalid), ("anchor_obs", obs),
+                                  ("prefix_key", key), ("action", acts[k]), ("state_extra", task.inventory(state)),
+                                  ("final_obs", out.obs if last and not out.terminated else "")):
+                    cols[name].append(val)
+                recs.append((uid, obs, acts, p, k))
+                pairs.append((obs, acts[k]))
+                state, obs = out.next_state, out.obs
+                if out.terminated:
+                    won = out.reward > 0
+                    break
+            wins.append(won)
+            tid += 1
+    return StepBatch.from_lists(**cols), recs, np.asarray(wins), len(recs)
+
+
+
+E12 = dict(estimator="progpo", potential_estimator="graph", credit="action", credit_lambda=0.0)
 ROWS = {"gigpo": dict(estimator="gigpo"), "E1+E2": E12, "E1+E2 beta_ep=0": {**E12, "beta_episode": 0.0},
         "E1+E2 beta_ep=0 state=obs_inv": {**E12, "beta_episode": 0.0, "state_key": "obs_inventory"}}
 

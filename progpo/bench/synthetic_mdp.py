@@ -23,12 +23,11 @@ whether the object's receptacle has been opened; ``hold``: 0 object at its origi
 
 from __future__ import annotations
 
-import math
-import zlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
+from progpo.bench.behaviour import ExpertSoftmaxPolicy, PolicyConfig
 from progpo.bench.oracle import Outcome
 
 RECEPTACLES = ("cabinet", "drawer", "countertop", "shelf", "diningtable", "sidetable", "dresser",
@@ -69,7 +68,7 @@ _VERBED = {"clean": "cleaned", "heat": "heated", "cool": "cooled"}
 
 
 @dataclass(frozen=True)
-class MDPConfig:
+class MDPConfig(PolicyConfig):
     """Knobs of the task generator and of the behaviour policy (all tasks of a config share them).
 
     Attributes:
@@ -113,29 +112,16 @@ class MDPConfig:
             raise ValueError(f"n_locations must be in [3, {len(RECEPTACLES)}], got {self.n_locations}")
         if not 1 <= self.n_variants <= 4:
             raise ValueError(f"n_variants must be in [1, 4], got {self.n_variants}")
-        for name in ("slip", "fail", "invalid_prob"):
+        for name in ("slip", "fail"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         for name in ("process_prob", "closed_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.horizon < 1:
-            raise ValueError(f"horizon must be >= 1, got {self.horizon}")
-        if self.history < 0:
-            raise ValueError(f"history must be >= 0, got {self.history}")
-        for name in ("prior_scale", "obs_scale", "repeat_penalty", "invalid_penalty", "success_reward"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        """Names of the config fields (for CLI overrides)."""
-        return [f.name for f in fields(cls)]
+        self.check_common()
 
 
-class SyntheticTask:
+class SyntheticTask(ExpertSoftmaxPolicy):
     """One seeded ALFWorld-like task with its behaviour policy (a :class:`~progpo.bench.oracle.TextMDP`).
 
     Args:
@@ -289,35 +275,7 @@ class SyntheticTask:
         k = rng.choice(len(outs), p=np.array([o.prob for o in outs]))
         return outs[int(k)]
 
-    # ------------------------------------------------------------ behaviour policy
-    def policy(self, state: tuple[int, int, int], obs: str, hist: tuple[str, ...]) -> list[tuple[str, float]]:
-        """Behaviour policy ``pi(a | s, o, last K actions)``: see the module docstring."""
-        cfg = self.cfg
-        acts = self.admissible(state)
-        base = self._logit_cache.get((state, obs))
-        if base is None:
-            expert, noise = self.expert_action(state), self._noise(obs)
-            base = [self.prior.get(a, 0.0) + noise.get(a, 0.0) + (cfg.expert_bias if a == expert else 0.0)
-                    for a in acts]
-            self._logit_cache[(state, obs)] = base
-        logits = [b - cfg.repeat_penalty * hist.count(a) for a, b in zip(acts, base)] if hist else base
-        top = max(logits)
-        w = [math.exp(x - top) for x in logits]
-        scale = (1.0 - cfg.invalid_prob) / sum(w)
-        out = [(a, x * scale) for a, x in zip(acts, w)]
-        if cfg.invalid_prob > 0:
-            out += [(a, cfg.invalid_prob / len(self.invalid_actions)) for a in self.invalid_actions]
-        return out
-
     # ------------------------------------------------------------ helpers
-    def _noise(self, obs: str) -> dict[str, float]:
-        got = self._obs_noise.get(obs)
-        if got is None:
-            rng = np.random.default_rng([self.seed, zlib.crc32(obs.encode())])
-            got = {a: float(rng.normal(0, self.cfg.obs_scale)) for a in sorted(self.prior)}
-            self._obs_noise[obs] = got
-        return got
-
     def _variants(self, templates: tuple[str, ...]) -> tuple[str, ...]:
         return templates[: self.cfg.n_variants]
 

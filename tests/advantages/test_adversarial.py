@@ -58,7 +58,7 @@ def _lopsided_batch() -> StepBatch:
 def test_lopsided_groups_and_odd_text_are_finite(name):
     b = _lopsided_batch()
     for cfg in (AdvantageConfig(estimator=name), AdvantageConfig(estimator=name, potential_pool="loo", depths=64),
-                AdvantageConfig(estimator=name, potential_estimator="graph", credit="action", max_steps=4)):
+                AdvantageConfig(estimator=name, potential_estimator="graph", credit="action", credit_lambda=0.0, max_steps=4)):
         out = compute_advantages(b, cfg, HashEncoder())
         assert out.advantages.shape == (b.num_steps,) and np.all(np.isfinite(out.advantages))
 

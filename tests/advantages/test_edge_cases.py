@@ -94,7 +94,7 @@ def test_no_nan_or_inf_even_with_extreme_rewards(name, scale):
         b = dataclasses.replace(b, reward=b.reward * scale)
         for cfg in (AdvantageConfig(estimator=name), AdvantageConfig(estimator=name, potential_pool="loo",
                                                                      fusion="ivw_bias", depths=3),
-                    AdvantageConfig(estimator=name, potential_estimator="graph", credit="action", max_steps=8)):
+                    AdvantageConfig(estimator=name, potential_estimator="graph", credit="action", credit_lambda=0.0, max_steps=8)):
             out = compute_advantages(b, cfg, enc)
             assert np.all(np.isfinite(out.advantages))
             assert all(np.isfinite(v) and isinstance(v, float) for v in out.diagnostics.values())

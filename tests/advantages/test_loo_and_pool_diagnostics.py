@@ -54,7 +54,7 @@ def test_loo_fallback_uses_only_the_other_trajectories():
     # with the step's own returns in it).
     rows = [(0, 0, "a", "go", 0.0, False), (0, 1, "b", "win", 10.0, True), (1, 0, "c", "wait", 0.0, True)]
     got = compute_advantages(_batch(rows), AdvantageConfig(potential_pool="loo", beta_episode=0.0, use_peer=False,
-                                                           semantic_expansion=False)).advantages
+                                                           semantic_expansion=False, credit_lambda=0.0)).advantages
     phi = {"0a": 0.0,            # same t in traj 1: G = 0
            "0b": 0.0,            # no t=1 elsewhere: mean G of traj 1 = 0 (was mean(9.5, 10, 0) = 6.5)
            "1c": 0.95 * 10.0}    # same t in traj 0: G = 9.5

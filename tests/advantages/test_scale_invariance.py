@@ -40,7 +40,7 @@ CONFIGS = [
     ("progpo ivw_bias depths=3", dict(estimator="progpo", fusion="ivw_bias", depths=3), 0),
     ("progpo fusion=none history", dict(estimator="progpo", fusion="none", prefix_mode="history"), 0),
     ("progpo graph (E1)", dict(estimator="progpo", **GRAPH), 0),
-    ("progpo graph+action (E1+E2)", dict(estimator="progpo", credit="action", **GRAPH), 0),
+    ("progpo graph+action (E1+E2)", dict(estimator="progpo", credit="action", credit_lambda=0.0, **GRAPH), 0),
 ]
 ENC = HashEncoder()
 

@@ -53,7 +53,7 @@ def _all_invalid_batch(n_traj: int = 4, length: int = 4) -> StepBatch:
 def test_all_invalid_main_job_case_gets_unit_size_noise_without_zero_signal():
     # the behaviour zero_signal exists for: G_t differs with t (-0.1, -0.195, ...), the depth-0 pool
     # mixes step indices, so C != 0 and C / std_u C is of unit size although no trajectory did better
-    out = compute_advantages(_all_invalid_batch(), AdvantageConfig())
+    out = compute_advantages(_all_invalid_batch(), AdvantageConfig(zero_signal="off"))
     assert out.diagnostics["adv/std"] > 0.5
     assert out.diagnostics["adv/frac_equal_return_steps"] == 1.0
 
@@ -62,7 +62,7 @@ def test_all_invalid_main_job_case_gets_unit_size_noise_without_zero_signal():
 def test_zero_signal_zeroes_every_term_of_the_all_invalid_case(name):
     batch = _all_invalid_batch()
     for cfg in (AdvantageConfig(estimator=name, zero_signal=True), config_from_preset("candidate", estimator=name),
-                AdvantageConfig(estimator=name, zero_signal=True, potential_estimator="graph", credit="action",
+                AdvantageConfig(estimator=name, zero_signal=True, potential_estimator="graph", credit="action", credit_lambda=0.0,
                                 max_steps=4)):
         out = compute_advantages(batch, cfg, HashEncoder() if name == "progpo" else None)
         assert np.all(out.advantages == 0.0)
@@ -121,3 +121,56 @@ def test_zero_signal_equals_the_loop_oracle_on_random_batches():
         np.testing.assert_allclose(got, reference_progpo(batch, cfg, HashEncoder()), rtol=1e-8, atol=1e-8)
         hits += int(np.any(compute_advantages(batch, cfg).diagnostics["adv/frac_equal_return_steps"] > 0))
     assert hits > 0  # some random batches do have tasks without a signal
+
+
+def test_product_default_gives_exact_zeros_on_a_batch_without_signal():
+    # issue 10: ProGPO's product default (zero_signal task) zeroes a batch in which no task has a return
+    # spread (the main job's every-return--0.4 batch); by hand: every advantage is exactly 0.0; the batch
+    # scope does the same
+    cfg = AdvantageConfig()
+    assert (cfg.estimator, cfg.zero_signal) == ("progpo", "task")
+    assert compute_advantages(_all_invalid_batch(), AdvantageConfig(zero_signal="batch"), HashEncoder()
+                              ).advantages.tolist() == [0.0] * 16
+    out = compute_advantages(_all_invalid_batch(), cfg, HashEncoder())
+    assert out.advantages.tolist() == [0.0] * 16
+    # two tasks, each flat but at different returns (-0.4 and 10): still no signal anywhere -> zeros
+    b = _all_invalid_batch(n_traj=2, length=2)
+    cols = {k: list(getattr(b, k)) for k in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated",
+                                             "invalid", "anchor_obs", "prefix_key", "action", "state_extra")}
+    for tid, t, r in ((10, 0, 0.0), (10, 1, 10.0), (11, 0, 10.0)):
+        for k, v in zip(cols, ("w", tid, t, r, t == 1 or tid == 11, False, False, f"o{t}", f"w|{tid}|{t}", "go",
+                               "")):
+            cols[k].append(v)
+    out = compute_advantages(StepBatch.from_lists(**cols), cfg, HashEncoder())
+    assert out.advantages.tolist() == [0.0] * 7
+    # the paper reading keeps its unit-size noise on the same batch
+    assert compute_advantages(_all_invalid_batch(), config_from_preset("paper"), HashEncoder()).diagnostics[
+        "adv/std"] > 0.5
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_batch_scope_leaves_a_batch_with_any_signal_alone(name):
+    # zero_signal='batch' acts only when no task has a signal: on the mixed batch it changes nothing
+    batch = _mixed_batch()
+    off = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="off"), HashEncoder()).advantages
+    scoped = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="batch"), HashEncoder()).advantages
+    np.testing.assert_array_equal(scoped, off)
+    assert np.any(scoped[batch.uid == "q"] != 0.0) or name in ("grpo", "rloo")
+
+
+def test_zero_signal_values():
+    assert AdvantageConfig(zero_signal=True).zero_signal == "task"
+    assert AdvantageConfig(zero_signal=False).zero_signal == "off"
+    for name in ALL:  # auto: batch for ProGPO only; the baselines keep their published behaviour
+        assert AdvantageConfig(estimator=name).zero_signal == ("task" if name == "progpo" else "off")
+    with pytest.raises(ValueError, match="zero_signal"):
+        AdvantageConfig(zero_signal="on")
+
+
+def test_batch_scope_equals_the_loop_oracle():
+    from progpo.advantages.reference import reference_progpo
+
+    for batch in (_all_invalid_batch(), _mixed_batch()):
+        cfg = AdvantageConfig(zero_signal="batch", semantic_expansion=False)
+        np.testing.assert_allclose(compute_advantages(batch, cfg).advantages, reference_progpo(batch, cfg, None),
+                                   rtol=1e-8, atol=1e-8)

@@ -183,6 +183,10 @@ def test_step_batch_rows_align_with_records(qwen3_tokenizer, fake_env_cls) -> No
     assert np.allclose(batch.reward, [r.reward for r in records])
     assert batch.invalid.tolist() == [r.invalid for r in records]
     assert batch.state_extra is not None and batch.state_extra[0] == "You carry 0 keys."
+    # ProGPO's product default keys its anchor states on it (state_key auto -> obs_inventory, issue 10)
+    from progpo.advantages import AdvantageConfig
+    from progpo.advantages._prep import prepare
+    assert prepare(batch, AdvantageConfig()).cfg.state_key == "obs_inventory"
     steps = batch.step_index.tolist()
     assert steps[:3] == [0, 1, 2]
     with pytest.raises(ValueError, match="no training steps"):

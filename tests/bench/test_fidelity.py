@@ -51,14 +51,16 @@ def test_bad_flags_name_the_flag():
         MDPConfig(n_variants=0)
 
 
-def test_quick_pipeline_runs(tmp_path, capsys):
-    assert fidelity.main(["--quick", "--encoder", "none", "--out", str(tmp_path)]) == 0
+@pytest.mark.parametrize("family", ["alfworld", "webshop"])
+def test_quick_pipeline_runs(family, tmp_path, capsys):
+    assert fidelity.main(["--quick", "--family", family, "--encoder", "none", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     for row in ("| grpo |", "| gigpo |", "| progpo |", "| progpo graph+action (E1+E2) |", "| TD oracle (true V) |"):
         assert row in text
-    assert "Fragmentation sweep" in text
+    assert "Fragmentation sweep" in text and f"({family} family)" in text
     assert (tmp_path / "fidelity_spearman.png").stat().st_size > 0
-    assert (tmp_path / "fidelity-quick.md").read_text().startswith("`python -m progpo.cli.bench fidelity --quick")
+    block = "fidelity-quick" if family == "alfworld" else f"fidelity-{family}-quick"
+    assert (tmp_path / f"{block}.md").read_text().startswith("`python -m progpo.cli.bench fidelity --quick")
 
 
 def test_docs_block_is_replaced_not_duplicated(tmp_path):

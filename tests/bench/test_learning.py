@@ -1,15 +1,21 @@
-"""Learning benchmark: policy gradient sanity and the quick pipeline end to end."""
+"""Learning benchmark: policy-gradient sanity, row specs, regimes, and the quick pipeline end to end."""
 
 from __future__ import annotations
+
+import pickle
 
 import numpy as np
 import pytest
 
 from progpo.bench import learning
+from progpo.bench.families import FAMILIES
+from progpo.bench.fidelity_core import parse_row, select_variants
+from progpo.bench.learner import RunSpec, build_source, make_context, train_run
+from progpo.bench.learning_probe import LogLinearPolicy
 
 
 def test_update_raises_the_probability_of_a_positive_advantage_action():
-    pol = learning.LogLinearPolicy()
+    pol = LogLinearPolicy()
     acts = ["a", "b", "c"]
     p = pol.probs("u", "o", acts)
     assert np.allclose(p, 1 / 3)
@@ -26,12 +32,75 @@ def test_steps_to_target():
 def test_bad_flags_name_the_flag():
     with pytest.raises(ValueError, match="--lr"):
         learning.parse_args(["--lr", "0"])
-    with pytest.raises(ValueError, match="--estimators"):
+    with pytest.raises(ValueError, match="--lr-sweep"):
+        learning.parse_args(["--lr-sweep", "3,x"])
+    with pytest.raises(ValueError, match="unknown task family"):
+        learning.parse_args(["--family", "nope"])
+    with pytest.raises(ValueError, match="row 'nope'"):
         learning.run(learning.parse_args(["--quick", "--encoder", "none", "--estimators", "nope"]))
+    with pytest.raises(ValueError, match="fresh needs --policy features"):
+        build_source(FAMILIES["alfworld"], FAMILIES["alfworld"].learn_cfg, "fresh", "tabular", 2, 1, 4, 1)
 
 
-def test_quick_pipeline_runs(tmp_path, capsys):
-    assert learning.main(["--quick", "--encoder", "none", "--out", str(tmp_path)]) == 0
+def test_row_specs_are_generic_over_config_fields():
+    row = parse_row("gigpo state_key=obs_inventory gamma=0.9 use_peer=false")
+    cfg = row.config({"max_steps": 30})
+    assert (cfg.estimator, cfg.state_key, cfg.gamma, cfg.use_peer, cfg.max_steps) == \
+        ("gigpo", "obs_inventory", 0.9, False, 30)
+    assert not row.needs_encoder and parse_row("progpo").needs_encoder
+    assert not parse_row("progpo semantic_expansion=false").needs_encoder
+    with pytest.raises(ValueError, match=r"row 'progpo not_a_field=1'.*no field 'not_a_field'"):
+        parse_row("progpo not_a_field=1")
+    with pytest.raises(ValueError, match=r"row 'progpo omega=x'"):
+        parse_row("progpo omega=x")
+    with pytest.raises(ValueError, match=r"row 'progpo state_key=bad'"):
+        parse_row("progpo state_key=bad")
+    names = [v.name for v in select_variants(["progpo state=obs_inv", "hgpo state_key=obs_inventory", "gigpo"])]
+    assert names == ["progpo state=obs_inv", "hgpo state_key=obs_inventory", "gigpo"]
+
+
+def test_fresh_regime_draws_new_tasks_the_same_for_every_row():
+    fam = FAMILIES["webshop"]
+    src = build_source(fam, fam.learn_cfg, "fresh", "features", 3, 1, 12, 1)
+    order = src.order(seed=4, iterations=4)
+    assert order.shape == (4, 3) and len(set(order.ravel().tolist())) == 12  # pool 12 = 4 x 3: no repeats
+    assert np.array_equal(order, src.order(seed=4, iterations=4))
+    ctx = make_context(src)
+    runs = [train_run(ctx, RunSpec(row, 10.0, 4, 4, 4, probe_every=2)) for row in select_variants(["gigpo", "hgpo"])]
+    again = train_run(ctx, RunSpec(select_variants(["gigpo"])[0], 10.0, 4, 4, 4, probe_every=2))
+    assert np.array_equal(runs[0].success, again.success) and np.array_equal(runs[0].steps, again.steps)
+    assert runs[0].probe_it.tolist() == [0, 2, 3]
+    assert np.all(np.isfinite(runs[0].probes["spearman"])) and np.all(runs[0].probes["J"] >= 0)
+
+
+@pytest.mark.parametrize("argv", [["--encoder", "none", "--lr-sweep", "5,10"],
+                                  ["--family", "webshop", "--regime", "fresh", "--estimators", "gigpo,progpo,hgpo"]])
+def test_quick_pipeline_runs(argv, tmp_path, capsys):
+    assert learning.main(["--quick", "--out", str(tmp_path), *argv]) == 0
     text = capsys.readouterr().out
-    assert "| grpo |" in text and "| progpo |" in text
-    assert (tmp_path / "learning_curves.png").stat().st_size > 0
+    assert "| gigpo |" in text and "| progpo |" in text
+    for part in ("**Learning**", "**On-policy fidelity**", "**Matched-policy fidelity**", "**Fixed-policy fidelity**",
+                 "predicts learning", "matched-policy Spearman", "Cost:"):
+        assert part in text
+    if "--lr-sweep" in argv:
+        assert "**Learning-rate sweep**" in text
+    assert list(tmp_path.glob("*.png")) and list(tmp_path.glob("learning*-quick.md"))
+    runs = pickle.loads(next(tmp_path.glob("learning*-quick-runs.pkl")).read_bytes())
+    assert set(runs["final"]) >= {"gigpo", "progpo"} and runs["final"]["gigpo"][0].steps.size == 4
+
+
+def test_row_specs_accept_presets():
+    from progpo.advantages import PRESETS
+
+    env = {"max_steps": 30, "gamma": 0.9, "success_reward": 5.0}
+    paper = parse_row("progpo preset=paper").config(env)
+    for name, value in PRESETS["paper"].items():
+        want = env[name] if name in env else value  # the family's env fields hold for every row
+        assert getattr(paper, name) == want, name
+    cand = parse_row("progpo preset=candidate").config(env)
+    assert (cand.state_key, cand.credit_lambda, cand.zero_signal) == ("obs_inventory", 0.8, "task")
+    # fields after the preset win; the estimator stays the row's
+    row = parse_row("gigpo preset=paper sigma2_floor_ref=batch").config(env)
+    assert (row.estimator, row.sigma2_floor_ref, row.state_key) == ("gigpo", "batch", "obs")
+    with pytest.raises(ValueError, match=r"row 'progpo preset=nope': unknown preset 'nope'"):
+        parse_row("progpo preset=nope")

@@ -3,8 +3,7 @@
 import numpy as np
 
 from progpo.advantages import AdvantageConfig, compute_advantages
-from progpo.bench.learning import LogLinearPolicy
-from progpo.bench.learning_probe import E12, LearnerMDP, Probe, main
+from progpo.bench.learning_probe import E12, LearnerMDP, LogLinearPolicy, Probe, main
 from progpo.bench.oracle import ExactOracle
 
 

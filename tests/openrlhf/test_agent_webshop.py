@@ -155,6 +155,10 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen3_tokenizer
     # the chosen options (WebShop's state_extra) reach the StepBatch the estimators read
     batch = mods.experience.step_batch_from_experiences(rows)
     assert batch.state_extra is not None and batch.state_extra[0] == "Selected options: none."
+    # ProGPO's product default keys its anchor states on them (state_key auto -> obs_inventory, issue 10)
+    from progpo.advantages import AdvantageConfig
+    from progpo.advantages._prep import prepare
+    assert prepare(batch, AdvantageConfig()).cfg.state_key == "obs_inventory"
     k = 0
     for r in responses:
         ep = r[mods.agent.RESPONSE_EPISODE_KEY]

@@ -76,7 +76,7 @@ def test_preset_then_flags(cli, tmp_path):
     assert ns.progpo_advantage_config == config_from_preset("paper", estimator="progpo", max_steps=15)
     ns = _finalize(cli, BASE + ["--progpo.preset", "candidate", "--progpo.state_key", "obs"], tmp_path)
     cfg = ns.progpo_advantage_config
-    assert (cfg.state_key, cfg.credit_lambda, cfg.zero_signal) == ("obs", 0.8, True)
+    assert (cfg.state_key, cfg.credit_lambda, cfg.zero_signal) == ("obs", 0.8, "task")
     assert not hasattr(ns, "progpo_preset")
 
 

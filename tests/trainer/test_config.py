@@ -88,7 +88,7 @@ def test_preset_then_flags():
     cand = config_from_args(["--progpo.preset", "candidate", "--progpo.credit_lambda", "0.5",
                              "--advantage_estimator", "gigpo"]).advantage
     assert (cand.estimator, cand.state_key, cand.zero_signal, cand.credit_lambda) == ("gigpo", "obs_inventory",
-                                                                                     True, 0.5)
+                                                                                     "task", 0.5)
     assert config_from_args(["--progpo.preset", "default"]).advantage == config_from_args([]).advantage
 
 
@@ -98,3 +98,14 @@ def test_bad_preset_is_one_line_naming_the_flag(capsys):
     assert main(["--progpo.preset", "papr"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--progpo.preset" in err[0] and "'paper'" in err[0]
+
+
+def test_progpo_default_and_baselines_on_the_cli():
+    prog = config_from_args([]).advantage
+    assert (prog.estimator, prog.state_key, prog.credit_lambda, prog.zero_signal) == ("progpo", "auto", 0.8, "task")
+    for est in ("gigpo", "hgpo", "grpo", "rloo"):
+        cfg = config_from_args(["--advantage_estimator", est]).advantage
+        assert cfg.zero_signal == "off" and cfg.for_batch(True).state_key == "obs"  # as published
+        opt = config_from_args(["--advantage_estimator", est, "--progpo.state_key", "obs_inventory",
+                                "--progpo.zero_signal", "batch"]).advantage
+        assert (opt.state_key, opt.zero_signal) == ("obs_inventory", "batch")  # offered as options
