@@ -159,6 +159,11 @@ class Trainer:
         if not cfg.run.resume and self.ckpt.latest() is not None:
             raise ValueError(f"--save_path {self.save_path} already holds checkpoints: pass --resume to continue "
                              "that run, or choose another --save_path")
+        if not cfg.run.resume and self.ckpt.latest() is None and (self.save_path / "metrics.jsonl").is_file():
+            # a run stopped before its first checkpoint: appending would mix its records with ours
+            raise ValueError(f"--save_path {self.save_path} holds metrics.jsonl of an earlier run (no checkpoint): "
+                             "pass --resume to start that run over (its records are replaced), or choose another "
+                             "--save_path")
         check_run_dir(self.save_path)
         actor_cfg = dataclasses.replace(cfg.actor, pretrain=resolve_pretrain(cfg.actor.pretrain))
         self.actor = Actor(actor_cfg)
@@ -176,6 +181,7 @@ class Trainer:
             logger.info("resumed from %s (iteration %d)", latest, start)
         elif cfg.run.resume:
             logger.warning("--resume: no checkpoint in %s, starting from scratch", self.save_path)
+            self.metrics.truncate_after(0)  # the unfinished run's records: its iterations are played again
         return start
 
     def fit(self) -> list[dict[str, float]]:

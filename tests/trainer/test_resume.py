@@ -141,3 +141,24 @@ def test_save_path_on_a_file_is_refused_before_the_model_is_built(tmp_path, webs
     err = capsys.readouterr().err
     assert f"--save_path {blocker} is a file" in err
     assert blocker.read_text() == "keep me"
+
+
+def test_metrics_of_a_run_without_checkpoint_are_not_appended_to(tmp_path, webshop_url, capsys):
+    # a run stopped before its first checkpoint left metrics.jsonl; a new run there appended its
+    # iteration 1 to the old one (two records for iteration 1). Now: refused, or replaced with --resume.
+    from progpo.cli.train import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    old = json.dumps({"iteration": 1, "env/success_rate": 0.5}) + "\n"
+    (run / "metrics.jsonl").write_text(old)
+    args = ["--pretrain", "tiny", "--save_path", str(run), "--env.webshop_url", webshop_url,
+            "--train.num_iterations", "1", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2",
+            "--env.max_steps", "2", "--log.progress_bar", "false", "--log.tensorboard", "false"]
+    assert main(args) == 2
+    assert "holds metrics.jsonl of an earlier run" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == old  # nothing lost
+    assert main([*args, "--resume"]) == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [1]
+    assert "env/success_rate" in records[0] and "loss/optimizer_steps" in records[0]
