@@ -73,7 +73,7 @@ evaluate "$OUT/sft" train "$EVAL_TRAIN_TASKS" 1.0 "$OUT/eval_sft_train.json"
 evaluate "$OUT/sft" test "$EVAL_TEST_TASKS" 0.4 "$OUT/eval_sft_test.json"
 log "4/6 ProGPO from the SFT model, $RL_ITERS iterations"
 RESUME=()
-[ -e "$OUT/rl/checkpoints/latest" ] && RESUME=(--resume)
+if [ -e "$OUT/rl/checkpoints/latest" ] || [ -e "$OUT/rl/metrics.jsonl" ]; then RESUME=(--resume); fi  # no checkpoint yet: --resume starts it over
 python3 -m progpo.cli.train "${RESUME[@]}" --pretrain "$OUT/sft" --save_path "$OUT/rl" --advantage_estimator progpo "${PROTOCOL[@]}" \
   --train.num_iterations "$RL_ITERS" --rollout.batch_size 2 --rollout.n_samples_per_prompt 4 \
   --rollout.temperature 1.0 --train.batch_size 16 --train.micro_batch_size 2 --actor.adam.lr "$RL_LR" \
