@@ -57,8 +57,20 @@ def setup_logging(level: str = "INFO") -> None:
 
 def unwind_on_sigterm() -> None:
     """Make SIGTERM (kill, job schedulers) unwind like Ctrl-C, so context managers stop the WebShop
-    server and the env pool instead of leaving them running."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    server and the env pool instead of leaving them running. Both signals also stop a running decode
+    at its next token (``generation.request_stop``); the unwind used to wait for the whole batch."""
+    from progpo.trainer.generation import request_stop
+
+    def on_sigterm(signum, frame):
+        request_stop()
+        sys.exit(128 + signum)
+
+    def on_sigint(signum, frame):
+        request_stop()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigint)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -33,6 +34,26 @@ import torch
 from progpo.agents.types import Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
+
+_STOP = threading.Event()
+
+
+class GenerationStopped(RuntimeError):
+    """A decode was abandoned because the process was asked to stop (:func:`request_stop`)."""
+
+
+def request_stop() -> None:
+    """Ask every running decode of this process to stop at its next token (signal handlers call this).
+
+    A decode runs in a worker thread; without this, SIGTERM or Ctrl-C waited for the whole batch
+    (minutes on CPU) before the process could unwind.
+    """
+    _STOP.set()
+
+
+def clear_stop() -> None:
+    """Undo :func:`request_stop` (tests; a process that keeps running)."""
+    _STOP.clear()
 
 
 @dataclass
@@ -218,6 +239,9 @@ class HFGenerator:
 
         Every row is sampled at every step (its generator advances the same however the batch is
         made up); rows past their EOS or limit are fed the pad token and later cut.
+
+        Raises:
+            GenerationStopped: :func:`request_stop` was called (checked before every token).
         """
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
@@ -235,6 +259,8 @@ class HFGenerator:
         done = torch.zeros(n, dtype=torch.bool, device=device)
         steps: list[torch.Tensor] = []
         for t in range(max(limits)):
+            if _STOP.is_set():
+                raise GenerationStopped(f"decode stopped after {t} of up to {max(limits)} tokens: stop requested")
             choice = sampler(out.logits[:, -1, :])
             choice = torch.where(done, torch.full_like(choice, self.pad_id), choice)
             steps.append(choice)

@@ -103,3 +103,51 @@ def test_rows_stop_at_their_own_limit(model_and_tok):
 
 def test_request_seed_distinct():
     assert request_seed(1, [1, 2], 0) != request_seed(1, [1, 2], 1) != request_seed(2, [1, 2], 1)
+
+
+def test_a_stop_request_ends_the_decode_at_its_next_token(model_and_tok, monkeypatch):
+    # SIGTERM / Ctrl-C used to wait for the whole batch (minutes on CPU): the decode thread only
+    # ended at max_new_tokens. Here the stop arrives during the prefill forward pass.
+    from progpo.trainer.generation import GenerationStopped, clear_stop, request_stop
+
+    model, tok = model_and_tok
+    gen = HFGenerator(model, tok)
+    calls = []
+    forward = model.forward
+
+    def forward_then_stop(*args, **kwargs):
+        calls.append(1)
+        request_stop()
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward_then_stop)
+    try:
+        with pytest.raises(GenerationStopped, match="after 0 of up to 200 tokens"):
+            gen.generate_batch([_prompt(tok, "look")], [SamplingParams(max_new_tokens=200)], [0])
+        assert len(calls) == 1  # the prefill only, no decode step
+    finally:
+        clear_stop()
+    monkeypatch.setattr(model, "forward", forward)
+    assert len(gen.generate_batch([_prompt(tok, "look")], [SamplingParams(max_new_tokens=4)], [0])[0].token_ids) >= 1
+
+
+def test_sigterm_handler_requests_the_stop_and_unwinds():
+    import os
+    import signal
+
+    from progpo.cli.train import unwind_on_sigterm
+    from progpo.trainer import generation
+
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        unwind_on_sigterm()
+        with pytest.raises(SystemExit) as exc:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs in the main thread at the next bytecode
+                pass
+        assert exc.value.code == 128 + signal.SIGTERM
+        assert generation._STOP.is_set()
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+        generation.clear_stop()
