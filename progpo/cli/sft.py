@@ -18,7 +18,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -195,16 +194,12 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags and run; exit code 2 on bad flags or missing data/model."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from progpo.cli.train import setup_logging, unwind_on_sigterm
+    from progpo.cli.train import prepare_process
     from progpo.envs.base import EnvFailure
 
-    setup_logging(os.environ.get("PROGPO_LOG_LEVEL", "INFO"))
-    unwind_on_sigterm()
+    prepare_process()
     ns = vars(build_parser().parse_args(argv))
     try:
         with logging_redirect_tqdm():

@@ -73,13 +73,19 @@ def unwind_on_sigterm() -> None:
     signal.signal(signal.SIGINT, on_sigint)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, run the trainer, print metrics per iteration. Exit code 2 on a bad flag value."""
+def prepare_process() -> None:
+    """Start of a training CLI (``train``, ``sft``): offline Hugging Face and quiet tokenizers unless
+    the environment says otherwise, logging at ``$PROGPO_LOG_LEVEL`` (INFO), and the signal unwind."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     setup_logging(os.environ.get("PROGPO_LOG_LEVEL", "INFO"))
     unwind_on_sigterm()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, run the trainer, print metrics per iteration. Exit code 2 on a bad flag value."""
+    prepare_process()
     from progpo.trainer.config import config_from_args
     from progpo.envs.base import EnvFailure
     from progpo.trainer.loop import Trainer

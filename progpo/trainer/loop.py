@@ -156,10 +156,11 @@ class Trainer:
         from progpo.trainer.rollout_backend import make_generator
 
         cfg = self.cfg
-        if not cfg.run.resume and self.ckpt.latest() is not None:
+        latest = self.ckpt.latest()
+        if not cfg.run.resume and latest is not None:
             raise ValueError(f"--save_path {self.save_path} already holds checkpoints: pass --resume to continue "
                              "that run, or choose another --save_path")
-        if not cfg.run.resume and self.ckpt.latest() is None and (self.save_path / "metrics.jsonl").is_file():
+        if not cfg.run.resume and (self.save_path / "metrics.jsonl").is_file():
             # a run stopped before its first checkpoint: appending would mix its records with ours
             raise ValueError(f"--save_path {self.save_path} holds metrics.jsonl of an earlier run (no checkpoint): "
                              "pass --resume to start that run over (its records are replaced), or choose another "
@@ -172,16 +173,15 @@ class Trainer:
         self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.run.tensorboard)
         (self.save_path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
         start = 0
-        latest = self.ckpt.latest() if cfg.run.resume else None
-        if latest is not None:
-            state = self.ckpt.load(self.actor, latest, self.rng)
-            self.sampler.load_state_dict(state["sampler"])
-            start = int(state["iteration"])
-            self.metrics.truncate_after(start)
-            logger.info("resumed from %s (iteration %d)", latest, start)
-        elif cfg.run.resume:
-            logger.warning("--resume: no checkpoint in %s, starting from scratch", self.save_path)
-            self.metrics.truncate_after(0)  # the unfinished run's records: its iterations are played again
+        if cfg.run.resume:
+            if latest is not None:
+                state = self.ckpt.load(self.actor, latest, self.rng)
+                self.sampler.load_state_dict(state["sampler"])
+                start = int(state["iteration"])
+                logger.info("resumed from %s (iteration %d)", latest, start)
+            else:
+                logger.warning("--resume: no checkpoint in %s, starting from scratch", self.save_path)
+            self.metrics.truncate_after(start)  # records after the checkpoint: those iterations are played again
         return start
 
     def fit(self) -> list[dict[str, float]]:
