@@ -103,11 +103,17 @@ def sample_truth_batch(tasks: Sequence[SyntheticTask], oracles: Sequence[ExactOr
 # ------------------------------------------------------------------------- estimator variants
 @dataclass(frozen=True)
 class Variant:
-    """One estimator row of the table: a name and the AdvantageConfig overrides it runs with."""
+    """One estimator row of the table: a name and the AdvantageConfig overrides it runs with.
+
+    ``exact`` marks the learning benchmark's reference row ``oracle`` (:data:`ORACLE_ROW`): it trains on
+    the exact advantage of the learner's current policy instead of an estimator's (the learner computes
+    it; ``overrides`` are then unused).
+    """
 
     name: str
     overrides: tuple[tuple[str, object], ...]
     needs_encoder: bool = False
+    exact: bool = False
 
     def config(self, base: dict[str, object]) -> AdvantageConfig:
         """The AdvantageConfig of this row (``base`` first, then this row's overrides)."""
@@ -155,6 +161,17 @@ def all_variants() -> list[Variant]:
 
 CORE_VARIANTS = ("grpo", "gigpo", "hgpo", "progpo", "progpo -peer", "progpo graph (E1)",
                  "progpo graph+action (E1+E2)", "progpo E1+E2 beta_ep=0")
+
+
+#: The learning benchmark's reference row: REINFORCE with the exact advantage ``A*`` of the learner's own
+#: current policy (backward induction), divided by its batch standard deviation. No estimator can see
+#: ``A*``; the row bounds how much faster any credit assignment could make the same learner learn.
+ORACLE_ROW = "oracle"
+
+
+def oracle_variant() -> Variant:
+    """The ``oracle`` reference row (learning benchmark only; see :data:`ORACLE_ROW`)."""
+    return Variant(ORACLE_ROW, (("estimator", "gigpo"),), False, exact=True)
 
 
 def select_variants(names: Sequence[str] | None) -> list[Variant]:
@@ -319,6 +336,8 @@ def run_variants(tb: TruthBatch, variants: Sequence[Variant], base: dict[str, ob
     """Run every variant on one batch; returns name -> metrics (plus the TD-oracle reference row)."""
     out: dict[str, dict[str, float]] = {}
     for v in variants:
+        if v.exact:  # the learning benchmark's oracle row: the truth itself, nothing to measure
+            continue
         cfg = v.config(base)
         t0 = time.perf_counter()
         adv = compute_advantages(tb.batch, cfg, encoder if v.needs_encoder else None).advantages

@@ -193,14 +193,22 @@ def train_run(ctx: Context, spec: RunSpec) -> RunResult:
         g = src.graph(order, it)
         p = engine.policy_probs(g, theta)
         roll = engine.rollout(g, p, spec.rollouts, rng, ctx.history)
-        adv = compute_advantages(roll.batch, cfg, enc).advantages
+        astar = start = None
+        if spec.row.exact:
+            astar, start = engine.exact_advantages(g, p, roll)
+            adv = oracle_advantages(astar)
+        else:
+            adv = compute_advantages(roll.batch, cfg, enc).advantages
         if spec.probe_every and (it % spec.probe_every == 0 or it == spec.iterations - 1):
             probe_it.append(it)
-            astar, start = engine.exact_advantages(g, p, roll)
+            if astar is None:
+                astar, start = engine.exact_advantages(g, p, roll)
             for k, v in probe(g, p, roll, adv, astar, src.n_params, spec.rollouts, spec.sign_threshold).items():
                 probes[k].append(v)
             probes["J"].append(float(start.mean()))
             for other in spec.also:
+                if other.exact:
+                    continue
                 o_adv = compute_advantages(roll.batch, other.config(ctx.base),
                                            ctx.encoder if other.needs_encoder else None).advantages
                 got = probe(g, p, roll, o_adv, astar, src.n_params, spec.rollouts, spec.sign_threshold)
@@ -213,6 +221,20 @@ def train_run(ctx: Context, spec: RunSpec) -> RunResult:
     return RunResult(spec, np.asarray(steps), np.asarray(succ), np.asarray(probe_it, dtype=np.int64),
                      {k: np.asarray(v, dtype=np.float64) for k, v in probes.items()}, time.process_time() - c0,
                      {r: {k: np.asarray(v, dtype=np.float64) for k, v in m.items()} for r, m in matched.items()})
+
+
+def oracle_advantages(astar: np.ndarray) -> np.ndarray:
+    """The ``oracle`` row's advantages: ``A* / std(A*)`` over the batch's ``[S]`` steps (unitless).
+
+    ``A*`` (reward units) is the exact advantage ``Q(o, a) - V(o)`` of the policy that sampled the batch
+    (Sutton & Barto 2018, eq. 13.11 with the advantage as baseline-subtracted return). Dividing by its
+    batch standard deviation puts it on the scale of the estimators' normalised advantages (std ~1), so
+    the same learning-rate grid fits every row; it is not centred (the truth already is, per state). A
+    batch with ``std(A*) = 0`` (every action equally good) gets zero advantages.
+    """
+    astar = np.asarray(astar, dtype=np.float64)
+    sd = float(np.std(astar))
+    return astar / sd if sd > 1e-12 * max(1.0, float(np.max(np.abs(astar)))) else np.zeros_like(astar)
 
 
 def probe(g: engine.Graph, p: np.ndarray, roll: engine.Rollout, adv: np.ndarray, astar: np.ndarray, n_params: int,

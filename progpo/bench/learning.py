@@ -26,7 +26,7 @@ from pathlib import Path
 from progpo.bench import learning_report as lr_report
 from progpo.bench import report
 from progpo.bench.families import AlfworldFamily, family_config, get_family, make_tasks
-from progpo.bench.fidelity_core import CachedEncoder, select_variants
+from progpo.bench.fidelity_core import ORACLE_ROW, CachedEncoder, oracle_variant, select_variants
 from progpo.bench.learner import RunSpec, build_source, make_context, run_all
 from progpo.bench.survival import steps_to_target  # noqa: F401  (re-exported: the benchmark's definition)
 
@@ -61,7 +61,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--sweep-seeds", type=int, default=5, help="seeds per (row, lr) of the sweep (seeds 1000+)")
     ap.add_argument("--target", type=float, default=0.8, help="success rate whose first crossing is reported")
     ap.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS),
-                    help="comma list of rows: named variants or 'ESTIMATOR field=value ...' specs")
+                    help="comma list of rows: named variants, 'ESTIMATOR field=value ...' specs, or 'oracle' "
+                         "(the exact advantage of the learner's own policy: the reference no estimator can beat)")
     ap.add_argument("--reference", default="gigpo", help="row of the restricted-mean ratio column ('' = none)")
     ap.add_argument("--probe-every", type=int, default=5, help="on-policy fidelity every k iterations (0 = off)")
     ap.add_argument("--fixed-fidelity-batches", type=int, default=20,
@@ -138,7 +139,8 @@ def run(args: argparse.Namespace) -> str:
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     family = get_family(args.family)
     cfg = family_config(family, "learn", [x for x in args.task_config.split(",") if x.strip()])
-    rows = select_variants([s.strip() for s in args.estimators.split(",") if s.strip()])
+    rows = [oracle_variant() if n == ORACLE_ROW else select_variants([n])[0]
+            for n in dict.fromkeys(s.strip() for s in args.estimators.split(",") if s.strip())]
     names = [r.name for r in rows]
     reference = args.reference if args.reference in names else None
     source = build_source(family, cfg, args.regime, args.policy, args.tasks, args.task_seed, args.pool, args.workers)
@@ -154,7 +156,7 @@ def run(args: argparse.Namespace) -> str:
     final = {n: final_by[n][best[n]] for n in names}
     args.results["final"] = final
     costs.append(_cost("final runs", [r for runs in final.values() for r in runs], time.perf_counter() - t1))
-    tau = lr_report.common_tau(list(final.values()))
+    tau = lr_report.common_tau(list(final.values()), args.target)
     parts.append(f"**Learning** ({args.seeds} seeds per row, seeds 0..{args.seeds - 1}; {sweep_line})\n\n"
                  + lr_report.main_table(final, best, args.target, tau, reference))
     if args.probe_every:
@@ -165,7 +167,7 @@ def run(args: argparse.Namespace) -> str:
         if reference:
             parts.append(f"**Matched-policy fidelity** (every row's advantages on the batches of the {reference} "
                          f"runs above, against the exact advantage of that policy: all rows judged on the same "
-                         f"policies)\n\n" + lr_report.matched_table(final[reference], names))
+                         f"policies)\n\n" + lr_report.matched_table(final[reference], [n for n in names if n != ORACLE_ROW]))
     fixed = None
     if args.fixed_fidelity_batches:
         t1 = time.perf_counter()
@@ -178,7 +180,8 @@ def run(args: argparse.Namespace) -> str:
                      f"of {args.tasks} x {args.rollouts})\n\n" + lr_report.fixed_policy_table(fixed))
     if args.probe_every:
         parts.append("**Which fidelity predicts learning** (Spearman rank correlation across the rows above)\n\n"
-                     + lr_report.predictiveness_table(final, fixed, args.target, tau,
+                     + lr_report.predictiveness_table({n: r for n, r in final.items() if n != ORACLE_ROW}, fixed,
+                                                      args.target, tau,
                                                       final[reference] if reference else None))
     png = report.plot_curves({n: [(r.steps, r.success) for r in runs] for n, runs in final.items()},
                              Path(args.out) / f"{_block(args)}.png",
@@ -205,7 +208,7 @@ def _sweep(ctx, rows, args, costs: list[str], parts: list[str]) -> tuple[dict[st
     args.results["sweep"] = sweep
     flat = [r for by in sweep.values() for runs in by.values() for r in runs]
     costs.append(_cost("lr sweep", flat, time.perf_counter() - t1))
-    tau_s = lr_report.common_tau([flat])
+    tau_s = lr_report.common_tau([flat], args.target)
     best = {n: lr_report.pick_lr(sweep[n], args.target, tau_s) for n in names}
     parts.append(f"**Learning-rate sweep** ({args.sweep_seeds} seeds per cell, seeds {SWEEP_SEED0}+; cell: "
                  f"restricted mean env steps to {args.target:.0%} at tau {tau_s / 1e3:,.0f}k (seeds reaching), "
@@ -222,7 +225,7 @@ def _head(args: argparse.Namespace, cfg, enc_line: str) -> str:
             "Success = share of the iteration's training episodes that succeeded (final: last 5 iterations, mean "
             "± 95% t-interval over seeds); steps to X = env steps when the 3-iteration moving average first "
             "reaches X; seeds that never do are censored at their budget (KM median with 95% interval; "
-            "restricted mean = mean of min(steps, tau), tau = smallest budget of the final runs).")
+            "restricted mean = mean of min(steps, tau), tau = smallest budget of a final run that never reached X, or the latest crossing when all did).")
 
 
 def _block(args: argparse.Namespace) -> str:

@@ -27,9 +27,14 @@ def final_success(runs: Sequence[RunResult]) -> list[float]:
     return [float(np.mean(r.success[-FINAL_WINDOW:])) for r in runs]
 
 
-def common_tau(groups: Sequence[Sequence[RunResult]]) -> float:
-    """The smallest total env steps over every run compared (the restricted-mean horizon)."""
-    return float(min(r.steps[-1] for runs in groups for r in runs))
+def common_tau(groups: Sequence[Sequence[RunResult]], target: float) -> float:
+    """The restricted-mean horizon of every run compared: the smallest total env steps of a run that never
+    reached ``target`` (it is observed only up to its budget); when every run reached it, the latest
+    crossing (no run is capped). A run that reached ``target`` early and then stopped with a small budget
+    (a fast learner's short episodes) does not shorten the horizon of the others."""
+    runs = [r for g in groups for r in g]
+    c = censored(runs, target)
+    return float(c.budgets[~c.reached].min() if np.any(~c.reached) else c.times.max())
 
 
 def pick_lr(by_lr: dict[float, list[RunResult]], target: float, tau: float) -> float:
@@ -209,7 +214,7 @@ def predictiveness_table(final: dict[str, list[RunResult]], fixed: dict[str, dic
 
 def ratio_table(final: dict[str, list[RunResult]], references: Sequence[str], target: float = 0.8) -> str:
     """Per row, its restricted mean steps to ``target`` divided by each reference row's (percentile
-    bootstrap 95% interval over seeds; tau = the smallest budget of the runs, as in :func:`main_table`).
+    bootstrap 95% interval over seeds; tau from :func:`common_tau`, as in :func:`main_table`).
 
     Raises:
         ValueError: a reference that is not a row of ``final`` (names the rows).
@@ -217,7 +222,7 @@ def ratio_table(final: dict[str, list[RunResult]], references: Sequence[str], ta
     missing = [r for r in references if r not in final]
     if missing:
         raise ValueError(f"reference rows {missing} are not in the runs; rows: {list(final)}")
-    tau = common_tau(list(final.values()))
+    tau = common_tau(list(final.values()), target)
     header = ["row", "final success", f"restricted mean to {target:.0%} (tau {tau / 1e3:,.0f}k)"]
     header += [f"x {ref} [95%]" for ref in references]
     rows = []

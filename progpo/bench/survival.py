@@ -87,13 +87,15 @@ def km_median(c: Censored, level: float = 0.95) -> tuple[float, float, float]:
 
 
 def rmst(c: Censored, tau: float) -> tuple[float, float]:
-    """(restricted mean ``mean_i min(T_i, tau)``, 95% t half-width); ``tau`` must not exceed any budget.
+    """(restricted mean ``mean_i min(T_i, tau)``, 95% t half-width); ``tau`` must not exceed the budget of
+    any seed that did not reach X (a seed that did is known exactly at every ``tau``: ``min(T_i, tau)``).
 
     Raises:
-        ValueError: ``tau`` above a run's budget (that run is not observed up to ``tau``).
+        ValueError: ``tau`` above the budget of a seed that never reached X (it is not observed up to ``tau``).
     """
-    if tau > c.budgets.min() + 1e-9:
-        raise ValueError(f"tau {tau} exceeds the smallest budget {c.budgets.min()}")
+    open_budgets = c.budgets[~c.reached]
+    if open_budgets.size and tau > open_budgets.min() + 1e-9:
+        raise ValueError(f"tau {tau} exceeds the budget {open_budgets.min()} of a seed that never reached the target")
     x = np.where(c.reached, np.minimum(c.times, tau), tau)
     if x.size < 2:
         return float(x.mean()), 0.0

@@ -104,3 +104,46 @@ def test_row_specs_accept_presets():
     assert (row.estimator, row.sigma2_floor_ref, row.state_key) == ("gigpo", "batch", "obs")
     with pytest.raises(ValueError, match=r"row 'progpo preset=nope': unknown preset 'nope'"):
         parse_row("progpo preset=nope")
+
+
+def test_oracle_advantages_are_the_truth_over_its_batch_std():
+    from progpo.bench.learner import oracle_advantages
+
+    # A* = [3, -1, 0, -2]: population std = sqrt((9 + 1 + 0 + 4) / 4 - 0**2) = sqrt(3.5)
+    got = oracle_advantages(np.array([3.0, -1.0, 0.0, -2.0]))
+    assert np.allclose(got, np.array([3.0, -1.0, 0.0, -2.0]) / np.sqrt(3.5))
+    assert np.array_equal(oracle_advantages(np.zeros(5)), np.zeros(5))  # nothing to prefer: no update
+
+
+def test_oracle_row_trains_on_the_exact_advantage_of_its_own_policy():
+    from progpo.bench import engine
+    from progpo.bench.fidelity_core import oracle_variant
+
+    fam = FAMILIES["alfworld"]
+    src = build_source(fam, fam.learn_cfg, "fixed", "tabular", 2, 1, 0, 1)
+    ctx = make_context(src)
+    spec = RunSpec(oracle_variant(), 5.0, 3, 1, 4, probe_every=1)
+    res = train_run(ctx, spec)
+    # the same first iteration by hand: same rng stream, A* of the all-zero policy, REINFORCE update
+    g = src.graph(None, 0)
+    p = engine.policy_probs(g, np.zeros(src.n_params))
+    roll = engine.rollout(g, p, 4, np.random.default_rng([3, 4242]), ctx.history)
+    astar, _ = engine.exact_advantages(g, p, roll)
+    assert res.steps[0] == roll.env_steps
+    # the row's own probe compares A*/std(A*) with A*: a perfect rank and sign agreement
+    assert res.probes["spearman"][0] == pytest.approx(1.0)
+    assert res.probes["cosine"][0] == pytest.approx(1.0)
+    assert np.std(astar) > 0
+
+
+def test_quick_pipeline_with_the_oracle_row(tmp_path, capsys):
+    assert learning.main(["--quick", "--out", str(tmp_path), "--encoder", "none",
+                          "--estimators", "gigpo,oracle,progpo"]) == 0
+    text = capsys.readouterr().out
+    assert "| oracle |" in text.split("**On-policy fidelity**")[0]  # a learning row
+    fixed = text.split("**Fixed-policy fidelity**")[1].split("**Which fidelity")[0]
+    assert "| oracle |" not in fixed and "| gigpo |" in fixed  # nothing to measure against the truth
+    matched = text.split("**Matched-policy fidelity**")[1].split("**Fixed-policy")[0]
+    assert "| oracle |" not in matched
+    with pytest.raises(ValueError, match="row 'oracle'"):
+        parse_row("oracle")  # only the learning benchmark knows the oracle row

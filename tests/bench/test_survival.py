@@ -82,3 +82,27 @@ def test_ratio_table_against_several_references(tmp_path):
     with pytest.raises(ValueError, match=r"reference rows \['z'\]"):
         lr.ratio_table(final, ["z"])
     assert lr.main([str(tmp_path / "x-runs.pkl"), "--references", "b"]) == 0
+
+
+def test_restricted_mean_needs_only_the_unreached_seeds_observed_up_to_tau():
+    # seed 0 reached at 100 and stopped at 300 (a fast learner's short budget): min(100, 500) = 100 is known
+    c = Censored.of([100, 600, NAN], [300, 1000, 800])
+    m, _ = rmst(c, 500)
+    assert m == pytest.approx((100 + 500 + 500) / 3)
+    with pytest.raises(ValueError, match="never reached"):
+        rmst(c, 900)  # seed 2 never reached the target and is observed only up to 800
+
+
+def test_common_tau_is_the_smallest_budget_of_an_unreached_run():
+    from types import SimpleNamespace
+
+    from progpo.bench.learning_report import common_tau
+
+    def run(success, steps):
+        return SimpleNamespace(steps=np.asarray(steps, float), success=np.asarray(success, float))
+
+    fast = run([0.9] * 3, [10, 20, 30])  # reached 0.8 at 30 (3-iteration moving average), budget 30
+    slow = run([0.1, 0.1, 0.9, 0.9, 0.9], [50, 100, 150, 200, 250])  # reached at 250
+    never = run([0.1] * 4, [60, 120, 180, 240])
+    assert common_tau([[fast], [slow]], 0.8) == 250  # everyone reached: the latest crossing, nobody capped
+    assert common_tau([[fast], [slow, never]], 0.8) == 240  # the unreached run is observed up to 240
