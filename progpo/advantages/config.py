@@ -49,7 +49,7 @@ class AdvantageConfig:
         semantic_expansion: widen small depth-0 pools by embedding similarity (4); needs an encoder.
         min_peers: depth-0 pools with fewer members than this are semantically expanded (4); >= 1.
         tau: cosine-similarity threshold for semantic expansion and graph-node merging, in (0, 1].
-        depths: D, deepest history depth of the potentials (3) (and HGPO's K); >= 0.
+        depths: D, deepest history depth of the potentials (3) (and HGPO's K); >= 0, or -1 = auto: 0 for progpo (with the E3 state key the depth-0 pool is no longer aliased and deeper pools only split it, docs/fidelity.md), 2 for the others (HGPO's K, the paper).
         m0: prior pseudo-samples shrinking each pool variance toward sigma2_u (3); > 0.
         sigma2_floor_coef: floor of sigma2_u as a fraction of the squared reward scale (3); > 0.
         sigma2_floor_ref: reward scale of that floor: batch = max |r| over the batch's steps (scale-invariant) or success_reward (the paper reading, fixed reward units).
@@ -81,7 +81,7 @@ class AdvantageConfig:
     semantic_expansion: bool = True
     min_peers: int = 2
     tau: float = 0.90
-    depths: int = 2
+    depths: int = -1
     m0: float = 2.0
     sigma2_floor_coef: float = 1e-2
     sigma2_floor_ref: Literal["batch", "success_reward"] = "batch"
@@ -101,8 +101,8 @@ class AdvantageConfig:
     def __post_init__(self) -> None:
         """Validate every field.
 
-        ``auto`` fields are resolved first (:data:`ESTIMATOR_DEFAULTS`), so a built config holds only
-        concrete values (``zero_signal`` True/False become ``task``/``off``).
+        ``auto`` fields (``-1`` for the int ``depths``) are resolved first (:data:`ESTIMATOR_DEFAULTS`), so a
+        built config holds only concrete values (``zero_signal`` True/False become ``task``/``off``).
 
         Raises:
             ValueError: naming the first invalid field and the allowed values/range.
@@ -110,7 +110,8 @@ class AdvantageConfig:
         if isinstance(self.zero_signal, bool):
             object.__setattr__(self, "zero_signal", "task" if self.zero_signal else "off")
         for name, by_estimator in ESTIMATOR_DEFAULTS.items():
-            if getattr(self, name) == "auto" and self.estimator in get_args(Estimator):
+            auto = AUTO_INT if isinstance(by_estimator["*"], int) else "auto"
+            if getattr(self, name) == auto and self.estimator in get_args(Estimator):
                 object.__setattr__(self, name, by_estimator.get(self.estimator, by_estimator["*"]))
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
@@ -136,7 +137,7 @@ class AdvantageConfig:
             "kappa": (self.kappa > 0, "> 0"),
             "min_peers": (self.min_peers >= 1, ">= 1"),
             "tau": (0.0 < self.tau <= 1.0, "in (0, 1]"),
-            "depths": (0 <= self.depths <= 64, "in [0, 64]"),
+            "depths": (0 <= self.depths <= 64, "in [0, 64] (or -1 = auto)"),
             "m0": (self.m0 > 0, "> 0"),
             "sigma2_floor_coef": (self.sigma2_floor_coef > 0, "> 0"),
             "success_reward": (self.success_reward > 0, "> 0"),
@@ -196,9 +197,15 @@ class AdvantageConfig:
 #: docs/fidelity.md); every other estimator (``*``)
 #: keeps its published behaviour, and can take the same option explicitly. (``state_key='auto'`` is
 #: resolved per batch instead, by :meth:`AdvantageConfig.for_batch`.)
-ESTIMATOR_DEFAULTS: dict[str, dict[str, str]] = {
+ESTIMATOR_DEFAULTS: dict[str, dict[str, str | int]] = {
     "zero_signal": {"progpo": "task", "*": "off"},
+    # ProGPO pools its potentials at depth 0 only (with E3 keys the deeper pools split it without removing
+    # aliasing: docs/fidelity.md, issue 10); HGPO keeps its K = 2 levels.
+    "depths": {"progpo": 0, "*": 2},
 }
+
+#: The ``auto`` value of the int fields of :data:`ESTIMATOR_DEFAULTS`.
+AUTO_INT = -1
 
 #: The spec's paper reading (``docs/progpo-algorithm.md``, components (1)-(7)), every field it fixes
 #: written out, so that the preset keeps meaning the paper when the product defaults move.
@@ -217,12 +224,13 @@ PAPER: dict[str, object] = {
 #: * ``paper``: the spec's paper reading (floor in success-reward units, one-step credit, observation keys).
 #: * ``default``: the product defaults (the dataclass defaults; no override).
 #: * ``candidate``: the candidate measured in issue 10 (observation + inventory state keys (E3), credit
-#:   accumulated with GAE lambda 0.8, zero advantages for tasks without a return signal), written out; for
-#:   ProGPO it equals the product default, which was chosen from it.
+#:   accumulated with GAE lambda 0.8, zero advantages for tasks without a return signal, potentials fused
+#:   over history depths 0..2), written out; it was ProGPO's product default until the second pass of
+#:   issue 10 moved the default to depth-0 potentials (``depths`` auto = 0 for progpo).
 PRESETS: dict[str, dict[str, object]] = {
     "paper": PAPER,
     "default": {},
-    "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": "task"},
+    "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": "task", "depths": 2},
 }
 
 

@@ -131,7 +131,7 @@ def test_graph_horizon_shorter_than_a_trajectory_names_max_steps():
 BAD_VALUES = {
     "estimator": "ppo", "gamma": 1.5, "eps": 0.0, "omega": -1.0, "beta_episode": -0.1,
     "episode_norm": "std", "gigpo_mode": "z", "prefix_mode": "tokens", "kappa": 0.0, "use_peer": "yes",
-    "use_potential": 1, "semantic_expansion": None, "min_peers": 0, "tau": 0.0, "depths": -1, "m0": 0.0,
+    "use_potential": 1, "semantic_expansion": None, "min_peers": 0, "tau": 0.0, "depths": -2, "m0": 0.0,
     "sigma2_floor_coef": 0.0, "success_reward": -10.0, "potential_pool": "all", "fusion": "mean",
     "eta": 0.0, "potential_estimator": "td", "credit": "value", "state_key": "inventory",
     "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none", "sigma2_floor_ref": "reward",
@@ -161,7 +161,7 @@ def test_config_fields_are_flag_friendly_and_documented():
 
 
 def test_diagnostics_names_and_types():
-    out = compute_advantages(random_batch(3, n_tasks=2), AdvantageConfig(), HashEncoder())
+    out = compute_advantages(random_batch(3, n_tasks=2), AdvantageConfig(depths=2), HashEncoder())
     d = out.diagnostics
     for key in ("adv/frac_peer_ge2", "adv/peer_size_mean", "adv/peer_size_median", "adv/pool_size_d0_mean",
                 "adv/pool_size_d2_mean", "adv/frac_semantic_expansion", "adv/fusion_weight_d0_mean",
@@ -170,6 +170,10 @@ def test_diagnostics_names_and_types():
         assert key in d and type(d[key]) is float, key
     assert all(k.startswith("adv/") for k in d)
     assert sum(d[f"adv/fusion_weight_d{k}_mean"] for k in range(3)) == pytest.approx(1.0)
+    # depth pools are reported for d = 0..D: the product default (depths auto = 0 for progpo) has depth 0 only
+    default = compute_advantages(random_batch(3, n_tasks=2), AdvantageConfig(), HashEncoder()).diagnostics
+    assert "adv/pool_size_d0_mean" in default and "adv/pool_size_d1_mean" not in default
+    assert default["adv/fusion_weight_d0_mean"] == 1.0
     for name in ALL:  # every estimator reports the fragmentation diagnostics
         assert "adv/frac_peer_ge2" in compute_advantages(random_batch(3), AdvantageConfig(estimator=name)).diagnostics
 

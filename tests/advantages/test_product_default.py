@@ -19,7 +19,12 @@ BASELINES = ("gigpo", "hgpo", "grpo", "rloo")
 
 def test_progpo_default_fields():
     cfg = AdvantageConfig()
-    assert (cfg.estimator, cfg.state_key, cfg.credit_lambda, cfg.zero_signal) == ("progpo", "auto", 0.8, "task")
+    assert (cfg.estimator, cfg.state_key, cfg.credit_lambda, cfg.zero_signal, cfg.depths) == \
+        ("progpo", "auto", 0.8, "task", 0)
+    assert config_from_preset("candidate").depths == 2 and config_from_preset("paper").depths == 2
+    assert AdvantageConfig(depths=3).depths == 3  # an explicit value stays
+    with pytest.raises(ValueError, match=r"AdvantageConfig\.depths must be in \[0, 64\] \(or -1 = auto\)"):
+        AdvantageConfig(depths=-2)
     assert cfg.for_batch(True).state_key == "obs_inventory"
     assert cfg.for_batch(False).state_key == "obs"  # a batch without state_extra: observation keys
     assert AdvantageConfig(state_key="obs").for_batch(True).state_key == "obs"  # explicit values stay
@@ -28,7 +33,7 @@ def test_progpo_default_fields():
 
 @pytest.mark.parametrize("name", BASELINES)
 def test_baselines_are_unchanged_by_the_progpo_default(name):
-    published = dict(estimator=name, state_key="obs", zero_signal="off")
+    published = dict(estimator=name, state_key="obs", zero_signal="off", depths=2)  # HGPO's K = 2 levels
     assert AdvantageConfig(estimator=name).for_batch(True) == dataclasses.replace(
         AdvantageConfig(**published), credit_lambda=0.8)  # credit_lambda is ProGPO's only
     for seed in range(5):
@@ -46,8 +51,9 @@ def test_progpo_default_is_the_product_reading_on_a_batch_with_state_extra():
     batch = alfworld_like_batch(n_tasks=4, n_traj=8, max_len=20, seed=1)
     enc = HashEncoder()
     got = compute_advantages(batch, AdvantageConfig(), enc).advantages
-    explicit = AdvantageConfig(state_key="obs_inventory", credit_lambda=0.8, zero_signal="task")
-    assert explicit == config_from_preset("candidate").for_batch(True)  # the default is the candidate
+    explicit = AdvantageConfig(state_key="obs_inventory", credit_lambda=0.8, zero_signal="task", depths=0)
+    # the default is the candidate with depth-0 potentials (the second pass of issue 10)
+    assert explicit == dataclasses.replace(config_from_preset("candidate").for_batch(True), depths=0)
     np.testing.assert_array_equal(got, compute_advantages(batch, explicit, enc).advantages)
     paper = compute_advantages(batch, config_from_preset("paper"), enc).advantages
     assert not np.allclose(got, paper)
