@@ -85,18 +85,24 @@ def plot_curves(curves: dict[str, list[tuple[list[float], list[float]]]], path: 
 
     plt = _plt()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, runs in curves.items():
+    many = len(curves) > 10  # the default colour cycle repeats after 10: one colour per row from tab20
+    colours = plt.get_cmap("tab20").colors if many else [None] * len(curves)
+    fig, ax = plt.subplots(figsize=(11, 5) if many else (8, 4.5))
+    for k, (name, runs) in enumerate(curves.items()):
         n = min(len(s) for s, _ in runs)
         steps = np.mean([s[:n] for s, _ in runs], axis=0)
         succ = np.array([y[:n] for _, y in runs])
-        ax.plot(steps, succ.mean(0), label=name)
-        ax.fill_between(steps, succ.min(0), succ.max(0), alpha=0.15)
+        style = "-" if name.split()[0] in ("progpo", "oracle") else "--"  # ProGPO rows solid, baselines dashed
+        (line,) = ax.plot(steps, succ.mean(0), style, color=colours[k % len(colours)], label=name)
+        ax.fill_between(steps, succ.min(0), succ.max(0), color=line.get_color(), alpha=0.06 if many else 0.15)
     ax.axhline(0.8, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("environment steps")
     ax.set_ylabel("success rate (training batch)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    if many:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
