@@ -210,6 +210,11 @@ def _progpo_want(eta: float, lam: float = 0.0) -> tuple[dict[str, float], dict[s
         "b2t1": _ivw(_pool(HALL, s2b), _pool([10.0], s2b), eta=eta),
         "b3t1": 0.0,
     }
+    return _from_potentials(phi, lam)
+
+
+def _from_potentials(phi: dict[str, float], lam: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Expected ProGPO advantages and raw transition credits from the potentials ``phi`` (spec (6)-(7))."""
     # Transition credit (6): C = r + 0.5 Phi_next - Phi, Phi_next = 0 after the last step
     # (a2t3 is truncated: still no bootstrap).
     c = {
@@ -241,6 +246,24 @@ def test_progpo_hand_computed():
     want, c = _progpo_want(eta=1e-6 * SCALE**2)
     _check(_run(estimator="progpo", depths=1), want)
     assert c["a1t2"] == 0.0  # singleton chain end: exact-zero credit
+
+
+def test_progpo_default_depth0_hand_computed():
+    # The product default (depths auto = 0 for progpo, credit_lambda 0.8, zero_signal task: both tasks
+    # have a return spread, so nothing is zeroed): Phi is the plain mean of G over the task's steps with
+    # the same observation; one depth, so no fusion and no variance terms.
+    phi = {"a1t0": mean(ROOM), "a2t0": mean(ROOM), "a3t0": mean(ROOM),
+           "a1t1": mean(DESK), "a3t1": mean(DESK), "a2t3": mean(DESK),   # 5/3: other histories pooled too
+           "a1t2": 10.0, "b3t1": 0.0,                                  # singletons: Phi = own G
+           "a2t1": mean(BED), "a2t2": mean(BED),
+           "b1t0": mean(HALL), "b2t0": mean(HALL), "b3t0": mean(HALL), "b2t1": mean(HALL)}  # 6.25
+    want, c = _from_potentials(phi, lam=0.8)
+    cfg = AdvantageConfig(gamma=GAMMA)
+    assert cfg.depths == 0 and cfg.credit_lambda == 0.8
+    got = compute_advantages(_batch(), cfg)
+    _check(dict(zip(NAMES, got.advantages.tolist())), want)
+    assert c["a1t0"] == pytest.approx(0.5 * 5 / 3 - 2.45 / 3)  # r + gamma Phi(desk) - Phi(room), by hand
+    assert "adv/pool_size_d1_mean" not in got.diagnostics  # one depth reported
 
 
 def test_progpo_paper_preset_hand_computed():
