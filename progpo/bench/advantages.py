@@ -67,6 +67,18 @@ def _split(batch, cfg, encoder, runs: int, clear=None) -> dict[str, float]:
     return {stage: statistics.median(v) for stage, v in per_stage.items()}
 
 
+def bench_configs(max_steps: int) -> dict[str, AdvantageConfig]:
+    """The timed rows: every estimator with its own defaults, then ProGPO's variants.
+
+    Each estimator is built from scratch: ``dataclasses.replace`` on ProGPO's resolved config would hand
+    GiGPO/HGPO/GRPO/RLOO ProGPO's estimator-dependent defaults (``depths`` 0, per-task zeroing).
+    """
+    base = AdvantageConfig(max_steps=max_steps)
+    configs = {name: AdvantageConfig(estimator=name, max_steps=max_steps) for name in ESTIMATORS}
+    configs.update({label: dataclasses.replace(base, **kw) for label, kw in VARIANTS.items()})
+    return configs
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print markdown tables; returns 0."""
     ap = argparse.ArgumentParser(prog="python -m progpo.cli.bench advantages", description=__doc__.split("\n")[0])
@@ -88,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"batch: {batch.num_steps} steps, {args.tasks} tasks x {args.trajectories} trajectories, "
           f"up to {args.max_steps} steps, {n_text} unique observation texts; median of {args.runs} runs\n")
     base = AdvantageConfig(max_steps=args.max_steps)
-    configs = {name: dataclasses.replace(base, estimator=name) for name in ESTIMATORS}
-    configs.update({label: dataclasses.replace(base, **kw) for label, kw in VARIANTS.items()})
+    configs = bench_configs(args.max_steps)
     calls = {}
     for label, cfg in configs.items():
         for mode in ("full", "basic"):

@@ -215,7 +215,7 @@ def run_synthetic(args: argparse.Namespace) -> str:
         parts.append(f"**Fragmentation sweep** (Spearman with A*, N = {args.sweep_n}, {args.sweep_batches} batches "
                      f"per setting)\n\n" + sweep_table(sweep_res, names))
     out = Path(args.out)
-    pngs = report.plot_fidelity(results, sweep_res, out)
+    pngs = report.plot_fidelity(results, sweep_res, out, "fidelity" if args.family == "alfworld" else f"fidelity_{args.family}")
     parts.append(f"Total wall time {time.perf_counter() - t_start:.0f} s, CPU time {time.process_time() - c_start:.0f} s (this process; the"
                  f" encoder's calls took {0 if encoder is None else encoder.seconds:.0f} s wall); figures: {', '.join(p.name for p in pngs)}.")
     return "\n\n".join(parts)

@@ -165,7 +165,8 @@ CORE_VARIANTS = ("grpo", "gigpo", "hgpo", "progpo", "progpo -peer", "progpo grap
 
 #: The learning benchmark's reference row: REINFORCE with the exact advantage ``A*`` of the learner's own
 #: current policy (backward induction), divided by its batch standard deviation. No estimator can see
-#: ``A*``; the row bounds how much faster any credit assignment could make the same learner learn.
+#: ``A*``; the row shows how fast the same learner learns on the truth (a reference, not a proven bound:
+#: a biased estimator can in principle learn faster).
 ORACLE_ROW = "oracle"
 
 

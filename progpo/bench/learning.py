@@ -62,7 +62,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--target", type=float, default=0.8, help="success rate whose first crossing is reported")
     ap.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS),
                     help="comma list of rows: named variants, 'ESTIMATOR field=value ...' specs, or 'oracle' "
-                         "(the exact advantage of the learner's own policy: the reference no estimator can beat)")
+                         "(the exact advantage of the learner's own policy, normalised: a reference for what credit "
+                         "assignment can buy)")
     ap.add_argument("--reference", default="gigpo", help="row of the restricted-mean ratio column ('' = none)")
     ap.add_argument("--probe-every", type=int, default=5, help="on-policy fidelity every k iterations (0 = off)")
     ap.add_argument("--fixed-fidelity-batches", type=int, default=20,

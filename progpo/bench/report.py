@@ -33,8 +33,10 @@ def _plt():
     return plt
 
 
-def plot_fidelity(results: dict[int, dict], sweep: dict[str, dict], out: Path) -> list[Path]:
-    """Bar chart of Spearman per estimator and N (with 95% CIs) and a line chart of the sweep."""
+def plot_fidelity(results: dict[int, dict], sweep: dict[str, dict], out: Path, prefix: str = "fidelity") -> list[Path]:
+    """Bar chart of Spearman per estimator and N (with 95% CIs) and a line chart of the sweep, written as
+    ``{prefix}_spearman.png`` and ``{prefix}_sweep.png`` in ``out`` (one prefix per task family, so the
+    families' figures do not overwrite each other)."""
     from progpo.bench.fidelity_core import mean_ci
 
     plt = _plt()
@@ -53,7 +55,7 @@ def plot_fidelity(results: dict[int, dict], sweep: dict[str, dict], out: Path) -
         ax.set_title("Credit-assignment fidelity (synthetic MDPs, exact truth)")
         ax.legend()
         fig.tight_layout()
-        paths.append(out / "fidelity_spearman.png")
+        paths.append(out / f"{prefix}_spearman.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     if sweep:
@@ -69,7 +71,7 @@ def plot_fidelity(results: dict[int, dict], sweep: dict[str, dict], out: Path) -
         ax.set_title("Where each estimator wins: fragmentation sweep")
         ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
-        paths.append(out / "fidelity_sweep.png")
+        paths.append(out / f"{prefix}_sweep.png")
         fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
     return paths

@@ -7,10 +7,13 @@ summaries over the seeds of one row:
 * **Kaplan-Meier median** of ``T`` with a 95% interval (Kaplan & Meier 1958; ``scipy.stats.ecdf`` on
   ``CensoredData``, log-log Greenwood band, the interval is where the band crosses 1/2, as
   Brookmeyer & Crowley 1982); "not reached" when fewer than half the seeds reach X.
-* **Restricted mean** ``RMST(tau) = E[min(T, tau)]`` (Royston & Parmar 2013), with ``tau`` the smallest
-  budget of all runs compared: every run is observed up to ``tau``, so ``min(T_i, tau)`` is known for
-  every seed and the mean and its Student-t interval need no censoring model. A seed that never
-  reaches X counts as ``tau``, so the restricted mean is a lower bound of the mean of ``T``.
+* **Restricted mean** ``RMST(tau) = E[min(T, tau)]`` (Royston & Parmar 2013), with ``tau`` at most the
+  budget of every run that never reached X (``progpo.bench.learning_report.common_tau``: the smallest
+  such budget, or the latest crossing when every run reached X). A run that reached X has a known
+  ``min(T_i, tau)`` at every ``tau``; one that did not is observed up to its budget ``>= tau``; so the mean
+  and its Student-t interval need no censoring model. A seed that never reaches X counts as ``tau``, so
+  the restricted mean is a lower bound of the mean of ``T``. ``tau`` depends on which rows are compared
+  (a slow row with a short failing budget lowers it for all) and the bootstrap treats it as fixed.
 * **Ratio** of two rows' restricted means with a 95% percentile-bootstrap interval (seeds resampled
   within each row, 4000 resamples).
 """

@@ -19,3 +19,15 @@ def test_advantages_bench_counts_must_be_positive(flag, capsys):
 def test_fidelity_sign_threshold_must_be_finite_non_negative(value):
     with pytest.raises(ValueError, match="--sign-threshold"):
         fidelity.parse_args(["--sign-threshold", value])
+
+
+def test_speed_bench_rows_are_the_published_estimators():
+    # dataclasses.replace(progpo_config, estimator="hgpo") kept ProGPO's resolved depths 0 and per-task
+    # zeroing, so the speed table timed HGPO with K = 0 and zeroing baselines
+    from progpo.advantages import AdvantageConfig
+
+    rows = advantages.bench_configs(50)
+    for name in ("gigpo", "hgpo", "grpo", "rloo"):
+        assert rows[name] == AdvantageConfig(estimator=name, max_steps=50), name
+        assert rows[name].zero_signal == "off"
+    assert rows["hgpo"].depths == 2 and rows["progpo"].depths == 0

@@ -58,7 +58,8 @@ def test_quick_pipeline_runs(family, tmp_path, capsys):
     for row in ("| grpo |", "| gigpo |", "| progpo |", "| progpo graph+action (E1+E2) |", "| TD oracle (true V) |"):
         assert row in text
     assert "Fragmentation sweep" in text and f"({family} family)" in text
-    assert (tmp_path / "fidelity_spearman.png").stat().st_size > 0
+    prefix = "fidelity" if family == "alfworld" else f"fidelity_{family}"  # one figure set per family
+    assert (tmp_path / f"{prefix}_spearman.png").stat().st_size > 0
     block = "fidelity-quick" if family == "alfworld" else f"fidelity-{family}-quick"
     assert (tmp_path / f"{block}.md").read_text().startswith("`python -m progpo.cli.bench fidelity --quick")
 
