@@ -19,6 +19,7 @@ import argparse
 import os
 import pickle
 import shlex
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,6 +94,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if any(not x > 0 for x in args.lrs):
         raise ValueError(f"--lr-sweep rates must be > 0, got {args.lr_sweep!r}")
     get_family(args.family)
+    args.rows = parse_rows(args.estimators)
     if args.policy == "auto":
         args.policy = "tabular" if args.regime == "fixed" else "features"
     if args.encoder == "auto":
@@ -103,6 +105,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.pool == 0:
         args.pool = args.iterations * args.tasks
     return args
+
+
+def parse_rows(spec: str) -> list:
+    """The rows of ``--estimators`` (comma list; duplicates dropped, order kept): ``oracle`` or what
+    :func:`progpo.bench.fidelity_core.select_variants` takes.
+
+    Raises:
+        ValueError: naming the row that is neither (and that ``oracle`` is also a row here).
+    """
+    rows = []
+    for name in dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()):
+        if name == ORACLE_ROW:
+            rows.append(oracle_variant())
+            continue
+        try:
+            rows.append(select_variants([name])[0])
+        except ValueError as exc:
+            raise ValueError(f"--estimators: {exc}; or '{ORACLE_ROW}' (the exact advantage)") from None
+    if not rows:
+        raise ValueError(f"--estimators must name at least one row, got {spec!r}")
+    return rows
 
 
 def _encoder(args, source) -> tuple[CachedEncoder | None, str]:
@@ -140,8 +163,7 @@ def run(args: argparse.Namespace) -> str:
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     family = get_family(args.family)
     cfg = family_config(family, "learn", [x for x in args.task_config.split(",") if x.strip()])
-    rows = [oracle_variant() if n == ORACLE_ROW else select_variants([n])[0]
-            for n in dict.fromkeys(s.strip() for s in args.estimators.split(",") if s.strip())]
+    rows = args.rows
     names = [r.name for r in rows]
     reference = args.reference if args.reference in names else None
     source = build_source(family, cfg, args.regime, args.policy, args.tasks, args.task_seed, args.pool, args.workers)
@@ -236,7 +258,11 @@ def _block(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``python -m progpo.cli.bench learning``; prints the markdown report."""
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except ValueError as exc:  # a bad flag or row: one line naming it, nothing run or written
+        print(f"python -m progpo.cli.bench learning: error: {exc}", file=sys.stderr)
+        return 2
     text = run(args)
     cmd = ("python -m progpo.cli.bench learning " + shlex.join(argv)).strip()
     print(text)

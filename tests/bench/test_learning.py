@@ -147,3 +147,12 @@ def test_quick_pipeline_with_the_oracle_row(tmp_path, capsys):
     assert "| oracle |" not in matched
     with pytest.raises(ValueError, match="row 'oracle'"):
         parse_row("oracle")  # only the learning benchmark knows the oracle row
+
+
+def test_a_bad_row_is_one_line_and_runs_nothing(tmp_path, capsys):
+    assert learning.main(["--quick", "--out", str(tmp_path), "--estimators", "gigpo,orcale"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "row 'orcale'" in err[0] and "'oracle'" in err[0] and "--estimators" in err[0]
+    assert not any(tmp_path.iterdir())  # nothing written
+    assert learning.main(["--quick", "--lr", "0", "--out", str(tmp_path)]) == 2
+    assert "--lr must be > 0" in capsys.readouterr().err
