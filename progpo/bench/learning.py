@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> str:
     cfg = family_config(family, "learn", [x for x in args.task_config.split(",") if x.strip()])
     rows = args.rows
     names = [r.name for r in rows]
+    estimators = [r.name for r in rows if not r.exact]  # the rows with something to measure (no oracle)
     reference = args.reference if args.reference in names else None
     source = build_source(family, cfg, args.regime, args.policy, args.tasks, args.task_seed, args.pool, args.workers)
     build_s = time.perf_counter() - t0
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> str:
         if reference:
             parts.append(f"**Matched-policy fidelity** (every row's advantages on the batches of the {reference} "
                          f"runs above, against the exact advantage of that policy: all rows judged on the same "
-                         f"policies)\n\n" + lr_report.matched_table(final[reference], [n for n in names if n != ORACLE_ROW]))
+                         f"policies)\n\n" + lr_report.matched_table(final[reference], estimators))
     fixed = None
     if args.fixed_fidelity_batches:
         t1 = time.perf_counter()
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> str:
                      f"of {args.tasks} x {args.rollouts})\n\n" + lr_report.fixed_policy_table(fixed))
     if args.probe_every:
         parts.append("**Which fidelity predicts learning** (Spearman rank correlation across the rows above)\n\n"
-                     + lr_report.predictiveness_table({n: r for n, r in final.items() if n != ORACLE_ROW}, fixed,
+                     + lr_report.predictiveness_table({n: final[n] for n in estimators}, fixed,
                                                       args.target, tau,
                                                       final[reference] if reference else None))
     png = report.plot_curves({n: [(r.steps, r.success) for r in runs] for n, runs in final.items()},
