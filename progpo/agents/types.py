@@ -31,7 +31,7 @@ class SamplingParams:
     """Sampling settings, identical in meaning for the local HF sampler and vLLM.
 
     These are the *only* settings that shape a response: the HF sampler ignores the checkpoint's
-    ``generation_config`` (see ``progpo.trainer.generation``) and vLLM requests are built from
+    ``generation_config`` (see ``progpo.run.generation``) and vLLM requests are built from
     :meth:`vllm_kwargs`, which switches every other distribution-changing vLLM field off.
 
     Attributes:

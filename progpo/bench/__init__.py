@@ -1,1 +1,3 @@
-"""Benchmarks that print figures (never timed unit tests). Run via ``python -m progpo.cli.bench NAME``."""
+"""Benchmarks that print figures (never timed unit tests): estimator speed, the WebShop server at
+scale, ALFWorld latency, one training iteration's time split. Run via ``python -m progpo.cli.bench NAME``.
+"""

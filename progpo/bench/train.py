@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from progpo.advantages import AdvantageConfig
-    from progpo.cli.train import setup_logging
+    from progpo.run.process import setup_logging
     from progpo.trainer.config import config_from_args
-    from progpo.trainer.env_setup import open_env_pool
+    from progpo.run.env_setup import open_env_pool
     from progpo.trainer.loop import Trainer
 
     setup_logging("WARNING")

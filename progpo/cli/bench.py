@@ -10,10 +10,10 @@ import sys
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "advantages": ("progpo.bench.advantages", "estimator speed on a realistic 6,400-step batch"),
-    "fidelity": ("progpo.bench.fidelity", "credit-assignment fidelity vs exact truth (synthetic families, ALFWorld)"),
-    "learning": ("progpo.bench.learning", "learning speed per estimator (lr sweep, censored stats, on-policy fidelity)"),
+    "fidelity": ("progpo.lab.fidelity", "credit-assignment fidelity vs exact truth (synthetic families, ALFWorld)"),
+    "learning": ("progpo.lab.learning", "learning speed per estimator (lr sweep, censored stats, on-policy fidelity)"),
     "alfworld": ("progpo.bench.alfworld", "ALFWorld reset/step latency, Ray pool throughput"),
-    "webshop": ("envs.webshop_server.bench", "WebShop server start time, RSS, step latency"),
+    "webshop": ("progpo.bench.webshop", "WebShop server start time, RSS, step latency"),
     "train": ("progpo.bench.train", "one training iteration's time split per estimator"),
 }
 

@@ -42,10 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Evaluate and print the JSON summary; exit code 2 on bad flags or missing data/model."""
     from progpo.agents.types import SamplingParams
-    from progpo.cli.train import setup_logging, unwind_on_sigterm
+    from progpo.run.process import setup_logging, unwind_on_sigterm
     from progpo.trainer.config import ENV_DEFAULTS, EnvSettings
-    from progpo.trainer.evaluation import play_split, summarize
-    from progpo.trainer.models import resolve_pretrain
+    from progpo.run.evaluation import play_split, summarize
+    from progpo.run.models import resolve_pretrain
 
     setup_logging("WARNING")
     unwind_on_sigterm()

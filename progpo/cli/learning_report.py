@@ -11,7 +11,7 @@ Reads the run folder ``OUT`` written by that script:
 Writes ``OUT/learning.png`` (valid-format share and WebShop score per stage: train split as a line,
 test split as points with 95% intervals) and ``OUT/learning.json`` (the same figures), and prints
 them as a Markdown table. Intervals: Wilson for shares, normal for the mean score
-(``progpo.trainer.evaluation``); the RL iterations' train points have none (8 episodes each).
+(``progpo.run.evaluation``); the RL iterations' train points have none (8 episodes each).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def collect(out: Path) -> dict[str, Any]:
         FileNotFoundError: ``OUT`` is not a folder or holds none of the expected files.
         ValueError: one of them is unreadable or not of its kind (cut short, another format); names it.
     """
-    from progpo.trainer.metrics import read_metrics
+    from progpo.run.metrics import read_metrics
 
     if not out.is_dir():
         raise FileNotFoundError(f"{out} is not a folder (pass the OUT folder of examples/scripts/run_local_learning.sh)")

@@ -30,7 +30,7 @@ def plot_runs(run_dirs: list[str], out: str, smooth: int = 1) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from progpo.trainer.metrics import read_metrics
+    from progpo.run.metrics import read_metrics
 
     if smooth < 1:
         raise ValueError(f"--smooth must be >= 1, got {smooth}")

@@ -100,7 +100,7 @@ def collect(env, tokenizer, *, num_tasks: int, seed: int, max_prompt_tokens: int
 
     from progpo.agents.episode import TaskSpec
     from progpo.agents.experts import expert_episodes
-    from progpo.trainer.env_setup import open_env_pool
+    from progpo.run.env_setup import open_env_pool
     from progpo.trainer.loop import TaskSampler
 
     with open_env_pool(env, max_envs=8) as handle:
@@ -129,10 +129,10 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from progpo.trainer.actor import Actor
-    from progpo.trainer.checkpoint import CheckpointManager, atomic_write_text, check_run_dir
-    from progpo.trainer.evaluation import rate_interval
-    from progpo.trainer.metrics import MetricsLogger
-    from progpo.trainer.models import resolve_pretrain
+    from progpo.run.checkpoint import CheckpointManager, atomic_write_text, check_run_dir
+    from progpo.run.evaluation import rate_interval
+    from progpo.run.metrics import MetricsLogger
+    from progpo.run.models import resolve_pretrain
     from progpo.trainer.sft import expert_samples, mean_nll, sft_epoch
 
     env, actor_cfg, sft = _settings(ns)
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse flags and run; exit code 2 on bad flags or missing data/model."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from progpo.cli.train import prepare_process
+    from progpo.run.process import prepare_process
     from progpo.envs.base import EnvFailure
 
     prepare_process()

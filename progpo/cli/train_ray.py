@@ -11,7 +11,7 @@ Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, uncha
 * ``--env.*`` -- the environment and episode loop (:class:`progpo.openrlhf.agent.AgentConfig`)
   and the task list that becomes OpenRLHF's prompt dataset;
 * ``--device cpu`` and ``--cpu.*`` -- the whole job on CPU (a local Ray head, OpenRLHF's own
-  actors, DeepSpeed over gloo, a transformers engine; :mod:`progpo.openrlhf.cpu_compat`), to debug a
+  actors, DeepSpeed over gloo, a transformers engine; :mod:`progpo.openrlhf.cpu`), to debug a
   launch on a laptop before a cluster run;
 * ``--debug.*`` -- run checks: the actor-engine weight difference after each sync, dumps of the
   step batches and of the rows the actor trained on.
@@ -157,11 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     """OpenRLHF's parser plus our flags.
 
     Imports OpenRLHF; where vLLM / flash-attn are not installed, the import shims of
-    :mod:`progpo.openrlhf.cpu_compat` stand in during the import only (nothing of them is called).
+    :mod:`progpo.openrlhf.cpu` stand in during the import only (nothing of them is called).
     A flag error exits with one line naming the flag plus a hint (see :func:`one_line_errors`).
     """
     from progpo.advantages import PRESETS, AdvantageConfig
-    from progpo.openrlhf.cpu_compat import import_shims
+    from progpo.openrlhf.cpu import import_shims
 
     with import_shims():
         from progpo.openrlhf.trainer import openrlhf_parser
@@ -291,7 +291,7 @@ def _env_splits(name: str) -> tuple[str, ...]:
 
 def _folder(parser: argparse.ArgumentParser, flag: str, path: Path) -> None:
     """Check now that folder ``path`` can be made (exit 2 naming ``flag`` if not), not later in a worker."""
-    from progpo.trainer.checkpoint import check_run_dir
+    from progpo.run.checkpoint import check_run_dir
 
     try:
         check_run_dir(path, flag)
@@ -421,7 +421,7 @@ def _device(parser: argparse.ArgumentParser, ns: dict[str, Any]) -> None:
             _fail(parser, f"--{flag}", f"must be >= 1, got {ns[flag]}")
     model = ns["actor.model_name_or_path"]
     if model in MODEL_ALIASES:
-        from progpo.trainer.models import resolve_pretrain
+        from progpo.run.models import resolve_pretrain
 
         ns["actor.model_name_or_path"] = resolve_pretrain(model)
     ns["progpo_engine_kwargs"] = {"dtype": ns["ds.param_dtype"], "max_batch_size": ns["cpu.engine_batch_size"]}
@@ -486,7 +486,7 @@ def ray_env_vars(agent_config_json: str) -> dict[str, str]:
 def init_ray(args: argparse.Namespace) -> bool:
     """Connect to (or start) Ray with :func:`ray_env_vars` in every worker's environment.
 
-    ``--device cpu``: every worker first runs :func:`progpo.openrlhf.cpu_compat.worker_setup_hook`
+    ``--device cpu``: every worker first runs :func:`progpo.openrlhf.cpu.worker_setup_hook`
     (Ray's ``worker_process_setup_hook``), and without ``RAY_ADDRESS`` a new local head is started
     with ``progpo_ray_num_cpus`` logical CPUs (never an existing cluster of this machine).
 
@@ -501,11 +501,11 @@ def init_ray(args: argparse.Namespace) -> bool:
     if args.progpo_device != "cpu":
         ray.init(runtime_env={"env_vars": env_vars})
         return False
-    from progpo.openrlhf.cpu_compat import THREADS_ENV_VAR
+    from progpo.openrlhf.cpu import THREADS_ENV_VAR
 
     env_vars[THREADS_ENV_VAR] = str(args.progpo_torch_threads)
     runtime_env = {"env_vars": env_vars,
-                   "worker_process_setup_hook": "progpo.openrlhf.cpu_compat.worker_setup_hook"}
+                   "worker_process_setup_hook": "progpo.openrlhf.cpu.worker_setup_hook"}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env=runtime_env)
         return False
@@ -524,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = build_parser()
     args = finalize(parser, parser.parse_args(argv))
-    from progpo.openrlhf.cpu_compat import install, missing_gpu_packages
+    from progpo.openrlhf.cpu import install, missing_gpu_packages
 
     if args.progpo_device == "cpu":
         install()

@@ -12,7 +12,7 @@ the ``--debug.*`` aids (weight-sync check, replay-buffer dump).
 :func:`run_openrlhf_main` runs OpenRLHF's ``cli/train_ppo_ray.py`` ``__main__`` block (its argument
 post-processing and checks, then its ``train``), with our classes in place of ``PPOTrainer`` and
 ``PolicyModelActor``, for exactly the pinned version (:data:`OPENRLHF_VERSION`). In CPU mode the
-stand-ins of :mod:`progpo.openrlhf.cpu_compat` apply as well.
+stand-ins of :mod:`progpo.openrlhf.cpu` apply as well.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.trainer.ray import ppo_actor as _ppo_actor_module
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-from progpo.openrlhf.cpu_compat import OPENRLHF_VERSION, check_openrlhf_version, patched
+from progpo.openrlhf.patching import patched
+from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
 from progpo.openrlhf.experience import StepExperienceMaker, _write_json
 from progpo.openrlhf.samples import StepSamplesGenerator
 
@@ -212,7 +213,7 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
     groups and engines and starts :class:`ProGPOPPOTrainer` in place of ``PPOTrainer`` and
     :class:`ProGPOPolicyModelActor` in place of ``PolicyModelActor`` (synchronous mode only;
     ``--train.async_enable`` is refused earlier by ``train_ray``). With ``progpo_device == "cpu"``
-    the driver-side CPU stand-ins of :func:`progpo.openrlhf.cpu_compat.launch_patches` apply too.
+    the driver-side CPU stand-ins of :func:`progpo.openrlhf.cpu.launch.launch_patches` apply too.
     """
     check_openrlhf_version()
 
@@ -224,7 +225,7 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
         stack.enter_context(patched(_ppo_trainer_module, "PPOTrainer", ProGPOPPOTrainer))
         stack.enter_context(patched(_ppo_actor_module, "PolicyModelActor", ProGPOPolicyModelActor))
         if getattr(namespace, "progpo_device", "cuda") == "cpu":
-            from progpo.openrlhf.cpu_compat import launch_patches
+            from progpo.openrlhf.cpu.launch import launch_patches
 
             stack.enter_context(launch_patches(ProGPOPolicyModelActor, getattr(namespace, "progpo_engine_kwargs", {})))
         runpy.run_module(_TRAIN_MODULE, run_name="__main__")

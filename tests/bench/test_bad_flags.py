@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from progpo.bench import advantages, fidelity
+from progpo.bench import advantages
+from progpo.lab import fidelity
 
 
 @pytest.mark.parametrize("flag", ["--runs", "--tasks", "--trajectories", "--max-steps"])

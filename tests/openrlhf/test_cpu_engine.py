@@ -1,4 +1,4 @@
-"""The CPU engine (``progpo.openrlhf.cpu_engine.CPURolloutActor``) in this process, without Ray.
+"""The CPU engine (``progpo.openrlhf.cpu.engine.CPURolloutActor``) in this process, without Ray.
 
 Its methods are called as OpenRLHF calls them on a ``RolloutRayActor``: ``generate`` from the agent
 executor, ``init_process_group`` / ``update_weight`` from ``ActorPPOTrainer.broadcast_to_vllm``
@@ -21,7 +21,8 @@ from progpo.agents.types import SamplingParams
 @pytest.fixture(scope="module")
 def mods(cpu_compat):
     with cpu_compat.import_shims():
-        from progpo.openrlhf import agent, cpu_engine
+        from progpo.openrlhf import agent
+        from progpo.openrlhf.cpu import engine as cpu_engine
 
         return SimpleNamespace(engine=cpu_engine, agent=agent, VllmParams=cpu_compat.SamplingParams,
                                Group=cpu_compat.StatelessGlooGroup)
@@ -29,7 +30,7 @@ def mods(cpu_compat):
 
 @pytest.fixture(scope="module")
 def model_path():
-    from progpo.trainer.tiny_model import tiny_model_path
+    from progpo.run.tiny_model import tiny_model_path
 
     return str(tiny_model_path())
 

@@ -1,6 +1,6 @@
 """The distributed path, whole, on CPU: ``bash examples/scripts/train_progpo_webshop_cpu.sh`` for real.
 
-One run of the CPU launch script (tiny Qwen2 from ``progpo/trainer/tiny_model.py``, warm-started
+One run of the CPU launch script (tiny Qwen2 from ``progpo/run/tiny_model.py``, warm-started
 by :func:`warm_started_tiny_model`; 2 tasks x 4 rollouts x up to 3 steps; 2 iterations) starts the WebShop server and, through
 ``python -m progpo.cli.train_ray --device cpu``, a local Ray head with OpenRLHF 0.11.2's own PPO
 trainer, policy (DeepSpeed ZeRO-3 over gloo) and reference actors and the CPU engine actor. Every
@@ -56,7 +56,7 @@ def warm_started_tiny_model(out: Path, steps: int = 80, lr: float = 5e-3, seed: 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from progpo.agents.templates import build_prompt, get_template
-    from progpo.trainer.tiny_model import save_model_folder, tiny_model_path
+    from progpo.run.tiny_model import save_model_folder, tiny_model_path
 
     base = str(tiny_model_path())
     tok, model = AutoTokenizer.from_pretrained(base), AutoModelForCausalLM.from_pretrained(base)
@@ -174,7 +174,7 @@ WARM_VERSION = "1"  # bump when warm_started_tiny_model changes
 @pytest.fixture(scope="module")
 def start_model() -> Path:
     """The warm-started tiny model, built once per machine next to the tiny model (deterministic)."""
-    from progpo.trainer.tiny_model import tiny_model_path
+    from progpo.run.tiny_model import tiny_model_path
 
     out = tiny_model_path().parent / f"{tiny_model_path().name}-webshop-warm{WARM_VERSION}"
     if not (out / "model.safetensors").is_file():

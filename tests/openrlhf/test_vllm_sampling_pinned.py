@@ -1,7 +1,7 @@
 """vLLM requests sample from our ``SamplingParams`` only (issue 12, case 1, vLLM side).
 
 vllm is not installed on CPU; the requests are checked on the import shim's ``SamplingParams``
-(``progpo.openrlhf.cpu_compat``: real vLLM field names and defaults) that OpenRLHF's template is built from, and on the keyword arguments our
+(``progpo.openrlhf.cpu.shims``: real vLLM field names and defaults) that OpenRLHF's template is built from, and on the keyword arguments our
 local ``VLLMGenerator`` hands to a recording fake ``vllm`` module. One test per distribution-changing
 vLLM field: a template (or default) that sets it must not reach the request.
 """

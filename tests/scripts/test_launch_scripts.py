@@ -96,7 +96,7 @@ def test_train_script_flags_are_accepted_by_train_ray(tmp_path):
     """Every script's command line parses and validates with the real train_ray parser."""
     from progpo.cli import train_ray
 
-    parser = train_ray.build_parser()  # imports OpenRLHF through progpo.openrlhf.cpu_compat's import shims
+    parser = train_ray.build_parser()  # imports OpenRLHF through progpo.openrlhf.cpu's import shims
     for script in TRAIN:
         cpu = {"MODEL": "tiny"} if script.stem.endswith("_cpu") else {}  # not the SmolLM2 conversion here
         argv = _dry_run(script, EVAL_TASKS="8", OUTPUT_DIR=str(tmp_path / script.stem), TRAIN_SPLIT_SIZE="100", **cpu)

@@ -27,7 +27,7 @@ E2E_FLAGS = [
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """The tiny random Qwen2 (built once into the model cache)."""
-    from progpo.trainer.tiny_model import tiny_model_path
+    from progpo.run.tiny_model import tiny_model_path
 
     return tiny_model_path()
 

@@ -9,7 +9,7 @@ import pytest
 
 from progpo.agents.types import Episode, StepRecord
 from progpo.testing import PATIENCE_S, wait_until
-from progpo.trainer.metrics import MetricsLogger
+from progpo.run.metrics import MetricsLogger
 
 
 def _run(tmp_path, name, values):
@@ -68,7 +68,7 @@ def _episode(won, ret, task_type=None, score=None):
 
 
 def test_summaries_with_intervals():
-    from progpo.trainer.evaluation import summarize
+    from progpo.run.evaluation import summarize
 
     eps = [_episode(True, 10.0, "Pick"), _episode(False, 0.0, "Pick"), _episode(True, 10.0, "Cool"),
            _episode(False, 0.0, "Heat")]
@@ -148,7 +148,7 @@ def test_evaluate_stops_its_webshop_server_on_sigterm(tmp_path, tiny_model):
 
 
 def test_metrics_line_shows_cut_responses():
-    from progpo.cli.train import format_metrics
+    from progpo.run.metrics import format_metrics
 
     line = format_metrics(3, {"rollout/invalid_format_frac": 0.5, "rollout/truncated_response_frac": 0.25})
     assert line == "iter 3 invalid=0.50 cut=0.25"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from progpo.trainer.metrics import NAMESPACES, read_metrics
+from progpo.run.metrics import NAMESPACES, read_metrics
 from progpo.trainer.update import _micro_tensors
 
 CASES = [("webshop", "progpo"), ("webshop", "gigpo"), ("webshop", "grpo"),

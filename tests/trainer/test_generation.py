@@ -9,7 +9,7 @@ import torch
 
 from progpo.agents.types import SamplingParams
 from progpo.trainer.actor import pack_samples, sequence_logprobs
-from progpo.trainer.generation import HFGenerator, request_seed
+from progpo.run.generation import HFGenerator, request_seed
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def test_request_seed_distinct():
 def test_a_stop_request_ends_the_decode_at_its_next_token(model_and_tok, monkeypatch):
     # SIGTERM / Ctrl-C used to wait for the whole batch (minutes on CPU): the decode thread only
     # ended at max_new_tokens. Here the stop arrives during the prefill forward pass.
-    from progpo.trainer.generation import GenerationStopped, clear_stop, request_stop
+    from progpo.run.generation import GenerationStopped, clear_stop, request_stop
 
     model, tok = model_and_tok
     gen = HFGenerator(model, tok)
@@ -135,8 +135,8 @@ def test_sigterm_handler_requests_the_stop_and_unwinds():
     import os
     import signal
 
-    from progpo.cli.train import unwind_on_sigterm
-    from progpo.trainer import generation
+    from progpo.run.process import unwind_on_sigterm
+    from progpo.run import generation
 
     old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:

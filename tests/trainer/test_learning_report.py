@@ -7,7 +7,7 @@ import json
 import pytest
 
 from progpo.cli import learning_report
-from progpo.trainer.evaluation import mean_interval, rate_interval
+from progpo.run.evaluation import mean_interval, rate_interval
 
 
 def _eval(valid_answers: int, answers: int, scores: list[float], wins: int) -> dict:

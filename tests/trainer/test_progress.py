@@ -7,7 +7,7 @@ import io
 import pytest
 
 from progpo.agents.types import Episode, StepRecord
-from progpo.cli.train import format_metrics
+from progpo.run.metrics import format_metrics
 from progpo.trainer.loop import signal_metrics
 from progpo.trainer.progress import DEFAULT_SHARES, RunProgress
 

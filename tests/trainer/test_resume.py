@@ -11,7 +11,7 @@ import pytest
 import numpy as np
 import torch
 
-from progpo.trainer.checkpoint import CheckpointManager
+from progpo.run.checkpoint import CheckpointManager
 from progpo.trainer.loop import TaskSampler
 
 

@@ -22,7 +22,7 @@ import torch
 
 from progpo.agents.types import SamplingParams
 from progpo.trainer.actor import pack_samples, sequence_logprobs
-from progpo.trainer.generation import HFGenerator
+from progpo.run.generation import HFGenerator
 
 N_TOKENS = 48
 HALF_VOCAB = 2048  # the tiny vocabulary has ~4k tokens; banning the lower half moves a lot of mass
@@ -135,7 +135,7 @@ def test_ignored_checkpoint_settings_are_logged(peaked, caplog):
     try:
         model.generation_config.repetition_penalty = 1.05
         model.generation_config.top_k = 20
-        with caplog.at_level("INFO", logger="progpo.trainer.generation"):
+        with caplog.at_level("INFO", logger="progpo.run.generation"):
             HFGenerator(model, tok)
     finally:
         model.generation_config = saved

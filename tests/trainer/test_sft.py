@@ -106,7 +106,7 @@ def test_sft_cli_checkpoint_starts_train(tmp_path, webshop_url, capsys):
     from progpo.cli import sft
     from progpo.trainer.config import config_from_args
     from progpo.trainer.loop import Trainer
-    from progpo.trainer.models import resolve_pretrain
+    from progpo.run.models import resolve_pretrain
 
     out = tmp_path / "sft"
     rc = sft.main(["--pretrain", "tiny", "--save_path", str(out), "--env.webshop_url", webshop_url, *SFT_PROTOCOL,

@@ -1,0 +1,41 @@
+"""Driver-only launch patches of CPU mode, around OpenRLHF's ``train()``."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+from progpo.openrlhf.cpu.placement import CPUActorClass, cpu_placement_group
+from progpo.openrlhf.patching import patched
+from progpo.openrlhf.cpu.runtime import install
+
+
+@contextlib.contextmanager
+def launch_patches(policy_actor_class: Any, engine_kwargs: dict[str, Any]) -> Iterator[None]:
+    """Driver-side stand-ins around OpenRLHF's ``train()`` (``cli/train_ppo_ray.py``) in CPU mode.
+
+    Args:
+        policy_actor_class: the policy actor Ray class to use (ours, subclassing OpenRLHF's).
+        engine_kwargs: extra keyword arguments of :func:`progpo.openrlhf.cpu.engine.create_cpu_engines`
+            (``dtype``, ``max_batch_size``).
+    """
+    from openrlhf.trainer import ray as openrlhf_ray
+    from openrlhf.trainer.ray import launcher, ppo_actor, ppo_critic
+
+    from progpo.openrlhf.cpu.engine import create_cpu_engines
+
+    install()
+    ray_pg = importlib.import_module("ray.util.placement_group")  # the module (ray.util re-exports the function)
+    engines = functools.partial(create_cpu_engines, **engine_kwargs)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(patched(ray_pg, "placement_group", cpu_placement_group))
+        stack.enter_context(patched(launcher, "placement_group", cpu_placement_group))
+        stack.enter_context(patched(openrlhf_ray, "create_vllm_engines", engines))
+        stack.enter_context(patched(ppo_actor, "PolicyModelActor", CPUActorClass(policy_actor_class)))
+        for mod, name in ((launcher, "ReferenceModelActor"), (launcher, "RewardModelActor"),
+                          (ppo_critic, "CriticModelActor")):
+            stack.enter_context(patched(mod, name, CPUActorClass(getattr(mod, name))))
+        yield

