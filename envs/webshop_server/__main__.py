@@ -13,7 +13,7 @@ from envs.webshop_server.shop import Shop, ShopConfig
 def build_parser() -> argparse.ArgumentParser:
     """Command-line flags of the server."""
     p = argparse.ArgumentParser(prog="python -m envs.webshop_server", description=__doc__)
-    p.add_argument("--data-dir", default=None, help="WebShop data folder (default: data_root()/webshop)")
+    p.add_argument("--data-dir", default=None, help="WebShop data folder (default: $PROGPO_DATA/webshop or ../shared/data/webshop)")
     p.add_argument("--products-file", default=None, help="products file inside --data-dir (e.g. items_shuffle.json)")
     p.add_argument("--num-products", type=int, default=None, help="keep only the first N products")
     p.add_argument("--goal-source", default="auto", choices=["auto", "human", "synthetic"])

@@ -10,6 +10,8 @@ Agent API (JSON in, JSON out; errors are 4xx/5xx JSON ``{"error": ..., "status":
 ``POST /api/sessions/<sid>/step``        ``{"action": "search[red shoes]"}`` -> observation, reward, done,
                                          valid, message, available_actions, reward_info (when done)
 ``DELETE /api/sessions/<sid>``           drop the session
+``GET  /api/goals/<goal_index>``         one goal (ASIN, options, price bound, instruction): for
+                                         scripted experts and debugging, never shown to the agent
 =======================================  ================================================================
 
 Browser pages: ``/`` (new session, optional ``?split=&index=``), ``/<sid>``,
@@ -211,6 +213,12 @@ def create_app(shop: Shop) -> Flask:
     @app.get("/health")
     def health():
         return jsonify(status="ok", **shop.describe())
+
+    @app.get("/api/goals/<int:goal_index>")
+    def api_goal(goal_index: int):
+        if not 0 <= goal_index < len(shop.goals):
+            raise ApiError(404, f"goal index {goal_index} out of range [0, {len(shop.goals)})")
+        return jsonify(shop.goals[goal_index])
 
     @app.post("/api/sessions")
     def api_create():

@@ -27,7 +27,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from progpo.paths import data_root, require_path
+from envs.webshop_server.paths import default_data_dir, require_path
 
 log = logging.getLogger(__name__)
 
@@ -332,12 +332,12 @@ def draw_prices(products: Iterable[dict[str, Any]], rng: random.Random) -> dict[
 
 
 def resolve_files(data_dir: str | Path | None, products_file: str | None) -> dict[str, Path | None]:
-    """Find the catalog files in ``data_dir`` (default ``data_root()/webshop``).
+    """Find the catalog files in ``data_dir`` (default :func:`~envs.webshop_server.paths.default_data_dir`).
 
     Raises:
         FileNotFoundError: no products file or no attributes file, naming the folder and names tried.
     """
-    root = Path(data_dir).expanduser() if data_dir is not None else data_root() / "webshop"
+    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
     require_path(root, "WebShop data folder", "Pass --data-dir or set PROGPO_DATA.")
     if products_file is not None:
         prod = require_path(root / products_file, "WebShop products file (--products-file)")
@@ -416,7 +416,7 @@ def load_catalog(
 
     Args:
         data_dir: folder with ``items_shuffle*.json`` and ``items_ins_v2_*.json`` (default:
-            ``data_root()/webshop``, the 87-product real subset).
+            ``default_data_dir()``, the 87-product real subset).
         products_file: a file name inside ``data_dir`` to use instead of the default search order.
         num_products: keep only the first N raw products (as the original's ``num_products``).
         goal_source: ``"auto"`` (human goals when ``items_human_ins.json`` exists, else synthetic),

@@ -6,7 +6,7 @@ Action semantics follow the original text environment (princeton-nlp/WebShop,
 * ``search[q]`` (q lower-cased, split on spaces) runs a search from any page and shows results page 1;
 * ``click[x]`` must name one of the page's clickables (not ``search``): x lower-cased equal to a
   clickable (the original's exact rule) or, failing that, equal to one after
-  ``progpo.envs.base.normalize_action`` on both sides (:func:`resolve_clickable`, a documented
+  :func:`normalize_action` on both sides (:func:`resolve_clickable`, a documented
   extension); ``buy now`` ends the session with the reward; ``back to search`` returns to the
   search page (forgetting keywords, product, options and visited products); ``next >`` / ``< prev``
   page through results; ``< prev`` on an item page returns to the results, on a sub page to the
@@ -35,7 +35,6 @@ import jinja2
 from envs.webshop_server import observation as obs
 from envs.webshop_server.reward import get_reward
 from envs.webshop_server.search import SEARCH_RETURN_N
-from progpo.envs.base import normalize_action
 
 PRODUCT_WINDOW = 10
 SIM_BASE_URL = "http://127.0.0.1:3000"  # the original text env's fixed base URL (url observation)
@@ -59,6 +58,15 @@ def parse_action(action: str) -> tuple[str, str | None]:
     if m is None:
         return action, None
     return m.group(1), m.group(2)
+
+
+def normalize_action(text: str) -> str:
+    """Lower-case, strip, and collapse every run of (Unicode) whitespace to one space. Idempotent.
+
+    The agent's parser applies the same rule to its actions (``progpo.envs.base.normalize_action``;
+    the server imports no training code, and a test keeps the two equal).
+    """
+    return " ".join(str(text).lower().split())
 
 
 def resolve_clickable(arg: str, clickables: list[str]) -> str | None:

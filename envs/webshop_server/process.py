@@ -15,7 +15,7 @@ from typing import Any
 import requests
 
 from envs.webshop_server.catalog import resolve_files
-from progpo.paths import REPO_ROOT
+from envs.webshop_server.paths import CHECKOUT_ROOT
 
 log = logging.getLogger(__name__)
 _LISTENING = re.compile(r"LISTENING (http://\S+)")
@@ -29,7 +29,7 @@ class WebShopServerProcess:
     passes; ``stop()`` terminates it (SIGTERM, then SIGKILL after 5 s).
 
     Args:
-        data_dir: WebShop data folder (None: ``data_root()/webshop``).
+        data_dir: WebShop data folder (None: :func:`~envs.webshop_server.paths.default_data_dir`).
         host: bind address; loopback by default.
         port: port; 0 picks a free one (the server prints the port it bound).
         num_products: keep only the first N products.
@@ -109,11 +109,11 @@ class WebShopServerProcess:
         self.start_seconds = None
         self._log = tempfile.NamedTemporaryFile("w+", prefix="webshop_server_", suffix=".log", delete=False)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT_ROOT), env.get("PYTHONPATH")]))
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "envs.webshop_server", *self.args],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), env=env)
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=str(CHECKOUT_ROOT), env=env)
         try:
             return self._wait_healthy(t0)
         except BaseException:  # exited, timed out or interrupted: leave no process or log file behind

@@ -28,7 +28,7 @@ class ShopConfig:
     """Server settings.
 
     Attributes:
-        data_dir: WebShop data folder (None: ``data_root()/webshop``).
+        data_dir: WebShop data folder (None: :func:`~envs.webshop_server.paths.default_data_dir`).
         products_file: products file name inside ``data_dir`` (None: default search order).
         num_products: keep only the first N products (None: all).
         goal_source: ``auto`` / ``human`` / ``synthetic``.

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.webshop_server.catalog import iter_json_array
-from progpo.paths import data_root
+from envs.webshop_server.paths import default_data_dir
 
 FULL_PRODUCTS = 1_181_436
 HUMAN_GOALS = 12_087
@@ -237,7 +237,7 @@ def generate(out: Path, n_products: int, *, seed: int = 0, human_goals: int = HU
         raise ValueError(f"need n_products >= 1 and human_goals >= 0, got {n_products}, {human_goals}")
     names = {"products": "items_shuffle.json", "attributes": "items_ins_v2.json", "human": "items_human_ins.json"}
     _check_out(out, names.values())
-    pools = Pools(src or data_root() / "webshop")
+    pools = Pools(src or default_data_dir())
     out.mkdir(parents=True, exist_ok=True)
     pick = random.Random(f"human-{seed}")
     human_rows = Counter(pick.randrange(n_products) for _ in range(human_goals))
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--human-goals", type=int, default=HUMAN_GOALS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output folder (default: $PROGPO_SCRATCH or ~/.cache/progpo/webshop_synth/nN-seedS)")
-    p.add_argument("--src", default=None, help="real WebShop data to derive from (default data_root()/webshop)")
+    p.add_argument("--src", default=None, help="real WebShop data to derive from (default: $PROGPO_DATA/webshop or ../shared/data/webshop)")
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else default_out(args.products, args.seed)
     t0 = time.perf_counter()

@@ -11,7 +11,7 @@ would see at that state during RL, and ``response_ids`` (answer tokens + EOS) ar
 Experts:
 
 * :class:`WebShopExpert`: knows its goal (product ASIN and options, looked up from the server's
-  own goal list by the episode's goal index). Searches with the goal's words (the instruction
+  own goal list, over HTTP, by the episode's goal index). Searches with the goal's words (the instruction
   without its option and price clauses), opens the goal product (paging through up to
   ``max_pages`` result pages), clicks each goal option, then ``buy now``. Without the product on
   those pages it gives up with the first result (an unsuccessful demonstration, filtered out later).
@@ -49,17 +49,42 @@ class Expert(Protocol):
 
 
 # ---- WebShop ---------------------------------------------------------------------------------
-def webshop_goals(data_dir: str | Path) -> list[dict[str, Any]]:
-    """The goal list a WebShop server on ``data_dir`` (default settings) serves, in its order.
+class WebShopGoals:
+    """The goal list of a running WebShop server, read over HTTP (``GET /api/goals/<index>``).
 
-    ``info["task_id"]`` of ``WebShopEnv`` is the index into this list. Built with the server's own
-    code (``envs.webshop_server``: catalog, price draws, goal construction and shuffle).
+    ``info["task_id"]`` of ``WebShopEnv`` is the index into this list. Goals are fetched when first
+    asked for and kept. The training package talks to the server only over HTTP.
+
+    Args:
+        base_url: the server's base URL (``http://127.0.0.1:PORT``).
+        timeout_s: per-request timeout in seconds.
+
+    Raises (from ``[index]``):
+        IndexError: the server has no goal ``index``.
+        requests.RequestException: the server did not answer.
     """
-    from envs.webshop_server.cache import load_or_build
-    from envs.webshop_server.shop import ShopConfig
 
-    _, goals, _ = load_or_build(ShopConfig(data_dir=str(data_dir), preload_nlp=False))
-    return goals
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._cache: dict[int, dict[str, Any]] = {}
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        import requests
+
+        index = int(index)
+        if index not in self._cache:
+            r = requests.get(f"{self.base_url}/api/goals/{index}", timeout=self.timeout_s)
+            if r.status_code == 404:
+                raise IndexError(f"WebShop server {self.base_url} has no goal {index}")
+            r.raise_for_status()
+            self._cache[index] = r.json()
+        return self._cache[index]
+
+
+def webshop_goals(base_url: str) -> WebShopGoals:
+    """The goals of the WebShop server at ``base_url`` (see :class:`WebShopGoals`)."""
+    return WebShopGoals(base_url)
 
 
 def goal_query(goal: dict[str, Any]) -> str:

@@ -82,13 +82,12 @@ def _settings(ns: dict[str, Any]):
     return env, actor, sft
 
 
-def _expert_factory(env):
+def _expert_factory(env, env_kwargs):
     """A zero-argument factory of the env's expert (``progpo.agents.experts``)."""
     from progpo.agents.experts import AlfWorldExpert, WebShopExpert, webshop_goals
-    from progpo.paths import data_root
 
     if env.name == "webshop":
-        goals = webshop_goals(data_root(env.data_dir) / "webshop")
+        goals = webshop_goals(env_kwargs["base_url"])
         return lambda: WebShopExpert(goals)
     return AlfWorldExpert
 
@@ -110,7 +109,7 @@ def collect(env, tokenizer, *, num_tasks: int, seed: int, max_prompt_tokens: int
         try:
             episodes = asyncio.run(expert_episodes(
                 [TaskSpec(env.train_split, i) for i in ids], env_pool=handle.pool, tokenizer=tokenizer,
-                env_name=env.name, make_expert=_expert_factory(env), max_steps=env.max_steps,
+                env_name=env.name, make_expert=_expert_factory(env, handle.env_kwargs), max_steps=env.max_steps,
                 history_length=env.history_length, max_prompt_tokens=max_prompt_tokens,
                 max_new_tokens=max_new_tokens, on_episode_end=lambda ep: bar.update(1)))
         finally:

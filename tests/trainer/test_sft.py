@@ -61,7 +61,7 @@ def expert_steps(tiny_model, webshop_url, shared_data):
     from progpo.envs.local_pool import LocalEnvPool
 
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    goals = webshop_goals(shared_data / "webshop")
+    goals = webshop_goals(webshop_url)
     pool = LocalEnvPool(lambda: WebShopEnv(webshop_url, max_steps=8), max_envs=3)
 
     async def go():

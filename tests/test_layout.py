@@ -1,0 +1,100 @@
+"""The package's import graph runs one way, with no cycle (design: cli -> bench/lab -> backends -> run ->
+agents -> envs -> advantages), and the WebShop server imports no training code.
+
+Walks every module's imports with ``ast`` (top-level and function-level ``import`` statements alike).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from progpo.paths import REPO_ROOT
+
+#: layer of each sub-package: a module may import its own package and lower layers only.
+LAYERS = {
+    "progpo.paths": 0, "progpo.testing": 0, "progpo.advantages": 0,
+    "progpo.envs": 1, "progpo.agents": 2, "progpo.run": 3,
+    "progpo.trainer": 4, "progpo.openrlhf": 4,
+    "progpo.lab": 5, "progpo.bench": 5,
+    "progpo.cli": 6,
+}
+#: the only modules of the training package that may import the WebShop server (they start it).
+STARTS_THE_SERVER = {"progpo.run.env_setup", "progpo.bench.webshop"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m.split(".")[0] in ("progpo", "envs")}
+
+
+def _package(module: str) -> str | None:
+    return next((p for p in sorted(LAYERS, key=len, reverse=True) if module == p or module.startswith(p + ".")), None)
+
+
+GRAPH = {_module_name(p): _imports(p) for root in ("progpo", "envs") for p in (REPO_ROOT / root).rglob("*.py")}
+
+
+def test_every_package_has_a_layer():
+    missing = sorted({m for m in GRAPH if m.startswith("progpo.") and _package(m) is None})
+    assert not missing, f"add these to LAYERS: {missing}"
+
+
+def test_no_import_runs_back_up():
+    up = []
+    for mod, targets in GRAPH.items():
+        src = _package(mod)
+        if src is None:
+            continue
+        for target in targets:
+            dst = _package(target)
+            if dst is not None and dst != src and LAYERS[dst] >= LAYERS[src]:
+                up.append(f"{mod} -> {target}")
+    assert not up, "imports against the layer order:\n" + "\n".join(sorted(up))
+
+
+def test_no_package_cycle():
+    edges = {p: set() for p in LAYERS}
+    for mod, targets in GRAPH.items():
+        src = _package(mod)
+        for target in targets:
+            dst = _package(target)
+            if src and dst and src != dst:
+                edges[src].add(dst)
+
+    def reaches(a: str, b: str, seen: set[str]) -> bool:
+        return any(n == b or (n not in seen and reaches(n, b, seen | {n})) for n in edges[a])
+
+    cycles = sorted(p for p in edges if reaches(p, p, set()))
+    assert not cycles, f"packages on an import cycle: {cycles}"
+
+
+@pytest.mark.parametrize("pair", [("progpo.openrlhf.cpu.engine", "progpo.openrlhf.cpu.launch"),
+                                  ("progpo.openrlhf.cpu.runtime", "progpo.openrlhf.cpu.engine")])
+def test_cpu_mode_modules_import_downward_only(pair):
+    low, high = pair
+    assert not any(t == high or t.startswith(high + ".") for t in GRAPH[low]), f"{low} imports {high}"
+
+
+def test_the_server_imports_no_training_code_and_is_imported_only_where_it_is_started():
+    server_out = sorted(f"{m} -> {t}" for m, ts in GRAPH.items() if m.startswith("envs.") for t in ts
+                        if t.split(".")[0] == "progpo")
+    assert not server_out, server_out
+    server_in = sorted(m for m, ts in GRAPH.items() if m.startswith("progpo.")
+                       and any(t.startswith("envs.webshop_server") for t in ts))
+    assert set(server_in) <= STARTS_THE_SERVER, server_in
