@@ -21,10 +21,10 @@ case "$ENV" in
 esac
 bash scripts/install.sh
 exec python3 -m progpo.cli.train \
-  --pretrain smollm2-135m \
+  --actor.model_name_or_path smollm2-135m \
   --env.name "$ENV" \
   --advantage_estimator "$ESTIMATOR" \
-  --save_path "runs/${ENV}_${ESTIMATOR}" \
+  --ckpt.path "runs/${ENV}_${ESTIMATOR}" \
   --train.num_iterations 3 \
   --rollout.batch_size 2 \
   --rollout.n_samples_per_prompt 4 \

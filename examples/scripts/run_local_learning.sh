@@ -9,7 +9,7 @@
 #   1. evaluate the base model on EVAL_TRAIN_TASKS train tasks (sampled at T=1.0, as RL rollouts);
 #   2. SFT (python -m progpo.cli.sft) on the scripted expert's won episodes of SFT_TASKS train tasks;
 #   3. evaluate the SFT model on the same train tasks, and on EVAL_TEST_TASKS held-out test tasks (T=0.4);
-#   4. RL_ITERS iterations of ProGPO (python -m progpo.cli.train --pretrain <the SFT run>);
+#   4. RL_ITERS iterations of ProGPO (python -m progpo.cli.train --actor.model_name_or_path <the SFT run>);
 #   5. evaluate the RL model on the same test tasks;
 #   6. python -m progpo.cli.learning_report: learning.png, learning.json and a table.
 # SFT, RL and evaluation share one prompt protocol: the same template, history window
@@ -55,7 +55,7 @@ PROTOCOL=(--env.name webshop --env.max_steps "$MAX_STEPS" --env.history_length "
 log() { printf '[learning %s] %s (load average %s)\n' "$(date -u +%H:%M:%S)" "$*" "$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/timing.txt"; }
 evaluate() {  # evaluate MODEL SPLIT TASKS TEMPERATURE OUTFILE (skipped when OUTFILE exists)
   [ -e "$5" ] && return 0
-  python3 -m progpo.cli.evaluate --model "$1" --env.eval_split "$2" --eval.num_tasks "$3" \
+  python3 -m progpo.cli.evaluate --actor.model_name_or_path "$1" --env.eval_split "$2" --eval.num_tasks "$3" \
     --rollout.temperature "$4" --out "$5" "${PROTOCOL[@]}" >/dev/null
 }
 START=$SECONDS
@@ -64,7 +64,7 @@ evaluate "$PRETRAIN" train "$EVAL_TRAIN_TASKS" 1.0 "$OUT/eval_base_train.json"
 log "2/6 SFT on expert episodes of $SFT_TASKS train tasks"
 if [ ! -e "$OUT/sft/sft_summary.json" ]; then
   rm -rf "$OUT/sft"  # an SFT run cut short: start it again
-  python3 -m progpo.cli.sft --pretrain "$PRETRAIN" --save_path "$OUT/sft" "${PROTOCOL[@]}" \
+  python3 -m progpo.cli.sft --actor.model_name_or_path "$PRETRAIN" --ckpt.path "$OUT/sft" "${PROTOCOL[@]}" \
   --sft.num_tasks "$SFT_TASKS" --train.max_epochs "$SFT_EPOCHS" --train.batch_size 8 --train.micro_batch_size 2 \
   --actor.adam.lr "$SFT_LR"
 fi
@@ -73,8 +73,8 @@ evaluate "$OUT/sft" train "$EVAL_TRAIN_TASKS" 1.0 "$OUT/eval_sft_train.json"
 evaluate "$OUT/sft" test "$EVAL_TEST_TASKS" 0.4 "$OUT/eval_sft_test.json"
 log "4/6 ProGPO from the SFT model, $RL_ITERS iterations"
 RESUME=()
-if [ -e "$OUT/rl/checkpoints/latest" ] || [ -e "$OUT/rl/metrics.jsonl" ]; then RESUME=(--resume); fi  # no checkpoint yet: --resume starts it over
-python3 -m progpo.cli.train "${RESUME[@]}" --pretrain "$OUT/sft" --save_path "$OUT/rl" --advantage_estimator progpo "${PROTOCOL[@]}" \
+if [ -e "$OUT/rl/checkpoints/latest" ] || [ -e "$OUT/rl/metrics.jsonl" ]; then RESUME=(--ckpt.load_enable); fi  # no checkpoint yet: --ckpt.load_enable starts it over
+python3 -m progpo.cli.train "${RESUME[@]}" --actor.model_name_or_path "$OUT/sft" --ckpt.path "$OUT/rl" --advantage_estimator progpo "${PROTOCOL[@]}" \
   --train.num_iterations "$RL_ITERS" --rollout.batch_size 2 --rollout.n_samples_per_prompt 4 \
   --rollout.temperature 1.0 --train.batch_size 16 --train.micro_batch_size 2 --actor.adam.lr "$RL_LR" \
   --ds.zero_stage 0 --ckpt.save_steps 1 --ckpt.max_num 1

@@ -8,13 +8,21 @@ Notation follows ``docs/progpo-algorithm.md`` (shared docs): ``r_{i,t}``, ``o_{i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
 
-def _obj(values: Sequence[str], name: str) -> np.ndarray:
+_DTYPES = {"int": np.int64, "float": np.float64, "bool": bool}
+_NUMPY_KINDS = {"int": "iu", "float": "fiu", "bool": "b"}
+
+
+def _column(kind: str, values: Sequence[Any], name: str) -> np.ndarray:
+    """One column as a numpy array of its kind (``str`` -> object array of str)."""
+    if kind != "str":
+        return np.asarray(values, dtype=_DTYPES[kind]).reshape(-1)
     arr = np.empty(len(values), dtype=object)
     for k, v in enumerate(values):
         if not isinstance(v, str):
@@ -26,6 +34,10 @@ def _obj(values: Sequence[str], name: str) -> np.ndarray:
 @dataclass(frozen=True)
 class StepBatch:
     """All steps of one rollout batch, column-wise (numpy arrays of length ``S``).
+
+    Plumbing is field-generic (OpenRLHF's ``fields(Experience)`` loops): :meth:`to_rows` /
+    :meth:`from_rows` carry every column, so a new column is one field here (with its ``kind``) and,
+    where a step record has an attribute of the same name, nothing else.
 
     Attributes:
         uid: ``[S]`` str, episode level. Task/group id: the N trajectories that played the same
@@ -56,57 +68,80 @@ class StepBatch:
             leaves those transitions out of T).
     """
 
-    uid: np.ndarray
-    traj_id: np.ndarray
-    step_index: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    invalid: np.ndarray
-    anchor_obs: np.ndarray
-    prefix_key: np.ndarray
-    action: np.ndarray
-    state_extra: np.ndarray | None = field(default=None)
-    final_obs: np.ndarray | None = field(default=None)
+    uid: np.ndarray = field(metadata={"kind": "str"})
+    traj_id: np.ndarray = field(metadata={"kind": "int"})
+    step_index: np.ndarray = field(metadata={"kind": "int"})
+    reward: np.ndarray = field(metadata={"kind": "float"})
+    terminated: np.ndarray = field(metadata={"kind": "bool"})
+    truncated: np.ndarray = field(metadata={"kind": "bool"})
+    invalid: np.ndarray = field(metadata={"kind": "bool"})
+    anchor_obs: np.ndarray = field(metadata={"kind": "str"})
+    prefix_key: np.ndarray = field(metadata={"kind": "str"})
+    action: np.ndarray = field(metadata={"kind": "str"})
+    state_extra: np.ndarray | None = field(default=None, metadata={"kind": "str"})
+    final_obs: np.ndarray | None = field(default=None, metadata={"kind": "str"})
 
     @classmethod
-    def from_lists(
-        cls,
-        *,
-        uid: Sequence[str],
-        traj_id: Sequence[int],
-        step_index: Sequence[int],
-        reward: Sequence[float],
-        terminated: Sequence[bool],
-        truncated: Sequence[bool],
-        invalid: Sequence[bool],
-        anchor_obs: Sequence[str],
-        prefix_key: Sequence[str],
-        action: Sequence[str],
-        state_extra: Sequence[str] | None = None,
-        final_obs: Sequence[str] | None = None,
-    ) -> StepBatch:
-        """Build and validate a batch from per-step Python lists (see class attributes).
+    def columns(cls) -> tuple[str, ...]:
+        """The column names, in field order (every plumbing loop iterates over these)."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def optional_columns(cls) -> tuple[str, ...]:
+        """The columns that may be None (``state_extra``, ``final_obs``)."""
+        return tuple(f.name for f in fields(cls) if f.default is None)
+
+    @classmethod
+    def kind(cls, name: str) -> str:
+        """Python kind of column ``name``: ``str``, ``int``, ``float`` or ``bool``."""
+        return next(f.metadata["kind"] for f in fields(cls) if f.name == name)
+
+    @classmethod
+    def from_lists(cls, **columns: Sequence[Any] | None) -> StepBatch:
+        """Build and validate a batch from per-step Python lists, one keyword per column (see the
+        class attributes; ``state_extra`` / ``final_obs`` may be omitted or None).
 
         Raises:
-            ValueError: naming the first field whose length, type or content is wrong.
+            ValueError: an unknown or missing column, or the first column whose length, type or
+                content is wrong (named).
         """
-        batch = cls(
-            uid=_obj(uid, "uid"),
-            traj_id=np.asarray(traj_id, dtype=np.int64).reshape(-1),
-            step_index=np.asarray(step_index, dtype=np.int64).reshape(-1),
-            reward=np.asarray(reward, dtype=np.float64).reshape(-1),
-            terminated=np.asarray(terminated, dtype=bool).reshape(-1),
-            truncated=np.asarray(truncated, dtype=bool).reshape(-1),
-            invalid=np.asarray(invalid, dtype=bool).reshape(-1),
-            anchor_obs=_obj(anchor_obs, "anchor_obs"),
-            prefix_key=_obj(prefix_key, "prefix_key"),
-            action=_obj(action, "action"),
-            state_extra=None if state_extra is None else _obj(state_extra, "state_extra"),
-            final_obs=None if final_obs is None else _obj(final_obs, "final_obs"),
-        )
+        unknown = sorted(set(columns) - set(cls.columns()))
+        if unknown:
+            raise ValueError(f"StepBatch has no columns {unknown}")
+        missing = [n for n in cls.columns() if n not in cls.optional_columns() and columns.get(n) is None]
+        if missing:
+            raise ValueError(f"StepBatch.from_lists: missing columns {missing}")
+        batch = cls(**{n: None if columns.get(n) is None else _column(cls.kind(n), columns[n], n)
+                       for n in cls.columns()})
         batch.validate()
         return batch
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Mapping[str, Any]]) -> StepBatch:
+        """Build and validate a batch from one mapping per step (``column -> value``), as
+        :meth:`to_rows` writes them. An optional column whose values are all None or ``""`` becomes
+        None (not recorded); otherwise its None values become ``""``.
+
+        Raises:
+            ValueError: a row lacking a required column, or as :meth:`from_lists`.
+        """
+        cols: dict[str, list[Any] | None] = {}
+        for name in cls.columns():
+            values = [r.get(name) for r in rows]
+            if name in cls.optional_columns():
+                cols[name] = None if all(v is None or v == "" for v in values) else [
+                    "" if v is None else v for v in values]
+            elif any(v is None for v in values):
+                k = next(k for k, v in enumerate(values) if v is None)
+                raise ValueError(f"StepBatch row {k} has no {name!r}")
+            else:
+                cols[name] = values
+        return cls.from_lists(**cols)
+
+    def to_rows(self) -> list[dict[str, Any]]:
+        """``[S]`` mappings ``column -> Python value`` (None for a column that is None): :meth:`from_rows`'s input."""
+        lists = {n: (None if getattr(self, n) is None else getattr(self, n).tolist()) for n in self.columns()}
+        return [{n: (None if v is None else v[k]) for n, v in lists.items()} for k in range(self.num_steps)]
 
     @property
     def num_steps(self) -> int:
@@ -124,13 +159,10 @@ class StepBatch:
         s = self.num_steps
         if s == 0:
             raise ValueError("StepBatch is empty: an estimator needs at least one step")
-        for name in ("traj_id", "step_index", "reward", "terminated", "truncated", "invalid",
-                     "anchor_obs", "prefix_key", "action"):
+        for name in self.columns():
             arr = getattr(self, name)
-            if arr.shape != (s,):
-                raise ValueError(f"StepBatch.{name} has shape {arr.shape}, expected ({s},)")
-        for name in ("state_extra", "final_obs"):
-            arr = getattr(self, name)
+            if arr is None and name not in self.optional_columns():
+                raise ValueError(f"StepBatch.{name} is required")
             if arr is not None and arr.shape != (s,):
                 raise ValueError(f"StepBatch.{name} has shape {arr.shape}, expected ({s},)")
         self._check_dtypes()
@@ -160,15 +192,12 @@ class StepBatch:
     def _check_dtypes(self) -> None:
         """ValueError naming a column of the wrong dtype (a batch built with ``StepBatch(...)``
         directly skips ``from_lists``' conversions)."""
-        kinds = {"traj_id": "iu", "step_index": "iu", "reward": "fiu", "terminated": "b", "truncated": "b",
-                 "invalid": "b"}
-        for name, allowed in kinds.items():
-            dtype = getattr(self, name).dtype
-            if dtype.kind not in allowed:
-                raise ValueError(f"StepBatch.{name} has dtype {dtype}, expected kind {allowed!r}")
-        for name in ("uid", "anchor_obs", "prefix_key", "action", "state_extra", "final_obs"):
-            arr = getattr(self, name)
+        for name in self.columns():
+            arr, kind = getattr(self, name), self.kind(name)
             if arr is None:
                 continue
-            if arr.dtype != object or not all(isinstance(v, str) for v in arr.tolist()):
-                raise ValueError(f"StepBatch.{name} must be an object array of str (use StepBatch.from_lists)")
+            if kind == "str":
+                if arr.dtype != object or not all(isinstance(v, str) for v in arr.tolist()):
+                    raise ValueError(f"StepBatch.{name} must be an object array of str (use StepBatch.from_lists)")
+            elif arr.dtype.kind not in _NUMPY_KINDS[kind]:
+                raise ValueError(f"StepBatch.{name} has dtype {arr.dtype}, expected kind {_NUMPY_KINDS[kind]!r}")

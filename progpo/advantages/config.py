@@ -1,33 +1,32 @@
 """``AdvantageConfig``: the one frozen config every advantage estimator reads.
 
-Trainer CLIs generate ``--progpo.<field>`` flags from ``dataclasses.fields(AdvantageConfig)``, so
-every field is a plain float/int/bool/str (``Literal`` of strings; ``dataclasses.fields`` gives real
-types: ``float``, ``int``, ``bool`` or ``typing.Literal[...]``; ``AdvantageConfig.choices(name)``
-lists a str field's values). Formulas and defaults follow the shared spec
+Every CLI generates ``--progpo.<field>`` flags from ``dataclasses.fields(AdvantageConfig)``
+(``progpo.run.flags``), so every field is a plain float/int/bool/str (``Literal`` of strings, whose
+values are the flag's choices; ``AdvantageConfig.choices(name)`` lists them); ``estimator`` is an
+:class:`Estimator` (the one place the estimator names are written). Formulas and defaults follow the shared spec
 ``docs/progpo-algorithm.md`` (component numbers (1)-(7), extensions E1-E3); see ``docs/estimators.md``.
 """
 
+import enum
 import math
+import typing
 from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
-Estimator = Literal["grpo", "gigpo", "progpo", "rloo", "hgpo"]
-NormMode = Literal["mean_std_norm", "mean_norm"]
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "estimator": get_args(Estimator),
-    "episode_norm": get_args(NormMode),
-    "gigpo_mode": get_args(NormMode),
-    "prefix_mode": ("prompt", "history"),
-    "potential_pool": ("inclusive", "loo"),
-    "fusion": ("ivw", "ivw_bias", "none"),
-    "potential_estimator": ("mc", "graph"),
-    "credit": ("transition", "action"),
-    "state_key": ("auto", "obs", "obs_inventory"),
-    "zero_signal": ("auto", "off", "task", "batch"),
-    "diagnostics": ("full", "basic"),
-    "sigma2_floor_ref": ("batch", "success_reward"),
-}
+class Estimator(enum.StrEnum):
+    """The estimator names, written once (verl's ``AdvantageEstimator`` enum): the registry
+    (``progpo.advantages.registry.ESTIMATORS``) maps each member to its function, and every CLI's
+    ``--advantage_estimator`` choices and both backends' lists are these members (tests check it)."""
+
+    GRPO = "grpo"
+    GIGPO = "gigpo"
+    PROGPO = "progpo"
+    RLOO = "rloo"
+    HGPO = "hgpo"
+
+
+NormMode = Literal["mean_std_norm", "mean_norm"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class AdvantageConfig:
         diagnostics: full (every estimator also reports the batch's peer/depth-pool fragmentation) or basic.
     """
 
-    estimator: Estimator = "progpo"
+    estimator: Estimator = Estimator.PROGPO
     gamma: float = 0.95
     eps: float = 1e-6
     omega: float = 1.0
@@ -107,11 +106,15 @@ class AdvantageConfig:
         Raises:
             ValueError: naming the first invalid field and the allowed values/range.
         """
+        if self.estimator not in tuple(Estimator):
+            raise ValueError(f"AdvantageConfig.estimator must be one of {[e.value for e in Estimator]}, "
+                             f"got {self.estimator!r}")
+        object.__setattr__(self, "estimator", Estimator(self.estimator))
         if isinstance(self.zero_signal, bool):
             object.__setattr__(self, "zero_signal", "task" if self.zero_signal else "off")
         for name, by_estimator in ESTIMATOR_DEFAULTS.items():
             auto = AUTO_INT if isinstance(by_estimator["*"], int) else "auto"
-            if getattr(self, name) == auto and self.estimator in get_args(Estimator):
+            if getattr(self, name) == auto:
                 object.__setattr__(self, name, by_estimator.get(self.estimator, by_estimator["*"]))
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
@@ -182,6 +185,8 @@ class AdvantageConfig:
     @staticmethod
     def choices(name: str) -> tuple[str, ...] | None:
         """Allowed values of a str field (for CLI ``choices=``), or None for numeric/bool fields."""
+        if name == "estimator":
+            return tuple(e.value for e in Estimator)
         return _CHOICES.get(name)
 
     @property
@@ -190,6 +195,13 @@ class AdvantageConfig:
         reward units squared (spec (3)). With ``'batch'`` the estimator uses
         ``coef * (max |r| over the batch)**2`` instead (``progpo.advantages.progpo.sigma2_task``)."""
         return self.sigma2_floor_coef * self.success_reward**2
+
+
+#: Allowed values of every ``Literal`` field (CLI ``choices=``), read from the annotations.
+_CHOICES: dict[str, tuple[str, ...]] = {
+    name: get_args(hint) for name, hint in typing.get_type_hints(AdvantageConfig).items()
+    if typing.get_origin(hint) is Literal
+}
 
 
 #: Fields whose ``auto`` default depends on the estimator (issue 10), resolved when the config is built:

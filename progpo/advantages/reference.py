@@ -18,18 +18,9 @@ START = ("<start>",)
 
 
 def _steps(batch: StepBatch) -> list[dict]:
+    """One dict per row: the batch's columns (``StepBatch.to_rows``) plus its ``row`` number."""
     batch.validate()
-    steps = []
-    for row in range(batch.num_steps):
-        steps.append({
-            "row": row, "uid": str(batch.uid[row]), "traj": int(batch.traj_id[row]),
-            "t": int(batch.step_index[row]), "r": float(batch.reward[row]),
-            "done": bool(batch.terminated[row]), "invalid": bool(batch.invalid[row]),
-            "obs": str(batch.anchor_obs[row]), "prefix": str(batch.prefix_key[row]),
-            "action": str(batch.action[row]),
-            "extra": None if batch.state_extra is None else str(batch.state_extra[row]),
-        })
-    return steps
+    return [{**cols, "row": row} for row, cols in enumerate(batch.to_rows())]
 
 
 def _mean(xs):
@@ -59,17 +50,17 @@ class _Batch:
         self.steps = _steps(batch)
         self.trajs: dict[int, list[dict]] = {}
         for s in self.steps:
-            self.trajs.setdefault(s["traj"], []).append(s)
+            self.trajs.setdefault(s["traj_id"], []).append(s)
         for traj in self.trajs.values():
-            traj.sort(key=lambda s: s["t"])
+            traj.sort(key=lambda s: s["step_index"])
             g = 0.0
             for s in reversed(traj):
                 if s is traj[-1]:
-                    g = s["r"]
+                    g = s["reward"]
                 else:
-                    g = s["r"] + cfg.gamma * g
+                    g = s["reward"] + cfg.gamma * g
                 s["G"] = g
-            ret = sum(s["r"] for s in traj)
+            ret = sum(s["reward"] for s in traj)
             for s in traj:
                 s["R"] = ret
                 s["traj_steps"] = traj
@@ -82,8 +73,8 @@ class _Batch:
 
     def state(self, s):
         if self.cfg.state_key == "obs_inventory":
-            return (s["obs"], s["extra"])
-        return (s["obs"],)
+            return (s["anchor_obs"], s["state_extra"])
+        return (s["anchor_obs"],)
 
     def act(self, s):
         return "<invalid>" if s["invalid"] else s["action"]
@@ -92,27 +83,27 @@ class _Batch:
         traj = s["traj_steps"]
         parts = [self.state(s)]
         for k in range(1, d + 1):
-            if s["t"] - k < 0:
+            if s["step_index"] - k < 0:
                 parts.append(START)
                 break
-            prev = traj[s["t"] - k]
+            prev = traj[s["step_index"] - k]
             parts.append(self.act(prev))
             parts.append(self.state(prev))
         return (s["uid"], tuple(parts))
 
     def peer_key(self, s):
         if self.cfg.prefix_mode == "prompt":
-            return (s["uid"], s["prefix"])
+            return (s["uid"], s["prefix_key"])
         hist = []
-        for prev in s["traj_steps"][: s["t"]]:
-            hist += [prev["obs"], prev["action"]]
-        return (s["uid"], tuple(hist + [s["obs"]]))
+        for prev in s["traj_steps"][: s["step_index"]]:
+            hist += [prev["anchor_obs"], prev["action"]]
+        return (s["uid"], tuple(hist + [s["anchor_obs"]]))
 
     def reward_scale(self):
         """The unit of the fusion's variances: 1 (paper: absolute units) or the batch's largest |r|."""
         if self.cfg.sigma2_floor_ref == "success_reward":
             return 1.0
-        return max(abs(s["r"]) for s in self.steps) or 1.0
+        return max(abs(s["reward"]) for s in self.steps) or 1.0
 
     def no_signal(self, s):
         """True when every trajectory of the step's task has the same episode return (``zero_signal``)."""
@@ -133,7 +124,7 @@ class _Batch:
     def _task_trajs(self, uid):
         seen = {}
         for s in self.tasks[uid]:
-            seen[s["traj"]] = s["traj_steps"]
+            seen[s["traj_id"]] = s["traj_steps"]
         return list(seen.values())
 
 
@@ -154,8 +145,8 @@ def _peer(b: _Batch, s):
     if len(group) < 2 or not cfg.use_peer:
         return 0.0, 0.0
     n_traj = len(b._task_trajs(s["uid"]))
-    trajs = {q["traj"] for q in group}
-    if len(trajs) == n_traj and len(group) == n_traj and len({q["t"] for q in group}) == 1:
+    trajs = {q["traj_id"] for q in group}
+    if len(trajs) == n_traj and len(group) == n_traj and len({q["step_index"] for q in group}) == 1:
         return 0.0, 0.0
     a_p = _norm(s["G"], [q["G"] for q in group], "mean_std_norm", cfg.eps)
     return a_p, (len(group) - 1) / (len(group) - 1 + cfg.kappa)
@@ -168,7 +159,7 @@ def _cos(emb, x, y):
 
 
 def _embeddings(b: _Batch, encoder):
-    texts = sorted({s["obs"] for s in b.steps} | set(b.final_obs or []))
+    texts = sorted({s["anchor_obs"] for s in b.steps} | set(b.final_obs or []))
     vecs = np.asarray(encoder(texts), dtype=np.float64)
     return {t: v / np.linalg.norm(v) for t, v in zip(texts, vecs)}
 
@@ -178,13 +169,13 @@ def _expanded(b: _Batch, s, emb, loo):
     cfg = b.cfg
     members = []
     for q in b.tasks[s["uid"]]:
-        if loo and q["traj"] == s["traj"]:
+        if loo and q["traj_id"] == s["traj_id"]:
             continue
-        if cfg.state_key == "obs_inventory" and q["extra"] != s["extra"]:
+        if cfg.state_key == "obs_inventory" and q["state_extra"] != s["state_extra"]:
             continue
-        w = _cos(emb, s["obs"], q["obs"])
+        w = _cos(emb, s["anchor_obs"], q["anchor_obs"])
         if w >= cfg.tau:
-            members.append((w, q["G"], q["obs"] != s["obs"]))
+            members.append((w, q["G"], q["anchor_obs"] != s["anchor_obs"]))
     if not members:
         return None
     v1 = sum(w for w, _, _ in members)
@@ -207,7 +198,7 @@ def _potential(b: _Batch, s, emb):
     for d in range(cfg.depths + 1):
         key = b.depth_key(s, d)
         pool = [q["G"] for q in b.tasks[s["uid"]]
-                if b.depth_key(q, d) == key and not (loo and q["traj"] == s["traj"])]
+                if b.depth_key(q, d) == key and not (loo and q["traj_id"] == s["traj_id"])]
         n = len(pool)
         entry = (d, n, _mean(pool), sum((g - _mean(pool)) ** 2 for g in pool)) if n else None
         if d == 0 and emb is not None and n < cfg.min_peers:
@@ -217,8 +208,8 @@ def _potential(b: _Batch, s, emb):
         if entry is not None:
             est.append(entry)
     if not est:  # loo fallback: other trajectories at the same t, then the other trajectories, then own G
-        others = [q for q in b.tasks[s["uid"]] if q["traj"] != s["traj"]]
-        same_t = [q["G"] for q in others if q["t"] == s["t"]]
+        others = [q for q in b.tasks[s["uid"]] if q["traj_id"] != s["traj_id"]]
+        same_t = [q["G"] for q in others if q["step_index"] == s["step_index"]]
         if same_t:
             return _mean(same_t)
         return _mean([q["G"] for q in others]) if others else s["G"]
@@ -249,7 +240,7 @@ def _graph_values(b: _Batch, encoder):
     anchor_states = set(node.values())
     # truncated last steps: the final observation's state (the last step's inventory assumed unchanged)
     final_state = {s["row"]: (s["uid"], (b.final_obs[s["row"]],) + b.state(s)[1:]) for s in b.steps
-                   if b.final_obs is not None and s["t"] + 1 == len(s["traj_steps"]) and not s["done"]}
+                   if b.final_obs is not None and s["step_index"] + 1 == len(s["traj_steps"]) and not s["terminated"]}
     find = lambda x: x  # noqa: E731 - without an encoder every state is its own node
     if encoder is not None and cfg.semantic_expansion:
         emb = _embeddings(b, encoder)
@@ -278,15 +269,15 @@ def _graph_values(b: _Batch, encoder):
     for s in b.steps:
         o, a = node[s["row"]], b.act(s)
         n_oa[(o, a)] = n_oa.get((o, a), 0) + 1
-        r_oa[(o, a)] = r_oa.get((o, a), 0.0) + s["r"]
+        r_oa[(o, a)] = r_oa.get((o, a), 0.0) + s["reward"]
         n_o[o] = n_o.get(o, 0) + 1
         acts.setdefault(o, set()).add(a)
         traj = s["traj_steps"]
-        if s["t"] + 1 < len(traj):
-            nxt = node[traj[s["t"] + 1]["row"]]
+        if s["step_index"] + 1 < len(traj):
+            nxt = node[traj[s["step_index"] + 1]["row"]]
             trans[(o, a, nxt)] = trans.get((o, a, nxt), 0) + 1
             known[(o, a)] = known.get((o, a), 0) + 1
-        elif s["done"]:
+        elif s["terminated"]:
             known[(o, a)] = known.get((o, a), 0) + 1
         elif b.final_obs is not None:
             # truncated: go to the final observation's node when it joined an anchor state of the task
@@ -315,7 +306,7 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
         if cfg.max_steps < max(len(t) for t in b.trajs.values()):
             raise ValueError("AdvantageConfig.max_steps is shorter than a trajectory")
         node, V, Q, acts = _graph_values(b, encoder if use_enc else None)
-        phi = {s["row"]: V[s["t"]].get(node[s["row"]], 0.0) for s in b.steps}
+        phi = {s["row"]: V[s["step_index"]].get(node[s["row"]], 0.0) for s in b.steps}
     else:
         emb = _embeddings(b, encoder) if use_enc else None
         phi = {s["row"]: _potential(b, s, emb) for s in b.steps}
@@ -324,10 +315,10 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
         traj = s["traj_steps"]
         if cfg.credit == "action":
             o = node[s["row"]]
-            credit[s["row"]] = 0.0 if len(acts[o]) == 1 else Q[s["t"]][(o, b.act(s))] - V[s["t"]][o]
+            credit[s["row"]] = 0.0 if len(acts[o]) == 1 else Q[s["step_index"]][(o, b.act(s))] - V[s["step_index"]][o]
         else:
-            nxt = phi[traj[s["t"] + 1]["row"]] if s["t"] + 1 < len(traj) else 0.0
-            credit[s["row"]] = (s["r"] + cfg.gamma * nxt) - phi[s["row"]]
+            nxt = phi[traj[s["step_index"] + 1]["row"]] if s["step_index"] + 1 < len(traj) else 0.0
+            credit[s["row"]] = (s["reward"] + cfg.gamma * nxt) - phi[s["row"]]
     c_hat = {}
     for s in b.steps:  # (6): C^ = C / (std_u C + eps), 0 for a task whose credits have no spread
         task_c = [credit[q["row"]] for q in b.tasks[s["uid"]]]

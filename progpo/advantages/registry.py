@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from progpo.advantages.baselines import gigpo, grpo, hgpo, rloo
 from progpo.advantages.batch import StepBatch
-from progpo.advantages.config import AdvantageConfig
+from progpo.advantages.config import AdvantageConfig, Estimator
 from progpo.advantages.progpo import progpo
 from progpo.advantages.result import StepAdvantages
 from progpo.advantages.semantic import Encoder
@@ -14,12 +14,12 @@ from progpo.advantages.semantic import Encoder
 EstimatorFn = Callable[[StepBatch, AdvantageConfig, "Encoder | None"], StepAdvantages]
 
 #: name -> estimator, every one with the signature ``(batch, cfg, encoder) -> StepAdvantages``.
-ESTIMATORS: dict[str, EstimatorFn] = {
-    "grpo": grpo,
-    "gigpo": gigpo,
-    "progpo": progpo,
-    "rloo": rloo,
-    "hgpo": hgpo,
+ESTIMATORS: dict[Estimator, EstimatorFn] = {
+    Estimator.GRPO: grpo,
+    Estimator.GIGPO: gigpo,
+    Estimator.PROGPO: progpo,
+    Estimator.RLOO: rloo,
+    Estimator.HGPO: hgpo,
 }
 
 

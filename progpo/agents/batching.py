@@ -28,9 +28,9 @@ def training_steps(episodes: Sequence[Episode]) -> list[StepRecord]:
 def episodes_to_step_batch(episodes: Sequence[Episode]) -> StepBatch:
     """Build the estimators' ``StepBatch`` from the episodes (failed ones skipped).
 
-    ``state_extra`` is filled (``""`` where a step has none) when any step carries extra state
-    (ALFWorld inventory), else left None. ``final_obs`` holds the episode's final anchor observation
-    on the last step of a truncated trajectory (``""`` elsewhere).
+    One row per step (:func:`step_row`). ``state_extra`` is filled (``""`` where a step has none) when
+    any step carries extra state (ALFWorld inventory), else left None; ``final_obs`` likewise holds the
+    episode's final anchor observation on the last step of a truncated trajectory.
 
     Returns:
         A validated ``StepBatch`` with ``S = len(training_steps(episodes))`` rows.
@@ -44,22 +44,17 @@ def episodes_to_step_batch(episodes: Sequence[Episode]) -> StepBatch:
         raise ValueError(
             f"no training steps: all {len(episodes)} episodes failed or are empty (check the env pool logs)"
         )
-    rows = [(ep, t, s) for ep in eps for t, s in enumerate(ep.steps)]
-    has_extra = any(s.state_extra is not None for _, _, s in rows)
-    return StepBatch.from_lists(
-        uid=[ep.uid for ep, _, _ in rows],
-        traj_id=[ep.traj_id for ep, _, _ in rows],
-        step_index=[t for _, t, _ in rows],
-        reward=[s.reward for _, _, s in rows],
-        terminated=[s.terminated for _, _, s in rows],
-        truncated=[s.truncated for _, _, s in rows],
-        invalid=[s.invalid for _, _, s in rows],
-        anchor_obs=[s.anchor_obs for _, _, s in rows],
-        prefix_key=[s.prefix_key for _, _, s in rows],
-        action=[s.action for _, _, s in rows],
-        state_extra=[s.state_extra or "" for _, _, s in rows] if has_extra else None,
-        final_obs=[ep.final_obs if s.truncated else "" for ep, _, s in rows],
-    )
+    return StepBatch.from_rows([step_row(ep, t, step) for ep in eps for t, step in enumerate(ep.steps)])
+
+
+def step_row(episode: Episode, t: int, step: StepRecord) -> dict[str, object]:
+    """Row ``t`` of ``episode`` as a ``StepBatch`` row: every column a :class:`StepRecord` has under the
+    same name, plus the episode's ``uid`` / ``traj_id``, ``step_index = t`` and ``final_obs`` (the
+    episode's final anchor observation on a truncated last step, ``""`` elsewhere)."""
+    row = {name: getattr(step, name) for name in StepBatch.columns() if hasattr(step, name)}
+    row.update(uid=episode.uid, traj_id=episode.traj_id, step_index=t,
+               final_obs=episode.final_obs if step.truncated else "")
+    return row
 
 
 def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -18,10 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from progpo.agents.parsing import ENV_SYNTAX, parse_actions
+from progpo.agents.parsing import parse_actions
 from progpo.agents.templates import HistoryTurn, PromptTemplate, build_prompt, get_template
 from progpo.agents.types import Episode, GenerateFn, SamplingParams, StepRecord
 from progpo.envs.base import EnvFailure, EnvPool, StepResult
+from progpo.envs.spec import spec
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,7 @@ class EpisodeConfig:
     max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
-        if self.env_name not in ENV_SYNTAX:
-            raise ValueError(f"env_name must be one of {sorted(ENV_SYNTAX)}, got {self.env_name!r}")
+        spec(self.env_name)  # ValueError naming the registered envs
         if self.n_samples_per_task < 1:
             raise ValueError(f"n_samples_per_task must be >= 1, got {self.n_samples_per_task}")
         if not isinstance(self.sampling, SamplingParams):
@@ -134,7 +134,7 @@ async def run_episodes(
         env_pool: runs the envs (``reset``/``step``/``release`` awaited per episode).
         generate: ``await generate(prompt_ids [P], sampling) -> Generation`` (tokens + logprobs).
         tokenizer: Hugging Face tokenizer with a chat template (prompts are built with it).
-        env_name: ``"webshop"`` or ``"alfworld"`` (template and parser).
+        env_name: a registered env id (its spec gives the template and the syntax check).
         n_samples_per_task: ``N``, rollouts per task (the group size).
         sampling: sampling settings; a set ``seed`` is mixed per (trajectory, step) by ``step_seed``.
         max_steps: decisions per episode at most; an episode still running then is marked

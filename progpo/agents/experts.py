@@ -157,6 +157,13 @@ class WebShopExpert:
         return "I go back to search.", actions[0] if actions else "click[back to search]"
 
 
+def webshop_expert(env_kwargs: dict[str, Any]) -> Callable[[], WebShopExpert]:
+    """The WebShop spec's ``expert``: a factory of :class:`WebShopExpert` over the goals of the server
+    at ``env_kwargs["base_url"]`` (shared by every episode, fetched once each)."""
+    goals = webshop_goals(env_kwargs["base_url"])
+    return lambda: WebShopExpert(goals)
+
+
 # ---- ALFWorld --------------------------------------------------------------------------------
 def alfworld_walkthrough(game_file: str | Path) -> list[str]:
     """The expert action list stored in an ALFWorld ``game.tw-pddl`` file.
@@ -201,6 +208,11 @@ class AlfWorldExpert:
         t = int(info.get("steps", 0))
         action = self.walk[t] if t < len(self.walk) else "look"
         return _alfworld_think(action), action
+
+
+def alfworld_expert(env_kwargs: dict[str, Any]) -> Callable[[], AlfWorldExpert]:
+    """The ALFWorld spec's ``expert``: a factory of :class:`AlfWorldExpert` (walkthroughs need no setup)."""
+    return AlfWorldExpert
 
 
 # ---- playing experts through the episode loop ---------------------------------------------------

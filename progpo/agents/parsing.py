@@ -20,10 +20,12 @@ stripped (the ``StepRecord.action`` contract).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 
 from progpo.envs.base import normalize_action
+from progpo.envs.spec import spec
 
 _TAG = re.compile(r"<(/?)(think|action)>", re.IGNORECASE)
 _ACTION_BLOCK = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
@@ -32,19 +34,29 @@ _WEBSHOP_ACTION = re.compile(r"^(search|click)\[(.+)\]$", re.DOTALL)
 _ANY_TAG = re.compile(r"</?[a-z_]+>", re.IGNORECASE)
 
 
-def _webshop_ok(action: str) -> bool:
+def webshop_syntax_ok(action: str) -> bool:
+    """WebShop's answer syntax: ``search[<query>]`` or ``click[<target>]``, non-empty brackets (the spec's ``syntax``)."""
     m = _WEBSHOP_ACTION.match(action)
     return m is not None and m.group(2).strip() != ""
 
 
-def _alfworld_ok(action: str) -> bool:
+def alfworld_syntax_ok(action: str) -> bool:
+    """ALFWorld's answer syntax: any one-line text (admissibility is the env's: ``info["invalid_action"]``)."""
     return True  # admissibility is checked by the env (info["invalid_action"])
 
 
-__all__ = ["ENV_SYNTAX", "normalize_action", "parse_action", "parse_actions"]
+__all__ = ["alfworld_syntax_ok", "normalize_action", "parse_action", "parse_actions", "syntax_check",
+           "webshop_syntax_ok"]
 
-ENV_SYNTAX: dict[str, Callable[[str], bool]] = {"webshop": _webshop_ok, "alfworld": _alfworld_ok}
-"""Per-env check of a normalised action's syntax (after the tag rules passed)."""
+
+@functools.lru_cache(maxsize=None)
+def syntax_check(env_name: str) -> Callable[[str], bool]:
+    """The env's check of a normalised action's syntax (after the tag rules passed): its spec's ``syntax``.
+
+    Raises:
+        ValueError: unknown ``env_name`` (names the registered ones).
+    """
+    return spec(env_name).load("syntax")
 
 
 def _tags_ok(text: str) -> bool:
@@ -58,7 +70,7 @@ def parse_action(text: str, env_name: str) -> tuple[str, bool]:
 
     Args:
         text: the decoded model response.
-        env_name: ``"webshop"`` or ``"alfworld"``.
+        env_name: a registered env id (``progpo.envs``).
 
     Returns:
         ``(action, valid)``: the string to send to the env and whether it followed the protocol.
@@ -66,8 +78,7 @@ def parse_action(text: str, env_name: str) -> tuple[str, bool]:
     Raises:
         ValueError: unknown ``env_name``.
     """
-    if env_name not in ENV_SYNTAX:
-        raise ValueError(f"unknown env_name {env_name!r} for action parsing; known: {sorted(ENV_SYNTAX)}")
+    check = syntax_check(env_name)
     block = _ACTION_BLOCK.search(text)
     if block is None:
         return text.strip(), False
@@ -79,7 +90,7 @@ def parse_action(text: str, env_name: str) -> tuple[str, bool]:
         and "\n" not in raw.strip()
         and _ANY_TAG.search(raw) is None
         and _CJK.search(text) is None
-        and ENV_SYNTAX[env_name](action)
+        and check(action)
     )
     return action, valid
 

@@ -6,7 +6,7 @@ Every step is its own prompt (one training sample): the task, a step counter, th
 (Feng et al., 2025, "Group-in-Group Policy Optimization for LLM Agent Training", Appendix prompts)
 in content and order, so that ProGPO / GiGPO / GRPO comparisons see the same inputs.
 
-Templates are data: one frozen :class:`PromptTemplate` per env in :data:`TEMPLATES`. Rendering is
+Templates are data: one frozen :class:`~progpo.envs.spec.PromptTemplate` per env, named by its spec. Rendering is
 ``str.format`` on the template fields only, so braces inside observations are never interpreted.
 The context-length guard lives in :func:`build_prompt`: it drops the oldest history turns first,
 then truncates the current observation on token boundaries, and counts what it cut.
@@ -21,42 +21,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from progpo.envs.spec import PromptTemplate, spec
+
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MARKER = " ...[truncated]"
 """Appended to an observation (or action list) the context guard had to shorten."""
-
-
-@dataclass(frozen=True)
-class PromptTemplate:
-    """The prompt of one environment, as data.
-
-    Attributes:
-        env_name: registry name of the env (``"webshop"``, ``"alfworld"``).
-        with_history: the user message when at least one earlier step is shown. Fields:
-            ``{task}``, ``{step_count}`` (steps already taken, ``t``), ``{history_length}``
-            (turns shown), ``{history}``, ``{current_step}`` (``t + 1``), ``{observation}``,
-            ``{actions}``.
-        no_history: the user message at the first step (or when history is off / dropped):
-            fields ``{task}``, ``{observation}``, ``{actions}``.
-        history_turn: one (observation, action) pair; fields ``{step}`` (1-based step number),
-            ``{observation}``, ``{action}``.
-        history_separator: joins history turns.
-        action_item: one admissible action; field ``{action}``.
-        action_separator: joins admissible actions.
-        hidden_actions: admissible actions never shown (ALFWorld's ``help``).
-        system: optional system message (None = user message only, as verl-agent does).
-    """
-
-    env_name: str
-    with_history: str
-    no_history: str
-    history_turn: str
-    history_separator: str
-    action_item: str
-    action_separator: str
-    hidden_actions: tuple[str, ...] = ()
-    system: str | None = None
 
 
 _ANSWER_FORMAT = (
@@ -118,18 +88,13 @@ WEBSHOP_TEMPLATE = PromptTemplate(
     action_separator=",\n",
 )
 
-TEMPLATES: dict[str, PromptTemplate] = {t.env_name: t for t in (ALFWORLD_TEMPLATE, WEBSHOP_TEMPLATE)}
-
-
 def get_template(env_name: str) -> PromptTemplate:
-    """Return the template registered for ``env_name``.
+    """The prompt template of env ``env_name`` (its spec's ``template``).
 
     Raises:
-        ValueError: unknown env name (the message lists the known ones).
+        ValueError: unknown env name (the message lists the registered ones).
     """
-    if env_name not in TEMPLATES:
-        raise ValueError(f"no prompt template for env_name {env_name!r}; known: {sorted(TEMPLATES)}")
-    return TEMPLATES[env_name]
+    return spec(env_name).load("template")
 
 
 @dataclass(frozen=True)

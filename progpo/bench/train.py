@@ -23,9 +23,12 @@ import time
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table (exit code 0)."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.bench train", description=__doc__.split("\n")[0])
-    p.add_argument("--pretrain", default="smollm2-135m")
-    p.add_argument("--env.name", dest="env", default="webshop", choices=("webshop", "alfworld"))
-    p.add_argument("--estimators", default="progpo,gigpo,grpo,rloo,hgpo")
+    from progpo.advantages import Estimator
+    from progpo.envs import env_ids
+
+    p.add_argument("--actor.model_name_or_path", dest="model", default="smollm2-135m")
+    p.add_argument("--env.name", dest="env", default="webshop", choices=env_ids())
+    p.add_argument("--estimators", default=",".join(e.value for e in Estimator))
     p.add_argument("--tasks", type=int, default=2, help="tasks per iteration")
     p.add_argument("--n", type=int, default=4, help="rollouts per task")
     p.add_argument("--max_steps", type=int, default=5)
@@ -44,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     names = [e.strip() for e in args.estimators.split(",") if e.strip()]
     with tempfile.TemporaryDirectory(prefix="progpo-bench-train-") as tmp:
         cfg = config_from_args([
-            "--pretrain", args.pretrain, "--env.name", args.env, "--save_path", tmp,
+            "--actor.model_name_or_path", args.model, "--env.name", args.env, "--ckpt.path", tmp,
             "--rollout.batch_size", str(args.tasks), "--rollout.n_samples_per_prompt", str(args.n),
             "--env.max_steps", str(args.max_steps), "--rollout.max_new_tokens", str(args.max_new_tokens),
             "--train.batch_size", "1000000", "--train.micro_batch_size", str(args.micro_batch_size),
-            "--log.progress_bar", "false", "--log.tensorboard", "false",
+            "--logger.progress_bar", "false", "--logger.tensorboard", "false",
         ])
         trainer = Trainer(cfg)
         loop = asyncio.new_event_loop()
@@ -65,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             env_s = max(rollout_s - gen_s, 0.0)
             n_steps = roll.metrics["rollout/num_steps"]
             for name in names:
-                trainer.cfg = dataclasses.replace(cfg, advantage=AdvantageConfig(estimator=name, max_steps=args.max_steps))
+                trainer.cfg = dataclasses.replace(cfg, advantage_estimator=name,
+                                                  progpo=AdvantageConfig(estimator=name, max_steps=args.max_steps))
                 t0 = time.perf_counter()
                 samples, _ = trainer.advantages(roll.episodes)
                 adv_s = time.perf_counter() - t0
@@ -75,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 total = rollout_s + adv_s + upd_s
                 rows.append((name, gen_s, env_s, adv_s, upd_s, n_steps / total, 100 * adv_s / total))
         loop.close()
-    print(f"train iteration time split | model {args.pretrain} | env {args.env} | {args.tasks} tasks x {args.n} "
+    print(f"train iteration time split | model {args.model} | env {args.env} | {args.tasks} tasks x {args.n} "
           f"rollouts, max {args.max_steps} steps, {int(n_steps)} steps | setup {build_s:.1f} s (not counted)")
     print(f"{'estimator':<10} {'generate_s':>10} {'env_s':>8} {'adv_s':>8} {'update_s':>9} {'steps/s':>8} {'adv_%':>9}")
     for name, g, e, a, u, sps, frac in rows:

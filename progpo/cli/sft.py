@@ -6,9 +6,9 @@
    (``--rollout.max_prompt_tokens``): pass the values the later ``train`` run will use;
 2. keeps the steps of the episodes the expert won, and trains the policy on them through DeepSpeed
    (token-mean NLL on response tokens only; ``progpo.trainer.sft``);
-3. writes a checkpoint per epoch in the layout of ``train`` (``<save_path>/checkpoints/iter_N/hf`` is
+3. writes a checkpoint per epoch in the layout of ``train`` (``<ckpt.path>/checkpoints/iter_N/hf`` is
    a Hugging Face folder), ``metrics.jsonl`` and ``sft_summary.json`` (expert success rate with a
-   95% interval, samples, NLL per epoch). ``train --pretrain <save_path>`` starts RL from it.
+   95% interval, samples, NLL per epoch). ``train --actor.model_name_or_path <ckpt.path>`` starts RL from it.
 """
 
 from __future__ import annotations
@@ -20,76 +20,84 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from progpo.run import flags
+from progpo.run.settings import EnvSettings, RolloutSettings
+from progpo.trainer.config import DEPRECATED as TRAIN_DEPRECATED
+from progpo.trainer.config import (ActorSettings, AdamSettings, CkptSettings, DeepSpeedSettings, LoggerSettings,
+                                   TrainSettings)
 
 logger = logging.getLogger(__name__)
 
 SUMMARY = "sft_summary.json"  # written last: a run folder without it is an SFT run cut short
 
 
+@dataclass(frozen=True)
+class SFTSettings:
+    """Behaviour cloning (``--sft.*``)."""
+
+    num_tasks: int = 64
+    """expert episodes (seeded random tasks of --env.train_split)"""
+    keep_failed: bool = False
+    """also train on the episodes the expert lost"""
+
+    def __post_init__(self) -> None:
+        if self.num_tasks < 1:
+            raise ValueError(f"--sft.num_tasks must be >= 1, got {self.num_tasks}")
+
+
+@dataclass(frozen=True)
+class SFTArgs:
+    """The flags of ``python -m progpo.cli.sft`` (names and meanings shared with ``train``)."""
+
+    env: EnvSettings = field(default_factory=lambda: EnvSettings(pool="local"), metadata={
+        "flags": ("name", "max_steps", "history_length", "invalid_penalty", "data_dir", "url", "train_split")})
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(max_prompt_tokens=2048),
+                                     metadata={"flags": ("max_prompt_tokens", "max_new_tokens")})
+    actor: ActorSettings = field(default_factory=lambda: ActorSettings(adam=AdamSettings(lr=1e-5)), metadata={
+        "flags": ("model_name_or_path", "adam", "max_norm", "gradient_checkpointing_enable")})
+    ds: DeepSpeedSettings = field(default_factory=DeepSpeedSettings)
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(max_epochs=2, batch_size=8, micro_batch_size=2),
+                                 metadata={"flags": ("max_epochs", "batch_size", "micro_batch_size", "seed")})
+    ckpt: CkptSettings = field(default_factory=lambda: CkptSettings(max_num=1), metadata={"flags": ("path", "max_num")})
+    logger: LoggerSettings = field(default_factory=LoggerSettings, metadata={"flags": ("progress_bar",)})
+    sft: SFTSettings = field(default_factory=SFTSettings)
+
+    @property
+    def save_path(self) -> Path:
+        """The output folder (``--ckpt.path``, default ``runs/sft_<env>``)."""
+        return Path(self.ckpt.path or f"runs/sft_{self.env.name}")
+
+
+DEPRECATED = {k: v for k, v in TRAIN_DEPRECATED.items() if k not in ("--resume", "--rollout.invalid_penalty",
+                                                                       "--algo.eps_clip_low_high", "--algo.entropy.coef",
+                                                                       "--log.tensorboard")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The sft CLI parser (flag names shared with ``progpo.cli.train`` where they mean the same)."""
-    from progpo.trainer.config import ENV_DEFAULTS, _bool
-
-    p = argparse.ArgumentParser(prog="python -m progpo.cli.sft", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    a = p.add_argument
-    a("--pretrain", default="smollm2-135m", help="HF model folder, run folder, or alias (smollm2-135m, tiny)")
-    a("--save_path", default=None, help="output folder (default runs/sft_<env>)")
-    a("--seed", type=int, default=42)
-    a("--env.name", default="webshop", choices=sorted(ENV_DEFAULTS))
-    a("--env.max_steps", type=int, default=None, help="default 15 (webshop) / 50 (alfworld)")
-    a("--env.history_length", type=int, default=2)
-    a("--env.data_dir", default=None)
-    a("--env.webshop_url", default=None)
-    a("--env.train_split", default="train")
-    a("--rollout.max_prompt_tokens", type=int, default=2048, help="context guard limit (as in train)")
-    a("--rollout.max_new_tokens", type=int, default=256, help="expert answers longer than this are dropped")
-    a("--sft.num_tasks", type=int, default=64, help="expert episodes (tasks of the train split)")
-    a("--sft.keep_failed", type=_bool, default=False, help="also train on episodes the expert lost")
-    a("--train.max_epochs", type=int, default=2)
-    a("--train.batch_size", type=int, default=8, help="samples per optimizer step")
-    a("--train.micro_batch_size", type=int, default=2)
-    a("--actor.adam.lr", type=float, default=1e-5)
-    a("--actor.adam.weight_decay", type=float, default=0.0)
-    a("--actor.max_norm", type=float, default=1.0)
-    a("--ds.zero_stage", type=int, default=0)
-    a("--ds.bf16", action="store_true")
-    a("--ds.gradient_checkpointing", action="store_true")
-    a("--ckpt.max_num", type=int, default=1)
-    a("--log.progress_bar", type=_bool, default=True)
+    p = argparse.ArgumentParser(prog="python -m progpo.cli.sft", description=__doc__.split("\n")[0])
+    flags.add_flags(p, SFTArgs, deprecated=DEPRECATED)
     return p
 
 
-def _settings(ns: dict[str, Any]):
+def parse(argv: list[str] | None = None) -> SFTArgs:
+    """Parse and check ``argv``; :class:`~progpo.run.flags.FlagError` (a ValueError) names a bad flag."""
+    args = flags.build(SFTArgs, build_parser().parse_args(argv))
+    return dataclasses.replace(args, env=args.env.resolved(pool="local"))
+
+
+def _actor_config(args: SFTArgs):
     from progpo.trainer.actor import ActorConfig
-    from progpo.trainer.config import ENV_DEFAULTS, EnvSettings
-    from progpo.trainer.sft import SFTConfig
 
-    name = ns["env.name"]
-    env = EnvSettings(name=name, max_steps=ns["env.max_steps"] or ENV_DEFAULTS[name]["max_steps"],
-                      history_length=ns["env.history_length"], data_dir=ns["env.data_dir"],
-                      webshop_url=ns["env.webshop_url"], train_split=ns["env.train_split"])
-    actor = ActorConfig(pretrain=ns["pretrain"], lr=ns["actor.adam.lr"], weight_decay=ns["actor.adam.weight_decay"],
-                        grad_clip=ns["actor.max_norm"], zero_stage=ns["ds.zero_stage"], bf16=ns["ds.bf16"],
-                        micro_batch_size=ns["train.micro_batch_size"],
-                        gradient_checkpointing=ns["ds.gradient_checkpointing"], use_ref=False)
-    sft = SFTConfig(epochs=ns["train.max_epochs"], batch_size=ns["train.batch_size"], keep_failed=ns["sft.keep_failed"])
-    for flag in ("sft.num_tasks", "rollout.max_prompt_tokens", "rollout.max_new_tokens", "ckpt.max_num"):
-        if ns[flag] < 1:
-            raise ValueError(f"--{flag} must be >= 1, got {ns[flag]}")
-    return env, actor, sft
-
-
-def _expert_factory(env, env_kwargs):
-    """A zero-argument factory of the env's expert (``progpo.agents.experts``)."""
-    from progpo.agents.experts import AlfWorldExpert, WebShopExpert, webshop_goals
-
-    if env.name == "webshop":
-        goals = webshop_goals(env_kwargs["base_url"])
-        return lambda: WebShopExpert(goals)
-    return AlfWorldExpert
+    return ActorConfig(pretrain=args.actor.model_name_or_path, lr=args.actor.adam.lr,
+                       weight_decay=args.actor.adam.weight_decay, betas=args.actor.adam.betas,
+                       grad_clip=args.actor.max_norm, zero_stage=args.ds.zero_stage, bf16=args.ds.param_dtype == "bf16",
+                       micro_batch_size=args.train.micro_batch_size,
+                       gradient_checkpointing=args.actor.gradient_checkpointing_enable, use_ref=False)
 
 
 def collect(env, tokenizer, *, num_tasks: int, seed: int, max_prompt_tokens: int, max_new_tokens: int,
@@ -109,15 +117,16 @@ def collect(env, tokenizer, *, num_tasks: int, seed: int, max_prompt_tokens: int
         try:
             episodes = asyncio.run(expert_episodes(
                 [TaskSpec(env.train_split, i) for i in ids], env_pool=handle.pool, tokenizer=tokenizer,
-                env_name=env.name, make_expert=_expert_factory(env, handle.env_kwargs), max_steps=env.max_steps,
+                env_name=env.name, make_expert=env.spec.load("expert")(handle.env_kwargs), max_steps=env.max_steps,
                 history_length=env.history_length, max_prompt_tokens=max_prompt_tokens,
+                invalid_penalty=env.invalid_penalty,
                 max_new_tokens=max_new_tokens, on_episode_end=lambda ep: bar.update(1)))
         finally:
             bar.close()
     return episodes, total
 
 
-def run(ns: dict[str, Any]) -> dict[str, Any]:
+def run(args: SFTArgs) -> dict[str, Any]:
     """Collect expert data, train, checkpoint; returns the summary (also written to sft_summary.json).
 
     Raises:
@@ -134,22 +143,28 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
     from progpo.run.models import resolve_pretrain
     from progpo.trainer.sft import expert_samples, mean_nll, sft_epoch
 
-    env, actor_cfg, sft = _settings(ns)
-    save = Path(ns["save_path"] or f"runs/sft_{env.name}")
-    ckpt = CheckpointManager(save, ns["ckpt.max_num"])
+    from progpo.trainer.sft import SFTConfig
+
+    env = args.env
+    if env.spec.expert is None:
+        raise ValueError(f"--env.name {env.name} has no expert to clone (its env spec names none)")
+    actor_cfg = _actor_config(args)
+    sft = SFTConfig(epochs=args.train.max_epochs, batch_size=args.train.batch_size, keep_failed=args.sft.keep_failed)
+    save = args.save_path
+    ckpt = CheckpointManager(save, args.ckpt.max_num)
     if ckpt.latest() is not None:
-        raise ValueError(f"--save_path {save} already holds checkpoints; choose another --save_path")
+        raise ValueError(f"--ckpt.path {save} already holds checkpoints; choose another --ckpt.path")
     earlier = [n for n in ("metrics.jsonl", SUMMARY) if (save / n).exists()]
     if earlier:  # a run stopped before its first checkpoint: its records would be mixed with ours
-        raise ValueError(f"--save_path {save} holds {' and '.join(earlier)} of an earlier run (no checkpoint); "
-                         "choose another --save_path, or remove that folder")
+        raise ValueError(f"--ckpt.path {save} holds {' and '.join(earlier)} of an earlier run (no checkpoint); "
+                         "choose another --ckpt.path, or remove that folder")
     check_run_dir(save)  # before the model and the expert episodes, not after them
     actor_cfg = dataclasses.replace(actor_cfg, pretrain=resolve_pretrain(actor_cfg.pretrain))
     t0 = time.perf_counter()
     actor = Actor(actor_cfg)
-    episodes, total = collect(env, actor.tokenizer, num_tasks=ns["sft.num_tasks"], seed=ns["seed"],
-                              max_prompt_tokens=ns["rollout.max_prompt_tokens"],
-                              max_new_tokens=ns["rollout.max_new_tokens"], progress=ns["log.progress_bar"])
+    episodes, total = collect(env, actor.tokenizer, num_tasks=args.sft.num_tasks, seed=args.train.seed,
+                              max_prompt_tokens=args.rollout.max_prompt_tokens,
+                              max_new_tokens=args.rollout.max_new_tokens, progress=args.logger.progress_bar)
     t1 = time.perf_counter()
     done = [ep for ep in episodes if not ep.failed]
     success = rate_interval(sum(ep.won for ep in done), len(done))
@@ -160,16 +175,16 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
     if not samples:
         raise ValueError("no expert step to train on (the expert won no episode); try more --sft.num_tasks")
     metrics = MetricsLogger(save, tensorboard=False)
-    rng = np.random.default_rng(ns["seed"])
+    rng = np.random.default_rng(args.train.seed)
     summary: dict[str, Any] = {
         "env": env.name, "pretrain": actor_cfg.pretrain, "tasks_in_split": total, "expert_success": success,
         "expert_score_mean": float(np.mean([ep.info.get("score", float(ep.won)) for ep in done])) if done else None,
         "samples": len(samples), "response_tokens": sum(len(r) for _, r in samples),
         "prompt_tokens_mean": float(np.mean([len(p) for p, _ in samples])),
-        "settings": {k: v for k, v in ns.items()}, "collect_s": t1 - t0, "epochs": [],
+        "settings": dataclasses.asdict(args), "collect_s": t1 - t0, "epochs": [],
     }
     steps_per_epoch = -(-len(samples) // sft.batch_size)
-    bar = tqdm(total=sft.epochs * steps_per_epoch, desc="sft", unit="step", disable=not ns["log.progress_bar"],
+    bar = tqdm(total=sft.epochs * steps_per_epoch, desc="sft", unit="step", disable=not args.logger.progress_bar,
                file=sys.stderr)
     try:
         for epoch in range(1, sft.epochs + 1):
@@ -178,7 +193,7 @@ def run(ns: dict[str, Any]) -> dict[str, Any]:
                           on_step=lambda loss: (bar.update(1), bar.set_postfix(nll=f"{loss:.3f}")))
             m["perf/epoch_s"] = time.perf_counter() - e0
             metrics.log(epoch, m)
-            path = ckpt.save(actor, epoch, {"sft_epoch": epoch, "sft_epochs": sft.epochs, "seed": ns["seed"]}, rng)
+            path = ckpt.save(actor, epoch, {"sft_epoch": epoch, "sft_epochs": sft.epochs, "seed": args.train.seed}, rng)
             summary["epochs"].append({"epoch": epoch, **m, "checkpoint": str(path)})
             bar.write(f"epoch {epoch}: nll={m['loss/sft_nll']:.4f} steps={int(m['loss/optimizer_steps'])} "
                       f"time={m['perf/epoch_s']:.0f}s checkpoint={path}", file=sys.stdout)
@@ -199,16 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     from progpo.envs.base import EnvFailure
 
     prepare_process()
-    ns = vars(build_parser().parse_args(argv))
     try:
+        args = parse(argv)
         with logging_redirect_tqdm():
-            summary = run(ns)
+            summary = run(args)
     except (ValueError, FileNotFoundError, EnvFailure) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
-    save = ns["save_path"] or f"runs/sft_{ns['env.name']}"
     print(f"done: {summary['samples']} samples x {len(summary['epochs'])} epochs in {summary['total_s']:.0f} s; "
-          f"RL from it: python -m progpo.cli.train --pretrain {save} ...", flush=True)
+          f"RL from it: python -m progpo.cli.train --actor.model_name_or_path {args.save_path} ...", flush=True)
     return 0
 
 

@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     def show(it: int, metrics: dict[str, float]) -> None:
         write(format_metrics(it, metrics))
 
-    print(f"run folder: {cfg.run.save_path} | env {cfg.env.name} | estimator {cfg.advantage.estimator} | "
-          f"model {cfg.actor.pretrain}", flush=True)
+    print(f"run folder: {cfg.save_path} | env {cfg.env.name} | estimator {cfg.advantage_estimator} | "
+          f"model {cfg.actor.model_name_or_path}", flush=True)
     try:
         with logging_redirect_tqdm():  # log lines above the progress bar, not through it
             history = Trainer(cfg, on_iteration=show).fit()
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if history:
         last = history[-1]
         print(f"done: {len(history)} iterations; last success {last.get('env/success_rate', float('nan')):.3f}, "
-              f"return {last.get('env/return_mean', float('nan')):+.3f}; metrics in {cfg.run.save_path}/metrics.jsonl",
+              f"return {last.get('env/return_mean', float('nan')):+.3f}; metrics in {cfg.save_path}/metrics.jsonl",
               flush=True)
     return 0
 

@@ -1,4 +1,9 @@
-"""Text environments behind one protocol (``progpo.envs.base``) and a name -> class registry.
+"""Text environments behind one protocol (``progpo.envs.base``), one spec each (``progpo.envs.spec``).
+
+Every environment is registered here with :func:`register`, as Gymnasium does: adding one means one
+``register`` call and its module. Nothing else lists env names: the CLIs' ``--env.name`` choices, the
+episode loop's template and syntax lookups, both backends' env setup, the SFT experts, the evaluation
+summaries and the data downloader read the registry.
 
 This package imports no ray/deepspeed/vllm at module level; the Ray env pool lives in
 ``progpo.envs.ray_pool`` and imports ray only when used.
@@ -6,28 +11,54 @@ This package imports no ray/deepspeed/vllm at module level; the Ray env pool liv
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from progpo.envs.base import EnvFailure, EnvPool, StepResult, TextEnv
+from progpo.envs.spec import POOLS, EnvSpec, PromptTemplate, env_ids, register, spec
 
-ENV_CLASSES: dict[str, str] = {
-    "webshop": "progpo.envs.webshop:WebShopEnv",
-    "alfworld": "progpo.envs.alfworld:AlfWorldEnv",
-}
+register(
+    id="webshop",
+    entry_point="progpo.envs.webshop:WebShopEnv",
+    max_steps=15,
+    splits=("train", "eval", "test"),
+    eval_split="test",
+    template="progpo.agents.templates:WEBSHOP_TEMPLATE",
+    syntax="progpo.agents.parsing:webshop_syntax_ok",
+    expert="progpo.agents.experts:webshop_expert",
+    service="progpo.run.env_setup:webshop_service",
+    summary="progpo.run.evaluation:webshop_summary",
+    download="progpo.run.download:download_webshop",
+    data_subdir="webshop",
+    pool="http",
+    reports_score=True,
+)
+
+register(
+    id="alfworld",
+    entry_point="progpo.envs.alfworld:AlfWorldEnv",
+    max_steps=50,
+    splits=("train", "valid_seen", "valid_unseen", "valid_train"),
+    eval_split="valid_unseen",
+    template="progpo.agents.templates:ALFWORLD_TEMPLATE",
+    syntax="progpo.agents.parsing:alfworld_syntax_ok",
+    expert="progpo.agents.experts:alfworld_expert",
+    summary="progpo.run.evaluation:alfworld_summary",
+    download="progpo.run.download:download_alfworld",
+    data_subdir="alfworld",
+    pool="ray",
+)
 
 
 def env_class(name: str) -> type:
-    """Return the env class registered under ``name``; ValueError names the known ones."""
-    if name not in ENV_CLASSES:
-        raise ValueError(f"unknown env name {name!r}; choose one of {sorted(ENV_CLASSES)}")
-    module, cls = ENV_CLASSES[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    """The env class registered under ``name``; ValueError names the known ones."""
+    return spec(name).load("entry_point")
 
 
 def make_env(name: str, **kwargs: Any) -> TextEnv:
-    """Build the env registered under ``name`` with its own keyword arguments."""
-    return env_class(name)(**kwargs)
+    """Build the env registered under ``name`` with its spec's ``kwargs`` and then ``kwargs``."""
+    s = spec(name)
+    return s.load("entry_point")(**{**dict(s.kwargs), **kwargs})
 
 
-__all__ = ["EnvFailure", "EnvPool", "StepResult", "TextEnv", "ENV_CLASSES", "env_class", "make_env"]
+__all__ = ["EnvFailure", "EnvPool", "EnvSpec", "POOLS", "PromptTemplate", "StepResult", "TextEnv", "env_class",
+           "env_ids", "make_env", "register", "spec"]

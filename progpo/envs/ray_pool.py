@@ -30,7 +30,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from progpo.envs import ENV_CLASSES, env_class, make_env
+from progpo.envs import env_class, make_env, spec
 from progpo.envs.base import EnvFailure, StepResult
 from progpo.paths import REPO_ROOT
 
@@ -109,7 +109,7 @@ class RayEnvPool:
     """``EnvPool`` (``progpo.envs.base``) over ``num_actors`` Ray actors.
 
     Args:
-        env_name: a name of ``progpo.envs.ENV_CLASSES`` (e.g. "alfworld", "webshop").
+        env_name: a registered env id (``progpo.envs``; e.g. "alfworld", "webshop").
         env_kwargs: keyword arguments of the env class (e.g. ``{"max_steps": 50}``).
         num_actors: actor processes to keep alive.
         num_cpus_per_actor: Ray CPU resource per actor (fractional: 0.25 packs 4 actors per core).
@@ -135,8 +135,7 @@ class RayEnvPool:
         call_timeout_s: float | None = None,
         ray_init_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if env_name not in ENV_CLASSES:
-            raise ValueError(f"unknown env_name {env_name!r}; choose one of {sorted(ENV_CLASSES)}")
+        spec(env_name)  # ValueError naming the registered envs
         _check_env_kwargs(env_name, env_kwargs)
         for name, value in (("num_actors", num_actors), ("episodes_per_actor", episodes_per_actor)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

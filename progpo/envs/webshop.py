@@ -180,7 +180,7 @@ class WebShopEnv:
             return self._refused(e)
         return self._stepped(view)
 
-    # step bookkeeping shared with the async client (progpo.openrlhf.http_pool)
+    # step bookkeeping shared with the async client (progpo.envs.http_pool)
     def _repeat_end(self) -> StepResult:
         """The episode is over: repeat its end state, no reward."""
         info = dict(self._last_info, invalid_action=True)

@@ -29,7 +29,6 @@ import copy
 import dataclasses
 import json
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,63 +36,44 @@ from typing import Any
 from openrlhf.utils.agent import AgentExecutorBase
 
 from progpo.agents.types import Episode, Generation, SamplingParams
+from progpo.run.settings import EnvSettings
 
 logger = logging.getLogger(__name__)
 
 CONFIG_ENV_VAR = "PROGPO_AGENT_CONFIG"
 RESPONSE_EPISODE_KEY = "progpo_episode"
 """Key of the :class:`Episode` in the response dict (read by ``progpo.openrlhf.samples``)."""
-POOL_KINDS = ("http", "ray", "local")
 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """Settings of the episode loop run by :class:`AgentExecutor` (the ``--env.*`` flags).
+    """Settings of the episode loop run by :class:`AgentExecutor`.
 
     Attributes:
-        env_name: ``"webshop"`` or ``"alfworld"`` (``--env.name``).
+        env: the ``--env.*`` settings (``progpo.run.settings.EnvSettings``, resolved: ``max_steps``, the
+            splits and ``pool`` filled in from the env's spec).
         env_kwargs: keyword arguments of the env class (WebShop: ``base_url``; ALFWorld: ``data_dir``).
-        pool: ``http`` (WebShop, async HTTP), ``ray`` (Ray env actors), ``local`` (threads).
-        max_steps: decisions per episode (GiGPO protocol: ALFWorld 50, WebShop 15).
-        history_length: ``K``, earlier (observation, action) pairs shown in each prompt (2).
-        invalid_penalty: subtracted from a step's reward when the answer format is broken (0.1).
-        max_prompt_tokens: context guard for each step prompt (None = ``max_length - max_new_tokens``).
+        max_prompt_tokens: context guard for each step prompt (``--rollout.max_prompt_tokens``;
+            None = ``--data.max_len - max_new_tokens``).
         max_new_tokens: response tokens per step when OpenRLHF leaves ``max_tokens`` unset.
-        num_env_actors: Ray env actors per vLLM engine (``pool = ray``).
-        num_cpus_per_actor: CPUs reserved per Ray env actor.
-        episodes_per_actor: episodes one Ray env actor hosts at once.
-        max_envs: envs alive at once per engine (``pool = local``/``http``).
+        max_envs: envs alive at once per engine (``local``/``http`` pools; ``--env.num_envs``, 0 = 256).
     """
 
-    env_name: str
+    env: EnvSettings
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    pool: str = "http"
-    max_steps: int = 15
-    history_length: int = 2
-    invalid_penalty: float = 0.1
     max_prompt_tokens: int | None = None
     max_new_tokens: int = 512
-    num_env_actors: int = 16
-    num_cpus_per_actor: float = 0.25
-    episodes_per_actor: int = 1
     max_envs: int = 256
 
     def __post_init__(self) -> None:
-        if self.env_name not in ("webshop", "alfworld"):
-            raise ValueError(f"env.name must be 'webshop' or 'alfworld', got {self.env_name!r}")
-        if self.pool not in POOL_KINDS:
-            raise ValueError(f"env.pool must be one of {POOL_KINDS}, got {self.pool!r}")
-        for name in ("max_steps", "max_new_tokens", "num_env_actors", "episodes_per_actor", "max_envs"):
+        if isinstance(self.env, dict):
+            object.__setattr__(self, "env", EnvSettings(**self.env))
+        object.__setattr__(self, "env", self.env.resolved())
+        for name in ("max_new_tokens", "max_envs"):
             if getattr(self, name) < 1:
-                raise ValueError(f"env.{name} must be >= 1, got {getattr(self, name)}")
-        if self.history_length < 0:
-            raise ValueError(f"env.history_length must be >= 0, got {self.history_length}")
-        if not 0 <= self.invalid_penalty < math.inf:
-            raise ValueError(f"env.invalid_penalty must be a finite number >= 0, got {self.invalid_penalty}")
+                raise ValueError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ValueError(f"env.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        if not 0 < self.num_cpus_per_actor < math.inf:
-            raise ValueError(f"env.num_cpus_per_actor must be a finite number > 0, got {self.num_cpus_per_actor}")
+            raise ValueError(f"--rollout.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 
     def to_json(self) -> str:
         """Serialise for ``PROGPO_AGENT_CONFIG``."""
@@ -106,10 +86,11 @@ class AgentConfig:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{CONFIG_ENV_VAR} is not valid JSON: {exc}") from exc
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{CONFIG_ENV_VAR} has unknown fields {unknown}")
+        for where, names, got in (("", {f.name for f in dataclasses.fields(cls)}, data),
+                                  ("env.", {f.name for f in dataclasses.fields(EnvSettings)}, data.get("env") or {})):
+            unknown = sorted(set(got) - names)
+            if unknown:
+                raise ValueError(f"{CONFIG_ENV_VAR} has unknown fields {[where + u for u in unknown]}")
         return cls(**data)
 
 
@@ -165,26 +146,14 @@ class EngineGenerate:
 
 
 def make_env_pool(cfg: AgentConfig) -> Any:
-    """Build the ``EnvPool`` named by ``cfg.pool`` (imports only what that pool needs).
+    """The ``EnvPool`` of ``cfg.env.pool`` for one engine (``progpo.run.env_setup.make_env_pool``, the one
+    factory of both backends). The env's own step limit is ``cfg.env.max_steps`` unless ``env_kwargs`` sets it."""
+    from progpo.run.env_setup import make_env_pool as make_pool
 
-    The env's own step limit is ``cfg.max_steps`` unless ``env_kwargs`` sets ``max_steps``.
-    """
-    kwargs = {"max_steps": cfg.max_steps, **cfg.env_kwargs}
-    if cfg.pool == "ray":
-        from progpo.envs.ray_pool import RayEnvPool
-
-        return RayEnvPool(cfg.env_name, kwargs, cfg.num_env_actors, cfg.num_cpus_per_actor,
-                          episodes_per_actor=cfg.episodes_per_actor)
-    if cfg.pool == "http":
-        from progpo.openrlhf.http_pool import make_async_http_pool
-
-        return make_async_http_pool(cfg.env_name, kwargs, max_envs=cfg.max_envs)
-    import functools
-
-    from progpo.envs import make_env
-    from progpo.envs.local_pool import LocalEnvPool
-
-    return LocalEnvPool(functools.partial(make_env, cfg.env_name, **kwargs), max_envs=cfg.max_envs)
+    env = cfg.env
+    return make_pool(env.name, {"max_steps": env.max_steps, **cfg.env_kwargs}, env.pool, max_envs=cfg.max_envs,
+                     num_env_actors=env.num_env_actors, num_cpus_per_actor=env.num_cpus_per_actor,
+                     episodes_per_actor=env.episodes_per_actor)
 
 
 class AgentExecutor(AgentExecutorBase):
@@ -247,13 +216,13 @@ class AgentExecutor(AgentExecutorBase):
             env_pool=await self._env_pool(),
             generate=EngineGenerate(llm_engine, sampling_params),
             tokenizer=hf_tokenizer,
-            env_name=cfg.env_name,
+            env_name=cfg.env.name,
             n_samples_per_task=1,
             sampling=sampling,
-            max_steps=cfg.max_steps,
-            history_length=cfg.history_length,
+            max_steps=cfg.env.max_steps,
+            history_length=cfg.env.history_length,
             max_prompt_tokens=cfg.max_prompt_tokens or (max_length - max_new),
-            invalid_penalty=cfg.invalid_penalty,
+            invalid_penalty=cfg.env.invalid_penalty,
             traj_id_start=self._traj_counter,
         )
         return transcript_response(episode, prompt=prompt, label=label, with_logprobs=sampling_params.logprobs)

@@ -29,8 +29,8 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
-from progpo.advantages import StepBatch, compute_advantages
-from progpo.openrlhf.samples import OUR_ESTIMATORS, STEP_INFO_KEYS
+from progpo.advantages import ESTIMATORS, StepBatch, compute_advantages
+from progpo.openrlhf.samples import STEP_INFO_KEYS, STEP_INFO_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -45,30 +45,16 @@ def step_batch_from_experiences(experiences: list[Experience]) -> StepBatch:
         KeyError: an experience lacks a per-step info key (it was not made by our samples generator).
         ValueError: from :meth:`StepBatch.from_lists` (inconsistent trajectories).
     """
-    cols: dict[str, list] = {k: [] for k in STEP_INFO_KEYS}
-    rewards: list[float] = []
+    rows: list[dict[str, Any]] = []
     for exp in experiences:
         for key in STEP_INFO_KEYS:
             if key not in exp.info:
                 raise KeyError(f"Experience.info has no {key!r}: samples were not made by StepSamplesGenerator")
-            value = exp.info[key]
-            cols[key].extend(value.tolist() if isinstance(value, torch.Tensor) else list(value))
-        rewards.extend(exp.rewards.double().tolist())
-    extra = cols["progpo/state_extra"]
-    return StepBatch.from_lists(
-        uid=cols["progpo/uid"],
-        traj_id=cols["progpo/traj_id"],
-        step_index=cols["progpo/step_index"],
-        reward=rewards,
-        terminated=cols["progpo/terminated"],
-        truncated=cols["progpo/truncated"],
-        invalid=cols["progpo/invalid"],
-        anchor_obs=cols["progpo/anchor_obs"],
-        prefix_key=cols["progpo/prefix_key"],
-        action=cols["progpo/action"],
-        state_extra=extra if any(extra) else None,
-        final_obs=cols["progpo/final_obs"],
-    )
+        cols = {key[len(STEP_INFO_PREFIX):]: (v.tolist() if isinstance(v, torch.Tensor) else list(v))
+                for key, v in ((k, exp.info[k]) for k in STEP_INFO_KEYS)}
+        cols["reward"] = exp.rewards.double().tolist()
+        rows.extend(dict(zip(cols, values)) for values in zip(*cols.values()))
+    return StepBatch.from_rows(rows)
 
 
 def dump_step_batch(dump_dir: str, iteration: int, batch: StepBatch, config: Any, step_adv: torch.Tensor,
@@ -121,7 +107,7 @@ class StepExperienceMaker(RemoteExperienceMaker):
         self.last_diagnostics: dict[str, float] = {}
         self.dump_dir = getattr(self.args, "progpo_debug_dump_dir", None)
         self._iteration = 0
-        if self.advantage_estimator in OUR_ESTIMATORS:
+        if self.advantage_estimator in ESTIMATORS:
             if advantage_config is None:
                 raise ValueError(f"--advantage_estimator {self.advantage_estimator} needs an AdvantageConfig")
             if advantage_config.estimator != self.advantage_estimator:
@@ -139,7 +125,7 @@ class StepExperienceMaker(RemoteExperienceMaker):
         per-token penalty ``-kl_coef * KL`` (as OpenRLHF's REINFORCE-family estimators do).
         ``returns`` equals ``advantages`` (critic-free; kept for logging).
         """
-        if self.advantage_estimator not in OUR_ESTIMATORS:
+        if self.advantage_estimator not in ESTIMATORS:
             return super().compute_advantages_and_returns(experiences)
         args = self.strategy.args
         for exp in experiences:

@@ -26,6 +26,7 @@ import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
+from progpo.advantages import ESTIMATORS
 from progpo.advantages.batch import StepBatch
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
 from progpo.agents.types import Episode
@@ -36,23 +37,11 @@ logger = logging.getLogger(__name__)
 EPISODE_ATTR = "_progpo_episode"
 """Attribute holding the episode on an episode-level ``Experience`` until it is expanded."""
 
-STEP_INFO_KEYS: tuple[str, ...] = (
-    "progpo/uid",
-    "progpo/traj_id",
-    "progpo/step_index",
-    "progpo/terminated",
-    "progpo/truncated",
-    "progpo/invalid",
-    "progpo/anchor_obs",
-    "progpo/prefix_key",
-    "progpo/action",
-    "progpo/state_extra",
-    "progpo/final_obs",
-)
-"""Per-step ``Experience.info`` entries (lists of str or ``[B]`` tensors); popped before training."""
+STEP_INFO_PREFIX = "progpo/"
 
-OUR_ESTIMATORS: tuple[str, ...] = ("progpo", "gigpo", "grpo", "rloo", "hgpo")
-"""Estimators computed by our registry (``progpo.advantages``) on per-step samples."""
+STEP_INFO_KEYS: tuple[str, ...] = tuple(STEP_INFO_PREFIX + name for name in StepBatch.columns() if name != "reward")
+"""Per-step ``Experience.info`` entries, one per ``StepBatch`` column but ``reward`` (which travels as
+``Experience.rewards``): lists of str or ``[B]`` tensors; popped before training."""
 
 
 def step_experiences(
@@ -93,7 +82,7 @@ def step_experiences(
     """
     if not episode.steps:
         raise ValueError(f"episode {traj_id} (uid {uid!r}) has no steps")
-    rows = episodes_to_step_batch([dataclasses.replace(episode, uid=uid, traj_id=traj_id, failed=False)])
+    rows = episodes_to_step_batch([dataclasses.replace(episode, uid=uid, traj_id=traj_id, failed=False)]).to_rows()
     out = []
     for t, step in enumerate(episode.steps):
         resp = list(step.response_ids)
@@ -118,7 +107,7 @@ def step_experiences(
             "reward": torch.tensor([float(step.reward)]),
             "score": torch.tensor([float(episode.won)]),
             "progpo/prompt_cut_tokens": torch.tensor([float(cut)]),
-            **_step_columns(rows, t),
+            **_step_columns(rows[t]),
         }
         out.append(
             Experience(
@@ -141,29 +130,24 @@ def step_experiences(
     return out
 
 
-def _step_columns(rows: StepBatch, t: int) -> dict[str, Any]:
-    """Row ``t`` of ``rows`` as the :data:`STEP_INFO_KEYS` entries of ``Experience.info``."""
-    extra = rows.state_extra[t] if rows.state_extra is not None else ""
-    final = rows.final_obs[t] if rows.final_obs is not None else ""
-    return {
-        "progpo/uid": [str(rows.uid[t])],
-        "progpo/traj_id": torch.tensor([int(rows.traj_id[t])], dtype=torch.long),
-        "progpo/step_index": torch.tensor([int(rows.step_index[t])], dtype=torch.long),
-        "progpo/terminated": torch.tensor([bool(rows.terminated[t])]),
-        "progpo/truncated": torch.tensor([bool(rows.truncated[t])]),
-        "progpo/invalid": torch.tensor([bool(rows.invalid[t])]),
-        "progpo/anchor_obs": [str(rows.anchor_obs[t])],
-        "progpo/prefix_key": [str(rows.prefix_key[t])],
-        "progpo/action": [str(rows.action[t])],
-        "progpo/state_extra": [str(extra)],
-        "progpo/final_obs": [str(final)],
-    }
+def _step_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """One ``StepBatch`` row (``StepBatch.to_rows``) as the :data:`STEP_INFO_KEYS` entries of ``Experience.info``
+    (str columns as one-element lists, ``""`` for an unrecorded optional column; numeric ones as ``[1]`` tensors)."""
+    out: dict[str, Any] = {}
+    for key in STEP_INFO_KEYS:
+        name = key[len(STEP_INFO_PREFIX):]
+        value, kind = row[name], StepBatch.kind(name)
+        if kind == "str":
+            out[key] = ["" if value is None else str(value)]
+        else:
+            out[key] = torch.tensor([value], dtype={"int": torch.long, "bool": torch.bool, "float": torch.float64}[kind])
+    return out
 
 
 class StepSamplesGenerator(SamplesGenerator):
     """OpenRLHF ``SamplesGenerator`` whose training batches hold one sample per episode step.
 
-    For our estimators (:data:`OUR_ESTIMATORS`) each episode-level experience is expanded with
+    For our estimators (``progpo.advantages.ESTIMATORS``) each episode-level experience is expanded with
     :func:`step_experiences`; the ``n_samples_per_prompt`` consecutive episodes of one prompt
     share a ``uid``. Failed episodes (env died) are dropped and counted. Other estimators get
     OpenRLHF's own one-sample-per-episode format unchanged. Evaluation is never expanded.
@@ -181,7 +165,7 @@ class StepSamplesGenerator(SamplesGenerator):
     @property
     def expand_steps(self) -> bool:
         """True when the configured estimator is one of ours (per-step samples)."""
-        return self.args.algo.advantage.estimator in OUR_ESTIMATORS
+        return self.args.algo.advantage.estimator in ESTIMATORS
 
     def _process_response_into_experience(self, response: dict, **generate_kwargs: Any) -> Experience:
         experience = super()._process_response_into_experience(response, **generate_kwargs)

@@ -40,7 +40,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def check_run_dir(path: str | os.PathLike, flag: str = "--save_path") -> Path:
+def check_run_dir(path: str | os.PathLike, flag: str = "--ckpt.path") -> Path:
     """Check, before any costly work, that folder ``path`` can be made and written (creates nothing).
 
     Raises:

@@ -1,8 +1,9 @@
-"""Build the env pool of a run: start what the env needs (WebShop server), pick local or Ray pool.
+"""Build the env pool of a run from its :class:`~progpo.run.settings.EnvSettings` and the env's spec.
 
-One small setup function per env name in ``ENV_SETUPS`` (the only place that knows env-specific
-constructor arguments); the trainer calls ``open_env_pool(settings, max_envs)`` and never branches
-on the env name.
+The env's spec (``progpo.envs``) says what to start (``service``: the WebShop server) and what the
+env class takes; :func:`make_env_pool` is the one pool factory of both backends (``local`` threads,
+``ray`` env actors, ``http`` async WebShop); :func:`open_env_pool` is what the local trainer, ``sft``
+and ``evaluate`` call. Nothing here branches on the env name.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from pathlib import Path
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from progpo.envs import make_env
-from progpo.paths import data_root, require_path
+from progpo.envs import make_env, spec
 from progpo.envs.local_pool import LocalEnvPool
+from progpo.paths import data_root, require_path
+from progpo.run.settings import EnvSettings
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +42,10 @@ class EnvHandle:
 
 
 @contextlib.contextmanager
-def _webshop(settings) -> Iterator[dict[str, Any]]:
-    """Start a WebShop server on ``settings.data_dir`` (unless ``--env.webshop_url``); yield env kwargs."""
-    if settings.webshop_url:
-        yield {"base_url": settings.webshop_url, "max_steps": settings.max_steps}
+def webshop_service(settings: EnvSettings) -> Iterator[dict[str, Any]]:
+    """WebShop's spec ``service``: start a server on the data folder (unless ``--env.url``); yield env kwargs."""
+    if settings.url:
+        yield {"base_url": settings.url, "max_steps": settings.max_steps}
         return
     from envs.webshop_server.process import WebShopServerProcess
 
@@ -56,16 +58,46 @@ def _webshop(settings) -> Iterator[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _alfworld(settings) -> Iterator[dict[str, Any]]:
-    """ALFWorld needs no service: yield env kwargs (games unpacked once by the env's data module)."""
-    data = None if settings.data_dir is None else str(Path(settings.data_dir).expanduser() / "alfworld")
-    yield {"data_dir": data, "max_steps": settings.max_steps}
+def default_service(settings: EnvSettings) -> Iterator[dict[str, Any]]:
+    """The service of an env spec without one: nothing to start; ``max_steps``, plus ``data_dir`` (the
+    env's data folder under ``--env.data_dir``, None = the env's own default) when the spec has data."""
+    kwargs: dict[str, Any] = {"max_steps": settings.max_steps}
+    subdir = settings.spec.data_subdir
+    if subdir is not None:
+        kwargs["data_dir"] = None if settings.data_dir is None else str(Path(settings.data_dir).expanduser() / subdir)
+    yield kwargs
 
 
-ENV_SETUPS: dict[str, Callable[[Any], contextlib.AbstractContextManager]] = {
-    "webshop": _webshop,
-    "alfworld": _alfworld,
-}
+def env_service(settings: EnvSettings) -> contextlib.AbstractContextManager[dict[str, Any]]:
+    """The context manager that starts what ``settings.name`` needs and yields its env kwargs."""
+    env_spec = settings.spec
+    return (env_spec.load("service") if env_spec.service else default_service)(settings)
+
+
+def make_env_pool(name: str, env_kwargs: dict[str, Any], pool: str, *, max_envs: int, num_env_actors: int = 16,
+                  num_cpus_per_actor: float = 0.25, episodes_per_actor: int = 1) -> Any:
+    """The ``EnvPool`` of kind ``pool`` over envs ``make_env(name, **env_kwargs)`` (imports only what it needs).
+
+    Args:
+        name: registered env id. env_kwargs: the env class's keyword arguments.
+        pool: ``local`` (threads in this process), ``ray`` (one Ray actor per env) or ``http`` (WebShop
+            over async HTTP). max_envs: envs alive at once (local/http).
+        num_env_actors, num_cpus_per_actor, episodes_per_actor: the ray pool's actors.
+
+    Raises:
+        ValueError: an unknown pool, or ``http`` for an env that does not speak it.
+    """
+    if pool == "ray":
+        from progpo.envs.ray_pool import RayEnvPool
+
+        return RayEnvPool(name, env_kwargs, num_env_actors, num_cpus_per_actor, episodes_per_actor=episodes_per_actor)
+    if pool == "http":
+        from progpo.envs.http_pool import make_async_http_pool
+
+        return make_async_http_pool(name, env_kwargs, max_envs=max_envs)
+    if pool == "local":
+        return LocalEnvPool(functools.partial(make_env, name, **env_kwargs), max_envs=max_envs)
+    raise ValueError(f"--env.pool must be local, ray or http, got {pool!r}")
 
 
 def _num_tasks_fn(name: str, env_kwargs: dict[str, Any]) -> Callable[[str], int]:
@@ -93,24 +125,19 @@ def _num_tasks_fn(name: str, env_kwargs: dict[str, Any]) -> Callable[[str], int]
 
 
 @contextlib.contextmanager
-def open_env_pool(settings, max_envs: int) -> Iterator[EnvHandle]:
-    """Context manager yielding an ``EnvHandle`` for ``settings`` (``EnvSettings``); cleans up on exit.
+def open_env_pool(settings: EnvSettings, max_envs: int) -> Iterator[EnvHandle]:
+    """Context manager yielding an ``EnvHandle`` for ``settings``; stops what it started on exit.
 
     Args:
-        settings: the run's ``EnvSettings`` (name, data_dir, pool, ...).
-        max_envs: envs alive at once when ``settings.num_envs`` is 0.
+        settings: the run's ``EnvSettings`` (None fields are resolved from the env's spec; pool default local).
+        max_envs: envs alive at once when ``settings.num_envs`` is 0 (local/http pools).
     """
-    if settings.name not in ENV_SETUPS:
-        raise ValueError(f"--env.name must be one of {sorted(ENV_SETUPS)}, got {settings.name!r}")
-    n_envs = settings.num_envs or max_envs
-    with ENV_SETUPS[settings.name](settings) as env_kwargs:
-        if settings.pool == "ray":
-            from progpo.envs.ray_pool import RayEnvPool
-
-            pool = RayEnvPool(settings.name, env_kwargs, num_actors=n_envs, num_cpus_per_actor=0.5)
-        else:
-            # Thread-unsafe libraries (TextWorld) serialise their own calls (AlfWorldEnv's lock).
-            pool = LocalEnvPool(functools.partial(make_env, settings.name, **env_kwargs), max_envs=n_envs)
+    settings = settings.resolved(pool="local")
+    spec(settings.name)
+    with env_service(settings) as env_kwargs:
+        pool = make_env_pool(settings.name, env_kwargs, settings.pool, max_envs=settings.num_envs or max_envs,
+                             num_env_actors=settings.num_env_actors, num_cpus_per_actor=settings.num_cpus_per_actor,
+                             episodes_per_actor=settings.episodes_per_actor)
         handle = EnvHandle(pool=pool, env_kwargs=env_kwargs, num_tasks=_num_tasks_fn(settings.name, env_kwargs),
                            info={k: v for k, v in env_kwargs.items() if k == "base_url"})
         try:

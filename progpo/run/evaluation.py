@@ -17,6 +17,7 @@ import numpy as np
 
 from progpo.agents.types import Episode
 from progpo.envs.alfworld import success_by_task_type, wilson_interval
+from progpo.envs.spec import spec
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
@@ -38,20 +39,16 @@ def rate_interval(wins: int, n: int, confidence: float = 0.95) -> dict[str, floa
     return {"rate": wins / n if n else math.nan, "low": low, "high": high, "n": n, "wins": wins}
 
 
-def _alfworld_extra(episodes: list[Episode]) -> dict[str, Any]:
+def alfworld_summary(episodes: list[Episode]) -> dict[str, Any]:
+    """ALFWorld's spec ``summary``: success per task type with Wilson 95% intervals."""
     by_type = success_by_task_type([str(ep.info.get("task_type")) for ep in episodes], [ep.won for ep in episodes])
     return {"success_by_task_type": {k: {"rate": v.rate, "low": v.low, "high": v.high, "n": v.n, "wins": v.wins}
                                      for k, v in by_type.items() if k != "overall"}}
 
 
-def _webshop_extra(episodes: list[Episode]) -> dict[str, Any]:
+def webshop_summary(episodes: list[Episode]) -> dict[str, Any]:
+    """WebShop's spec ``summary``: the mean score with a 95% interval."""
     return {"score": mean_interval([float(ep.info.get("score", 0.0)) for ep in episodes])}
-
-
-EVAL_EXTRAS: dict[str, Callable[[list[Episode]], dict[str, Any]]] = {
-    "alfworld": _alfworld_extra,
-    "webshop": _webshop_extra,
-}
 
 
 def summarize(env_name: str, episodes: list[Episode]) -> dict[str, Any]:
@@ -68,7 +65,9 @@ def summarize(env_name: str, episodes: list[Episode]) -> dict[str, Any]:
         "format_invalid": rate_interval(sum(s.format_invalid for ep in done for s in ep.steps),
                                         sum(len(ep.steps) for ep in done)),
     }
-    out.update(EVAL_EXTRAS[env_name](done))
+    env_spec = spec(env_name)
+    if env_spec.summary is not None:
+        out.update(env_spec.load("summary")(done))
     return out
 
 

@@ -7,7 +7,7 @@ many episodes share one forward pass while their environments step.
 Sampling is the policy's own temperature / top-p distribution, drawn by Gumbel-max with one
 ``torch.Generator`` per request (seeded from the request's seed, or from the iteration seed, the
 prompt and its occurrence count). A response therefore depends on its own seed and prompt, not on
-which other requests happened to share its batch, which makes rollouts reproducible (``--resume``).
+which other requests happened to share its batch, which makes rollouts reproducible (``--ckpt.load_enable``).
 
 The decode loop calls the model's forward pass directly (KV cache, no ``model.generate``):
 ``generate`` back-fills its ``GenerationConfig`` from the checkpoint's ``generation_config.json``

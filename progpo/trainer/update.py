@@ -52,11 +52,11 @@ class UpdateConfig:
     Attributes:
         batch_size: samples per optimizer step (``--train.batch_size``).
         epochs: passes over the rollout (``--train.max_epochs``).
-        clip_eps_low, clip_eps_high: PPO clip range (``--algo.eps_clip_low_high``).
+        clip_eps_low, clip_eps_high: PPO clip range (``--actor.eps_clip_low_high``).
         dual_clip: dual-clip PPO bound ``c > 1`` for negative advantages (``--actor.dual_clip``; None = off).
         kl_coef: KL loss weight (``--algo.kl.init_coef``).
         kl_estimator: ``k1``, ``k2`` or ``k3`` (``--algo.kl.estimator``).
-        entropy_coef: entropy bonus weight (``--algo.entropy.coef``).
+        entropy_coef: entropy bonus weight (``--actor.entropy_coef``).
         temperature: sampling temperature; log-probs are computed at it.
     """
 
@@ -76,7 +76,7 @@ class UpdateConfig:
         if self.epochs < 1:
             raise ValueError(f"--train.max_epochs must be >= 1, got {self.epochs}")
         if not (0 < self.clip_eps_low < 1 and self.clip_eps_high > 0):
-            raise ValueError(f"--algo.eps_clip must be in (0, 1), got {self.clip_eps_low}/{self.clip_eps_high}")
+            raise ValueError(f"--actor.eps_clip_low_high must be in (0, 1) and > 0, got {self.clip_eps_low} {self.clip_eps_high}")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"--actor.dual_clip must be > 1 (or unset), got {self.dual_clip}")
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -84,7 +84,7 @@ class UpdateConfig:
         if self.kl_coef < 0:
             raise ValueError(f"--algo.kl.init_coef must be >= 0, got {self.kl_coef}")
         if self.entropy_coef < 0:
-            raise ValueError(f"--algo.entropy.coef must be >= 0, got {self.entropy_coef}")
+            raise ValueError(f"--actor.entropy_coef must be >= 0, got {self.entropy_coef}")
 
 
 def prepare(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig) -> list[TrainSample]:

@@ -8,7 +8,7 @@ import typing
 import numpy as np
 import pytest
 
-from progpo.advantages import ESTIMATORS, AdvantageConfig, StepAdvantages, StepBatch, compute_advantages
+from progpo.advantages import Estimator, ESTIMATORS, AdvantageConfig, StepAdvantages, StepBatch, compute_advantages
 from progpo.advantages.synthetic import HashEncoder, random_batch
 
 ALL = sorted(ESTIMATORS)
@@ -151,6 +151,8 @@ def test_config_fields_are_flag_friendly_and_documented():
     for f in dataclasses.fields(AdvantageConfig):
         if f.type in (float, int, bool):
             assert AdvantageConfig.choices(f.name) is None, f.name
+        elif f.name == "estimator":
+            assert f.type is Estimator and AdvantageConfig.choices(f.name) == tuple(e.value for e in Estimator)
         else:
             assert typing.get_origin(f.type) is typing.Literal, f.name
             assert set(typing.get_args(f.type)) == set(AdvantageConfig.choices(f.name)), f.name

@@ -84,7 +84,7 @@ def test_batch_is_order_preserving_and_pure() -> None:
 
 
 def test_bad_input_names_the_problem() -> None:
-    with pytest.raises(ValueError, match="env_name"):
+    with pytest.raises(ValueError, match="unknown env 'sokoban'; registered"):
         parse_actions(["x"], "sokoban")
     with pytest.raises(ValueError, match=r"texts\[1\]"):
         parse_actions(["x", None], "alfworld")  # type: ignore[list-item]

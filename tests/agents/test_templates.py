@@ -125,7 +125,7 @@ def test_history_numbering_and_hidden_actions() -> None:
     with pytest.raises(ValueError, match="step_count"):
         render_user_message(ALFWORLD_TEMPLATE, task="t", observation="o", admissible_actions=[],
                             history=ALF_HISTORY, step_count=1)
-    with pytest.raises(ValueError, match="env_name"):
+    with pytest.raises(ValueError, match="unknown env 'sokoban'; registered"):
         get_template("sokoban")
 
 

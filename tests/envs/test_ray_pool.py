@@ -88,7 +88,7 @@ def test_killed_actor_costs_only_its_episode(pool: RayEnvPool) -> None:
 
 
 def test_pool_rejects_bad_arguments(pool: RayEnvPool) -> None:
-    with pytest.raises(ValueError, match="unknown env_name 'nope'"):
+    with pytest.raises(ValueError, match="unknown env 'nope'"):
         RayEnvPool("nope", {}, num_actors=1)
     with pytest.raises(ValueError, match="num_actors"):
         RayEnvPool("alfworld", {}, num_actors=0)

@@ -120,7 +120,7 @@ def test_async_client_shares_the_answer_checks():
 
     import httpx
 
-    from progpo.openrlhf.http_pool import AsyncWebShopEnv
+    from progpo.envs.http_pool import AsyncWebShopEnv
 
     httpd, url = _serve(b"<html>not the WebShop API</html>", "text/html")
 

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from progpo.run.settings import EnvSettings
+
 alfworld = pytest.importorskip("progpo.envs.alfworld")
 
 SPLIT, INDEX = "valid_seen", 0
@@ -59,8 +61,9 @@ def test_executor_plays_alfworld_in_ray_env_actors(mods, qwen3_tokenizer, walkth
     import ray
 
     started = not ray.is_initialized()
-    cfg = mods.agent.AgentConfig(env_name="alfworld", pool="ray", max_steps=len(walkthrough) + 5,
-                                 num_env_actors=2, num_cpus_per_actor=0.5)
+    env = EnvSettings(name="alfworld", pool="ray", max_steps=len(walkthrough) + 5, num_env_actors=2,
+                      num_cpus_per_actor=0.5)
+    cfg = mods.agent.AgentConfig(env=env)
     executor = mods.agent.AgentExecutor(cfg)
     engine = ExpertEngine(qwen3_tokenizer, walkthrough)
     params = mods.VllmParams(max_tokens=128, logprobs=1)

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from progpo.run.settings import EnvSettings
+
 from envs.webshop_server.process import WebShopServerProcess
 from progpo.testing import PATIENCE_S
 
@@ -104,7 +106,8 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen3_tokenizer
     n_rollouts = 4
     wrong = {tasks[0][1]["instruction_text"]}
     engine = ScriptedEngine(qwen3_tokenizer, {g["instruction_text"]: g for _, g in tasks}, wrong)
-    cfg = mods.agent.AgentConfig(env_name="webshop", env_kwargs={"base_url": webshop.url, "timeout_s": PATIENCE_S}, max_steps=15)
+    cfg = mods.agent.AgentConfig(env=EnvSettings(name="webshop", pool="http", max_steps=15),
+                                 env_kwargs={"base_url": webshop.url, "timeout_s": PATIENCE_S})
     executor = mods.agent.AgentExecutor(cfg)
     params = mods.VllmParams(temperature=1.0, top_p=1.0, max_tokens=96, logprobs=None)
 
@@ -172,13 +175,18 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen3_tokenizer
 
 
 def test_agent_config_and_task_errors_name_the_field(mods):
-    with pytest.raises(ValueError, match="env.pool"):
-        mods.agent.AgentConfig(env_name="webshop", pool="grpc")
-    with pytest.raises(ValueError, match="env.max_steps"):
-        mods.agent.AgentConfig(env_name="alfworld", max_steps=0)
-    with pytest.raises(ValueError, match="unknown fields"):
-        mods.agent.AgentConfig.from_json('{"env_name": "webshop", "colour": 1}')
-    cfg = mods.agent.AgentConfig(env_name="alfworld", pool="ray", env_kwargs={"data_dir": "/d"})
+    with pytest.raises(ValueError, match="--env.pool"):
+        mods.agent.AgentConfig(env={"name": "webshop", "pool": "grpc"})
+    with pytest.raises(ValueError, match="--env.max_steps"):
+        mods.agent.AgentConfig(env=EnvSettings(name="alfworld", max_steps=0))
+    with pytest.raises(ValueError, match="--env.name"):
+        mods.agent.AgentConfig.from_json('{"env": {"name": "sokoban"}}')
+    with pytest.raises(ValueError, match=r"unknown fields \['colour'\]"):
+        mods.agent.AgentConfig.from_json('{"env": {"name": "webshop"}, "colour": 1}')
+    with pytest.raises(ValueError, match=r"unknown fields \['env.colour'\]"):
+        mods.agent.AgentConfig.from_json('{"env": {"name": "webshop", "colour": 1}}')
+    cfg = mods.agent.AgentConfig(env=EnvSettings(name="alfworld", pool="ray"), env_kwargs={"data_dir": "/d"})
+    assert cfg.env.max_steps == 50 and cfg.env.eval_split == "valid_unseen"  # resolved from the spec
     assert mods.agent.AgentConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(ValueError, match="'index'"):
         mods.agent.parse_task('{"split": "train"}')

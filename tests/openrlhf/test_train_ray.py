@@ -16,10 +16,11 @@ from progpo.advantages import AdvantageConfig
 def cli(cpu_compat):
     with cpu_compat.import_shims():
         from progpo.cli import train_ray
+        from progpo.openrlhf import launch
         from progpo.openrlhf import trainer as openrlhf_trainer
 
         train_ray.build_parser()  # runs OpenRLHF's __main__ block once while the import shims are present
-        return SimpleNamespace(train_ray=train_ray, trainer=openrlhf_trainer)
+        return SimpleNamespace(train_ray=train_ray, trainer=openrlhf_trainer, launch=launch)
 
 
 BASE = ["--actor.model_name_or_path", "/models/qwen", "--env.name", "webshop", "--env.url", "http://10.0.0.1:3000",
@@ -57,7 +58,7 @@ def test_help_lists_openrlhf_and_our_flags(cli, capsys):
     (["--env.split_size", "0"], "--env.split_size"),
     (["--train.async_enable"], "--train.async_enable"),
     (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt"),
-    (["--env.num_eval_tasks", "4"], "--env.eval_split"),
+    (["--eval.num_tasks", "-1"], "--eval.num_tasks"),
     (["--advantage_estimator", "group_norm", "--progpo.kappa", "2"], "--progpo.*"),
     (["--progpo.preset", "papr"], "--progpo.preset"),
     (["--advantage_estimator", "group_norm", "--progpo.preset", "paper"], "--progpo.*"),
@@ -80,21 +81,22 @@ def test_preset_then_flags(cli, tmp_path):
     assert not hasattr(ns, "progpo_preset")
 
 
-def test_missing_env_name_is_reported(cli, capsys, tmp_path):
-    with pytest.raises(SystemExit):
-        _finalize(cli, ["--actor.model_name_or_path", "m", "--env.num_tasks", "4"], tmp_path)
-    assert "--env.name" in capsys.readouterr().err
+def test_missing_service_url_is_reported(cli, capsys, tmp_path):
+    with pytest.raises(SystemExit):  # WebShop (the default env) needs its server's URL on the cluster
+        _finalize(cli, ["--actor.model_name_or_path", "m", "--env.num_tasks", "4", "--rollout.n_samples_per_prompt", "2"],
+                  tmp_path)
+    assert "--env.url" in capsys.readouterr().err
 
 
 def test_finalize_builds_configs_tasks_and_agent_path(cli, tmp_path):
     ns = _finalize(cli, BASE + ["--advantage_estimator", "gigpo", "--progpo.omega", "0.5",
-                                "--progpo.use_potential", "false", "--env.num_eval_tasks", "3",
+                                "--progpo.use_potential", "false", "--eval.num_tasks", "3",
                                 "--env.eval_split", "test"], tmp_path)
     assert getattr(ns, "algo.advantage.estimator") == "gigpo"
     cfg = ns.progpo_advantage_config
     assert (cfg.estimator, cfg.omega, cfg.use_potential, cfg.max_steps) == ("gigpo", 0.5, False, 15)
     agent = json.loads(ns.progpo_agent_config_json)
-    assert agent["env_name"] == "webshop" and agent["pool"] == "http" and agent["max_steps"] == 15
+    assert agent["env"]["name"] == "webshop" and agent["env"]["pool"] == "http" and agent["env"]["max_steps"] == 15
     assert agent["env_kwargs"] == {"base_url": "http://10.0.0.1:3000"}
     agent_path = Path(getattr(ns, "train.agent_func_path"))
     assert agent_path.is_absolute() and agent_path.name == "agent_file.py" and agent_path.is_file()
@@ -156,20 +158,20 @@ def test_trainer_actor_subclasses_openrlhf(cli):
 
 def test_ray_env_vars_carry_the_agent_config_and_skip_job_keys(cli, monkeypatch):
     monkeypatch.setenv("PROGPO_DATA", "/data")
-    env = cli.train_ray.ray_env_vars('{"env_name": "alfworld"}')
-    assert env["PROGPO_AGENT_CONFIG"] == '{"env_name": "alfworld"}' and env["PROGPO_DATA"] == "/data"
+    env = cli.launch.ray_env_vars('{"env": {"name": "alfworld"}}')
+    assert env["PROGPO_AGENT_CONFIG"] == '{"env": {"name": "alfworld"}}' and env["PROGPO_DATA"] == "/data"
     job = {"runtime_env": {"env_vars": {"PROGPO_DATA": "/data", "NCCL_DEBUG": "INFO"}}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
-    env = cli.train_ray.ray_env_vars("{}")
+    env = cli.launch.ray_env_vars("{}")
     assert "PROGPO_DATA" not in env and "NCCL_DEBUG" not in env and "PROGPO_AGENT_CONFIG" in env
 
 
 def test_agent_path_is_relative_inside_a_working_dir_job(cli, monkeypatch):
     monkeypatch.chdir(Path(cli.train_ray.__file__).resolve().parents[2])
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps({"runtime_env": {"working_dir": "gcs://pkg.zip"}}))
-    assert cli.train_ray._agent_path() == "progpo/openrlhf/agent_file.py"
+    assert cli.launch.agent_path() == "progpo/openrlhf/agent_file.py"
     monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    assert Path(cli.train_ray._agent_path()).is_absolute()
+    assert Path(cli.launch.agent_path()).is_absolute()
 
 
 def test_openrlhf_loads_our_agent_file_as_its_engines_do(cli, tmp_path, monkeypatch):
@@ -182,7 +184,7 @@ def test_openrlhf_loads_our_agent_file_as_its_engines_do(cli, tmp_path, monkeypa
     monkeypatch.setenv("PROGPO_AGENT_CONFIG", ns.progpo_agent_config_json)
     executor = _load_agent_executor(getattr(ns, "train.agent_func_path"))
     assert isinstance(executor, AgentExecutor)
-    assert executor.config.env_name == "webshop" and executor.config.env_kwargs["base_url"] == "http://10.0.0.1:3000"
+    assert executor.config.env.name == "webshop" and executor.config.env_kwargs["base_url"] == "http://10.0.0.1:3000"
     monkeypatch.delenv("PROGPO_AGENT_CONFIG")
     with pytest.raises(ValueError, match="PROGPO_AGENT_CONFIG"):
         _load_agent_executor(getattr(ns, "train.agent_func_path"))

@@ -13,9 +13,10 @@ import pytest
 def cli(cpu_compat):
     with cpu_compat.import_shims():
         from progpo.cli import train_ray
+        from progpo.openrlhf import launch
 
         train_ray.build_parser()
-        return SimpleNamespace(train_ray=train_ray)
+        return SimpleNamespace(train_ray=train_ray, launch=launch)
 
 
 BASE = ["--actor.model_name_or_path", "/models/qwen", "--env.name", "webshop", "--env.url", "http://10.0.0.1:3000",
@@ -31,10 +32,10 @@ def _finalize(cli, argv, tmp_path):
     (["--env.max_steps", "0"], "--env.max_steps"),                 # was replaced by the default 15
     (["--env.invalid_penalty", "inf"], "--env.invalid_penalty"),   # -inf rewards reach the estimator
     (["--env.num_cpus_per_actor", "inf"], "--env.num_cpus_per_actor"),
-    (["--env.split", "nope"], "--env.split"),                      # every episode would fail on reset
-    (["--env.split", "valid_seen"], "--env.split"),                # an ALFWorld split for WebShop
-    (["--env.name", "alfworld", "--env.split", "test"], "--env.split"),
-    (["--env.eval_split", "nope", "--env.num_eval_tasks", "2"], "--env.eval_split"),
+    (["--env.train_split", "nope"], "--env.train_split"),                      # every episode would fail on reset
+    (["--env.train_split", "valid_seen"], "--env.train_split"),                # an ALFWorld split for WebShop
+    (["--env.name", "alfworld", "--env.train_split", "test"], "--env.train_split"),
+    (["--env.eval_split", "nope", "--eval.num_tasks", "2"], "--env.eval_split"),
     (["--env.url", "http://a b"], "--env.url"),
 ])
 def test_values_that_would_fail_later_exit_now(cli, capsys, tmp_path, argv, flag):
@@ -45,17 +46,17 @@ def test_values_that_would_fail_later_exit_now(cli, capsys, tmp_path, argv, flag
 
 
 def test_good_splits_still_pass(cli, tmp_path):
-    args = _finalize(cli, BASE + ["--env.split", "train", "--env.eval_split", "test", "--env.num_eval_tasks", "2"],
+    args = _finalize(cli, BASE + ["--env.train_split", "train", "--env.eval_split", "test", "--eval.num_tasks", "2"],
                      tmp_path)
     assert Path(args.__dict__["eval.dataset"]).is_file()
-    args = _finalize(cli, BASE + ["--env.name", "alfworld", "--env.split", "valid_unseen"], tmp_path)
+    args = _finalize(cli, BASE + ["--env.name", "alfworld", "--env.train_split", "valid_unseen"], tmp_path)
     assert '"valid_unseen"' in Path(args.__dict__["data.prompt_dataset"]).read_text().replace('\\"', '"')
 
 
 def test_task_list_is_never_left_half_written(cli, tmp_path):
     """An error while writing (here: an index json cannot encode) keeps the previous list intact."""
     path = tmp_path / "tasks" / "train.jsonl"
-    cli.train_ray.write_tasks(path, "train", range(3))
+    cli.launch.write_tasks(path, "train", range(3))
     before = path.read_text()
 
     def indices():
@@ -63,7 +64,7 @@ def test_task_list_is_never_left_half_written(cli, tmp_path):
         yield object()  # json.dumps fails on the 11th row
 
     with pytest.raises(TypeError):
-        cli.train_ray.write_tasks(path, "train", indices())
+        cli.launch.write_tasks(path, "train", indices())
     assert path.read_text() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["train.jsonl"]
 

@@ -17,10 +17,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 E2E_FLAGS = [
-    "--pretrain", "tiny", "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4",
+    "--actor.model_name_or_path", "tiny", "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "4",
     "--env.max_steps", "5", "--train.num_iterations", "2", "--rollout.max_new_tokens", "16",
     "--train.batch_size", "40", "--train.micro_batch_size", "8", "--actor.adam.lr", "1e-3",
-    "--log.progress_bar", "false", "--seed", "7",
+    "--logger.progress_bar", "false", "--train.seed", "7",
 ]
 
 
@@ -46,7 +46,7 @@ def run_training(save_path: Path, *flags: str):
     from progpo.trainer.config import config_from_args
     from progpo.trainer.loop import Trainer
 
-    cfg = config_from_args([*E2E_FLAGS, "--save_path", str(save_path), *flags])
+    cfg = config_from_args([*E2E_FLAGS, "--ckpt.path", str(save_path), *flags])
     trainer = Trainer(cfg)
     trainer.fit()
     return trainer
@@ -59,12 +59,12 @@ class RunCache:
         self.root, self.webshop_url, self.runs = root, webshop_url, {}
 
     def flags(self, env: str, estimator: str) -> list[str]:
-        """The full flag list (without ``--save_path``) of the (env, estimator) run."""
+        """The full flag list (without ``--ckpt.path``) of the (env, estimator) run."""
         flags = [*E2E_FLAGS, "--env.name", env, "--advantage_estimator", estimator]
         if estimator == "progpo":  # the tiny model's batches often carry no return signal, which ProGPO's
             flags += ["--progpo.zero_signal", "off"]  # default zeroes; the wiring checks need non-zero values
         if env == "webshop":
-            flags += ["--env.webshop_url", self.webshop_url]
+            flags += ["--env.url", self.webshop_url]
         return flags
 
     def get(self, env: str, estimator: str):

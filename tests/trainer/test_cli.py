@@ -38,16 +38,17 @@ def test_metrics_logger_rejects_unnamespaced(tmp_path):
 
 def test_data_download_fails_fast_naming_the_folder(tmp_path, capsys, monkeypatch):
     import progpo.cli.data as data
+    import progpo.run.download as download
 
-    monkeypatch.setattr(data, "GDRIVE", "http://127.0.0.1:9/{}")  # discard port: nothing listens
-    monkeypatch.setattr(data, "ALFWORLD_HOST", "http://127.0.0.1:9")
-    probes, real_probe = [], data.probe
-    monkeypatch.setattr(data, "probe", lambda url, timeout_s: probes.append(timeout_s) or real_probe(url, timeout_s))
+    monkeypatch.setattr(download, "GDRIVE", "http://127.0.0.1:9/{}")  # discard port: nothing listens
+    monkeypatch.setattr(download, "ALFWORLD_HOST", "http://127.0.0.1:9")
+    probes, real_probe = [], download.probe
+    monkeypatch.setattr(download, "probe", lambda url, timeout_s: probes.append(timeout_s) or real_probe(url, timeout_s))
 
     def no_fetch(*args, **kwargs):
         raise AssertionError("download went on after the host probe failed")
 
-    monkeypatch.setattr(data, "_fetch", no_fetch)
+    monkeypatch.setattr(download, "_fetch", no_fetch)
     # "fast" without a wall clock: one short connect probe (the given timeout), then no transfer at all
     assert data.main(["download", "--dir", str(tmp_path), "--timeout_s", "2"]) == 1
     assert probes == [2.0]
@@ -89,14 +90,14 @@ def test_evaluate_cli_on_webshop(webshop_url, tmp_path, capsys):
     from progpo.cli.evaluate import main
 
     out = tmp_path / "eval.json"
-    rc = main(["--model", "tiny", "--env.name", "webshop", "--env.webshop_url", webshop_url, "--eval.num_tasks", "3",
+    rc = main(["--actor.model_name_or_path", "tiny", "--env.name", "webshop", "--env.url", webshop_url, "--eval.num_tasks", "3",
                "--env.max_steps", "2", "--rollout.max_new_tokens", "8", "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
     assert result["split"] == "test" and result["episodes"] == 3 and result["failed_episodes"] == 0
     assert 0.0 <= result["success"]["rate"] <= 1.0 and "score" in result
     assert json.loads(capsys.readouterr().out)["episodes"] == 3
-    assert main(["--model", "tiny", "--eval.num_tasks", "0"]) == 2
+    assert main(["--actor.model_name_or_path", "tiny", "--eval.num_tasks", "0"]) == 2
 
 
 def test_plot_defaults_into_the_first_run_folder(tmp_path, monkeypatch):
@@ -122,7 +123,7 @@ def test_evaluate_stops_its_webshop_server_on_sigterm(tmp_path, tiny_model):
 
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "progpo.cli.evaluate", "--model", "tiny", "--env.name", "webshop",
+        [sys.executable, "-m", "progpo.cli.evaluate", "--actor.model_name_or_path", "tiny", "--env.name", "webshop",
          "--env.max_steps", "15", "--rollout.max_new_tokens", "64"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

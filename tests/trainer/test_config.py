@@ -15,14 +15,15 @@ def test_defaults_and_dotted_flags():
                             "--actor.adam.lr", "2e-5", "--algo.kl.init_coef", "0.05", "--advantage_estimator", "gigpo"])
     assert cfg.env.max_steps == 50 and cfg.env.eval_split == "valid_unseen"
     assert cfg.rollout.n_samples_per_prompt == 6
-    assert cfg.actor.zero_stage == 3 and cfg.actor.lr == 2e-5 and cfg.actor.use_ref
-    assert cfg.update.kl_coef == 0.05
-    assert cfg.advantage.estimator == "gigpo"
-    assert cfg.advantage.max_steps == 50  # estimator horizon follows --env.max_steps
-    assert cfg.run.save_path == "runs/alfworld_gigpo"
-    assert not config_from_args(["--algo.kl.init_coef", "0"]).actor.use_ref
-    assert (cfg.update.kl_estimator, cfg.update.dual_clip) == ("k3", None)  # defaults
-    loss_flags = config_from_args(["--algo.kl.estimator", "k2", "--actor.dual_clip", "3"]).update
+    assert cfg.ds.zero_stage == 3 and cfg.actor.adam.lr == 2e-5 and cfg.actor_config().use_ref
+    assert (cfg.actor_config().zero_stage, cfg.actor_config().lr) == (3, 2e-5)
+    assert cfg.algo.kl.init_coef == 0.05 and cfg.update_config().kl_coef == 0.05
+    assert cfg.progpo.estimator == "gigpo" == cfg.advantage_estimator
+    assert cfg.progpo.max_steps == 50  # estimator horizon follows --env.max_steps
+    assert cfg.save_path == "runs/alfworld_gigpo"
+    assert not config_from_args(["--algo.kl.init_coef", "0"]).actor_config().use_ref
+    assert (cfg.update_config().kl_estimator, cfg.update_config().dual_clip) == ("k3", None)  # defaults
+    loss_flags = config_from_args(["--algo.kl.estimator", "k2", "--actor.dual_clip", "3"]).update_config()
     assert (loss_flags.kl_estimator, loss_flags.dual_clip) == ("k2", 3.0)
 
 
@@ -36,8 +37,8 @@ def test_every_advantage_field_has_a_flag():
 def test_progpo_flags_reach_the_config():
     cfg = config_from_args(["--progpo.kappa", "3", "--progpo.use_peer", "false", "--progpo.fusion", "ivw_bias",
                             "--progpo.depths", "1", "--progpo.max_steps", "9"])
-    assert cfg.advantage.kappa == 3.0 and cfg.advantage.use_peer is False
-    assert cfg.advantage.fusion == "ivw_bias" and cfg.advantage.depths == 1 and cfg.advantage.max_steps == 9
+    assert cfg.progpo.kappa == 3.0 and cfg.progpo.use_peer is False
+    assert cfg.progpo.fusion == "ivw_bias" and cfg.progpo.depths == 1 and cfg.progpo.max_steps == 9
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -53,16 +54,22 @@ def test_progpo_flags_reach_the_config():
     (["--algo.kl.init_coef", "-0.1"], "--algo.kl.init_coef"),
     (["--algo.kl.estimator", "k4"], "--algo.kl.estimator"),
     (["--actor.dual_clip", "1.0"], "--actor.dual_clip"),
+    (["--actor.eps_clip_low_high", "1.5", "0.2"], "--actor.eps_clip_low_high"),
+    (["--env.train_split", "valid_seen"], "--env.train_split"),
+    (["--env.pool", "http"], "--env.pool"),
     (["--env.max_steps", "0"], "--env.max_steps"),
     (["--env.history_length", "-1"], "--env.history_length"),
     (["--progpo.kappa", "-1"], "--progpo.kappa"),
     (["--progpo.tau", "2"], "--progpo.tau"),
     (["--ckpt.save_steps", "0"], "--ckpt.save_steps"),
 ])
-def test_bad_values_name_the_flag(argv, flag):
-    with pytest.raises(ValueError) as err:
+def test_bad_values_name_the_flag(argv, flag, capsys):
+    with pytest.raises((ValueError, SystemExit)) as err:  # a value check, or argparse's choices/type check
         config_from_args(argv)
-    assert flag in str(err.value)
+    message = str(err.value) if err.type is not SystemExit else capsys.readouterr().err
+    assert flag in message
+    if err.type is SystemExit:
+        assert err.value.code == 2
 
 
 def test_bad_choice_is_an_argparse_error(capsys):
@@ -81,15 +88,15 @@ def test_cli_exit_code_and_message(capsys):
 def test_preset_then_flags():
     from progpo.advantages import config_from_preset
 
-    paper = config_from_args(["--progpo.preset", "paper", "--env.name", "alfworld"]).advantage
+    paper = config_from_args(["--progpo.preset", "paper", "--env.name", "alfworld"]).progpo
     assert paper == config_from_preset("paper", estimator="progpo", max_steps=50)
     assert paper.sigma2_floor_ref == "success_reward" and paper.credit_lambda == 0.0
     # a flag overrides the preset; the preset applies to any estimator (fair comparisons)
     cand = config_from_args(["--progpo.preset", "candidate", "--progpo.credit_lambda", "0.5",
-                             "--advantage_estimator", "gigpo"]).advantage
+                             "--advantage_estimator", "gigpo"]).progpo
     assert (cand.estimator, cand.state_key, cand.zero_signal, cand.credit_lambda) == ("gigpo", "obs_inventory",
                                                                                      "task", 0.5)
-    assert config_from_args(["--progpo.preset", "default"]).advantage == config_from_args([]).advantage
+    assert config_from_args(["--progpo.preset", "default"]).progpo == config_from_args([]).progpo
 
 
 def test_bad_preset_is_one_line_naming_the_flag(capsys):
@@ -101,11 +108,11 @@ def test_bad_preset_is_one_line_naming_the_flag(capsys):
 
 
 def test_progpo_default_and_baselines_on_the_cli():
-    prog = config_from_args([]).advantage
+    prog = config_from_args([]).progpo
     assert (prog.estimator, prog.state_key, prog.credit_lambda, prog.zero_signal) == ("progpo", "auto", 0.8, "task")
     for est in ("gigpo", "hgpo", "grpo", "rloo"):
-        cfg = config_from_args(["--advantage_estimator", est]).advantage
+        cfg = config_from_args(["--advantage_estimator", est]).progpo
         assert cfg.zero_signal == "off" and cfg.for_batch(True).state_key == "obs"  # as published
         opt = config_from_args(["--advantage_estimator", est, "--progpo.state_key", "obs_inventory",
-                                "--progpo.zero_signal", "batch"]).advantage
+                                "--progpo.zero_signal", "batch"]).progpo
         assert (opt.state_key, opt.zero_signal) == ("obs_inventory", "batch")  # offered as options

@@ -42,7 +42,7 @@ def test_two_iterations(e2e_runs, env, estimator):
     assert [r["iteration"] for r in records] == [1, 2]
     assert records[0]["perf/iteration_s"] > 0
     assert list((trainer.save_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert json.loads((trainer.save_path / "config.json").read_text())["advantage"]["estimator"] == estimator
+    assert json.loads((trainer.save_path / "config.json").read_text())["progpo"]["estimator"] == estimator
 
     # checkpoint written, complete, loadable as a HF model
     ckpt = trainer.ckpt.latest()

@@ -33,7 +33,7 @@ def test_resume_gives_identical_parameters(e2e_runs, train_run, tmp_path):
     _simulate_kill_after_iteration_1(full.save_path, resumed_dir)
     resumed = train_run(resumed_dir, "--env.name", "webshop", "--advantage_estimator", "progpo",
                         "--progpo.zero_signal", "off",  # as the e2e run it resumes (tests/trainer/conftest.py)
-                        "--env.webshop_url", e2e_runs.webshop_url, "--resume")
+                        "--env.url", e2e_runs.webshop_url, "--ckpt.load_enable")
     assert [m["iteration"] for m in resumed.history] == [2]  # only the missing iteration ran
     # same next batch: the resumed iteration saw exactly the same rollout and losses
     a, b = full.history[1], resumed.history[0]
@@ -55,8 +55,8 @@ def test_resume_gives_identical_parameters(e2e_runs, train_run, tmp_path):
 
 def test_fresh_run_refuses_existing_checkpoints(e2e_runs, train_run):
     full = e2e_runs.get("webshop", "progpo")
-    with pytest.raises(ValueError, match="--resume"):
-        train_run(full.save_path, "--env.webshop_url", e2e_runs.webshop_url)
+    with pytest.raises(ValueError, match="--ckpt.load_enable"):
+        train_run(full.save_path, "--env.url", e2e_runs.webshop_url)
 
 
 def test_latest_ignores_half_written(tmp_path):
@@ -86,7 +86,7 @@ def test_task_sampler_order_and_state():
 @pytest.mark.slow
 def test_sigkill_then_resume_matches_uninterrupted(e2e_runs, tmp_path):
     """A real ``python -m progpo.cli.train`` process is SIGKILLed once its first checkpoint exists;
-    ``--resume`` then finishes the run with the uninterrupted run's exact parameters."""
+    ``--ckpt.load_enable`` then finishes the run with the uninterrupted run's exact parameters."""
     import os
     import signal
     import subprocess
@@ -98,7 +98,7 @@ def test_sigkill_then_resume_matches_uninterrupted(e2e_runs, tmp_path):
 
     full = e2e_runs.get("webshop", "progpo")
     run_dir = tmp_path / "killed"
-    argv = [sys.executable, "-m", "progpo.cli.train", *e2e_runs.flags("webshop", "progpo"), "--save_path", str(run_dir)]
+    argv = [sys.executable, "-m", "progpo.cli.train", *e2e_runs.flags("webshop", "progpo"), "--ckpt.path", str(run_dir)]
     from progpo.paths import REPO_ROOT
 
     dist_vars = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")  # this process's own rendezvous
@@ -118,7 +118,7 @@ def test_sigkill_then_resume_matches_uninterrupted(e2e_runs, tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert CheckpointManager(run_dir).latest() is not None
-    rc = subprocess.run([*argv, "--resume"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    rc = subprocess.run([*argv, "--ckpt.load_enable"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                         timeout=3 * PATIENCE_S)
     assert rc.returncode == 0, rc.stderr.decode()[-2000:]
     final = CheckpointManager(run_dir).latest()
@@ -135,30 +135,30 @@ def test_save_path_on_a_file_is_refused_before_the_model_is_built(tmp_path, webs
 
     blocker = tmp_path / "notes.txt"
     blocker.write_text("keep me")
-    rc = main(["--pretrain", "tiny", "--save_path", str(blocker), "--env.webshop_url", webshop_url,
-               "--train.num_iterations", "1", "--log.progress_bar", "false", "--log.tensorboard", "false"])
+    rc = main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(blocker), "--env.url", webshop_url,
+               "--train.num_iterations", "1", "--logger.progress_bar", "false", "--logger.tensorboard", "false"])
     assert rc == 2
     err = capsys.readouterr().err
-    assert f"--save_path {blocker} is a file" in err
+    assert f"--ckpt.path {blocker} is a file" in err
     assert blocker.read_text() == "keep me"
 
 
 def test_metrics_of_a_run_without_checkpoint_are_not_appended_to(tmp_path, webshop_url, capsys):
     # a run stopped before its first checkpoint left metrics.jsonl; a new run there appended its
-    # iteration 1 to the old one (two records for iteration 1). Now: refused, or replaced with --resume.
+    # iteration 1 to the old one (two records for iteration 1). Now: refused, or replaced with --ckpt.load_enable.
     from progpo.cli.train import main
 
     run = tmp_path / "run"
     run.mkdir()
     old = json.dumps({"iteration": 1, "env/success_rate": 0.5}) + "\n"
     (run / "metrics.jsonl").write_text(old)
-    args = ["--pretrain", "tiny", "--save_path", str(run), "--env.webshop_url", webshop_url,
+    args = ["--actor.model_name_or_path", "tiny", "--ckpt.path", str(run), "--env.url", webshop_url,
             "--train.num_iterations", "1", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2",
-            "--env.max_steps", "2", "--log.progress_bar", "false", "--log.tensorboard", "false"]
+            "--env.max_steps", "2", "--logger.progress_bar", "false", "--logger.tensorboard", "false"]
     assert main(args) == 2
     assert "holds metrics.jsonl of an earlier run" in capsys.readouterr().err
     assert (run / "metrics.jsonl").read_text() == old  # nothing lost
-    assert main([*args, "--resume"]) == 0
+    assert main([*args, "--ckpt.load_enable"]) == 0
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [1]
     assert "env/success_rate" in records[0] and "loss/optimizer_steps" in records[0]

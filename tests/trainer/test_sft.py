@@ -109,23 +109,23 @@ def test_sft_cli_checkpoint_starts_train(tmp_path, webshop_url, capsys):
     from progpo.run.models import resolve_pretrain
 
     out = tmp_path / "sft"
-    rc = sft.main(["--pretrain", "tiny", "--save_path", str(out), "--env.webshop_url", webshop_url, *SFT_PROTOCOL,
+    rc = sft.main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(out), "--env.url", webshop_url, *SFT_PROTOCOL,
                    "--sft.num_tasks", "2", "--train.max_epochs", "1", "--train.batch_size", "4",
-                   "--actor.adam.lr", "1e-3", "--log.progress_bar", "false"])
+                   "--actor.adam.lr", "1e-3", "--logger.progress_bar", "false"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "expert: won" in text and f"--pretrain {out}" in text
+    assert "expert: won" in text and f"--actor.model_name_or_path {out}" in text
     summary = json.loads((out / "sft_summary.json").read_text())
     assert summary["samples"] > 0 and summary["expert_success"]["n"] == 2 and len(summary["epochs"]) == 1
     hf = resolve_pretrain(str(out))
     assert hf.endswith("iter_000001/hf")
     # a second run refuses to overwrite
-    assert sft.main(["--pretrain", "tiny", "--save_path", str(out), "--env.webshop_url", webshop_url]) == 2
+    assert sft.main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(out), "--env.url", webshop_url]) == 2
 
-    cfg = config_from_args(["--pretrain", str(out), "--save_path", str(tmp_path / "rl"), "--env.webshop_url", webshop_url,
+    cfg = config_from_args(["--actor.model_name_or_path", str(out), "--ckpt.path", str(tmp_path / "rl"), "--env.url", webshop_url,
                             "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2", "--env.max_steps", "2",
                             "--rollout.max_new_tokens", "8", "--rollout.max_prompt_tokens", "384",
-                            "--train.num_iterations", "1", "--log.progress_bar", "false", "--log.tensorboard", "false"])
+                            "--train.num_iterations", "1", "--logger.progress_bar", "false", "--logger.tensorboard", "false"])
     trainer = Trainer(cfg)
     from transformers import AutoModelForCausalLM
 
@@ -134,7 +134,7 @@ def test_sft_cli_checkpoint_starts_train(tmp_path, webshop_url, capsys):
     assert [m["iteration"] for m in trainer.fit()] == [1]
 
     # the same run cut short before its summary (e.g. killed after the last epoch's checkpoint):
-    # its checkpoint is complete, but train/evaluate --pretrain must not take it as a finished SFT
+    # its checkpoint is complete, but train/evaluate --actor.model_name_or_path must not take it as a finished SFT
     (out / "sft_summary.json").rename(tmp_path / "summary.json")
     with pytest.raises(ValueError, match=r"did not finish \(stopped after epoch 1 of 1.*iter_000001/hf"):
         resolve_pretrain(str(out))
@@ -152,7 +152,7 @@ def _same(trainer, state):
 def test_sft_cli_bad_values_name_the_flag(tmp_path, capsys, flag, value):
     from progpo.cli import sft
 
-    assert sft.main(["--pretrain", "tiny", "--save_path", str(tmp_path / "x"), flag, value]) == 2
+    assert sft.main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(tmp_path / "x"), flag, value]) == 2
     assert flag.lstrip("-") in capsys.readouterr().err
     assert not (tmp_path / "x").exists()  # nothing written
 
@@ -164,10 +164,10 @@ def test_sft_cli_save_path_on_a_file_fails_before_any_work(tmp_path, capsys, whe
     blocker = tmp_path / "notes.txt"
     blocker.write_text("keep me")
     save = blocker if where == "file" else blocker / "run"
-    assert sft.main(["--pretrain", "tiny", "--save_path", str(save), "--sft.num_tasks", "1",
-                     "--log.progress_bar", "false"]) == 2
+    assert sft.main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(save), "--sft.num_tasks", "1",
+                     "--logger.progress_bar", "false"]) == 2
     captured = capsys.readouterr()
-    assert "--save_path" in captured.err and str(save) in captured.err
+    assert "--ckpt.path" in captured.err and str(save) in captured.err
     assert "expert: won" not in captured.out  # refused before the model and the expert episodes
     assert blocker.read_text() == "keep me"
 
@@ -180,9 +180,9 @@ def test_sft_cli_refuses_a_save_path_with_an_earlier_runs_records(tmp_path, caps
     save = tmp_path / "sft"
     save.mkdir()
     (save / "metrics.jsonl").write_text('{"iteration": 1, "loss/sft_nll": 2.0}\n')
-    assert sft.main(["--pretrain", "tiny", "--save_path", str(save), "--sft.num_tasks", "1", "--train.max_epochs", "1",
-                     "--log.progress_bar", "false"]) == 2
+    assert sft.main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(save), "--sft.num_tasks", "1", "--train.max_epochs", "1",
+                     "--logger.progress_bar", "false"]) == 2
     captured = capsys.readouterr()
-    assert f"--save_path {save} holds metrics.jsonl of an earlier run" in captured.err
+    assert f"--ckpt.path {save} holds metrics.jsonl of an earlier run" in captured.err
     assert "expert: won" not in captured.out
     assert (save / "metrics.jsonl").read_text() == '{"iteration": 1, "loss/sft_nll": 2.0}\n'

@@ -170,7 +170,7 @@ def test_async_env_treats_a_refused_action_like_the_sync_env(server):
     import httpx
 
     from progpo.envs.webshop import WebShopEnv
-    from progpo.openrlhf.http_pool import AsyncWebShopEnv
+    from progpo.envs.http_pool import AsyncWebShopEnv
 
     long_action = "search[" + "a" * 550 + "]"
     sync = WebShopEnv(server.url, max_steps=2, timeout_s=PATIENCE_S)

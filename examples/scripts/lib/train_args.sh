@@ -42,9 +42,9 @@ progpo_train_args() {
     --env.max_steps "${MAX_STEPS:-$max_steps}"
     --env.history_length "${HISTORY_LENGTH:-2}"
     --env.invalid_penalty 0.1
-    --env.split train
+    --env.train_split train
     --env.num_tasks "$(( ${TASKS_PER_ITER:-$tasks} * ${TRAIN_ITERS:-$iters} ))"
-    --env.max_prompt_tokens "${MAX_PROMPT_TOKENS:-$prompt_tokens}"
+    --rollout.max_prompt_tokens "${MAX_PROMPT_TOKENS:-$prompt_tokens}"
     --rollout.batch_size "${TASKS_PER_ITER:-$tasks}"
     --rollout.n_samples_per_prompt "${ROLLOUTS_PER_TASK:-$rollouts}"
     --rollout.max_new_tokens "${MAX_NEW_TOKENS:-$new_tokens}"
@@ -94,7 +94,7 @@ progpo_train_args() {
   if [ -n "${EVAL_TASKS:-}" ]; then
     local eval_split=test
     [ "$env_name" = alfworld ] && eval_split=valid_unseen
-    PROGPO_ARGS+=(--env.eval_split "${EVAL_SPLIT:-$eval_split}" --env.num_eval_tasks "$EVAL_TASKS"
+    PROGPO_ARGS+=(--env.eval_split "${EVAL_SPLIT:-$eval_split}" --eval.num_tasks "$EVAL_TASKS"
       --eval.steps "${EVAL_EVERY:-10}" --eval.n_samples_per_prompt 1 --eval.temperature 0.4)
   fi
   if [ -n "${WANDB_API_KEY:-}" ]; then

@@ -1,11 +1,10 @@
-"""An ``EnvPool`` that talks to the WebShop server with async HTTP (httpx), for the vLLM engine actors.
+"""An ``EnvPool`` that talks to the WebShop server with async HTTP (httpx), for event-loop backends (the vLLM engine actors, the local trainer with --env.pool http).
 
 OpenRLHF runs all rollouts of an engine as coroutines on the engine actor's event loop; a
 blocking ``requests`` call there would stall every other rollout's generation. This pool keeps the
 project's ``WebShopEnv`` semantics (observation, anchor observation, admissible actions, reward =
 score x success_reward, truncation at ``max_steps``) and only swaps the transport: one shared
 ``httpx.AsyncClient`` (keep-alive connection pool) and ``await`` on every request.
-Despite the ``openrlhf_`` name it imports no OpenRLHF; it lives here because only the Ray path uses it.
 """
 
 from __future__ import annotations

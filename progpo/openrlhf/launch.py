@@ -1,0 +1,339 @@
+"""Launching OpenRLHF's Ray PPO job with our settings: the flags we add to OpenRLHF's, their checks, the task
+files that become its prompt dataset, the CPU policy of ``--device cpu``, and the Ray start.
+
+:class:`RayArgs` is our part of ``python -m progpo.cli.train_ray``'s command line: the same
+:class:`~progpo.run.settings.EnvSettings` / :class:`~progpo.run.settings.RolloutSettings` classes as
+``train`` (so a setting has the same flag on both backends), plus ``--device``, ``--cpu.*`` and
+``--debug.*``. :func:`finalize` checks them against OpenRLHF's own flags and folds everything into the
+flat namespace OpenRLHF's main block expects. Every check raises
+:class:`~progpo.run.flags.FlagError` naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from progpo.advantages import ESTIMATORS
+from progpo.run import flags
+from progpo.run.flags import FlagError
+from progpo.run.settings import EnvSettings, EvalSettings, RolloutSettings, advantage_config, check_group_size
+
+logger = logging.getLogger(__name__)
+
+AGENT_FILE = Path(__file__).resolve().parent / "agent_file.py"
+"""The file ``--train.agent_func_path`` points to (OpenRLHF loads it in every engine)."""
+
+MODEL_ALIASES = ("tiny", "smollm2-135m")
+
+#: old flag names that still parse for one release (with a one-line deprecation note).
+DEPRECATED = {
+    "--env.split": "--env.train_split",
+    "--env.max_prompt_tokens": "--rollout.max_prompt_tokens",
+    "--env.num_eval_tasks": "--eval.num_tasks",
+}
+
+
+@dataclass(frozen=True)
+class CPUSettings:
+    """A CPU run (``--cpu.*``; ``--device cpu`` only)."""
+
+    ray_num_cpus: int | None = None
+    """logical CPU slots of the local Ray head (None: what the actors need, +1)"""
+    torch_threads: int | None = None
+    """torch threads per Ray worker process (None: the machine's cores)"""
+    engine_batch_size: int = 32
+    """most generation requests one engine batches into one transformers generate call"""
+
+    def __post_init__(self) -> None:
+        for name in ("ray_num_cpus", "torch_threads", "engine_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--cpu.{name} must be >= 1, got {value}")
+
+
+@dataclass(frozen=True)
+class DebugSettings:
+    """Run checks (``--debug.*``)."""
+
+    dump_dir: str | None = None
+    """write each iteration's step batch (experience maker) and the rows the actor trains on (its replay buffer) there as JSON"""
+    check_weight_sync: bool = False
+    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); --device cpu only"""
+
+
+@dataclass(frozen=True)
+class RayArgs:
+    """Our flags of ``train_ray`` (OpenRLHF's parser holds the rest)."""
+
+    env: EnvSettings = field(default_factory=EnvSettings, metadata={"skip": ()})
+    rollout: RolloutSettings = field(default_factory=RolloutSettings, metadata={"flags": ("max_prompt_tokens",)})
+    eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
+    device: Literal["cuda", "cpu"] = "cuda"
+    """cuda: OpenRLHF as shipped (vLLM, flash-attn, NCCL; GPU nodes). cpu: the same job on CPU for a laptop dry run (local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engine; see docs/distributed.md)"""
+    cpu: CPUSettings = field(default_factory=CPUSettings)
+    debug: DebugSettings = field(default_factory=DebugSettings)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
+    """Add :class:`RayArgs`'s flags (those OpenRLHF does not define itself) to OpenRLHF's parser."""
+    return flags.add_flags(parser, RayArgs, taken=flags.option_strings(parser), deprecated=DEPRECATED,
+                           title="progpo (env, episode loop, tasks, device)")
+
+
+# ---- task files -------------------------------------------------------------------------------------
+def write_tasks(path: Path, split: str, indices: Iterable[int]) -> Path:
+    """Write a JSONL prompt dataset: one row ``{"task": '{"split":..,"index":..}', "label": "split:index"}``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:  # write aside, then rename: an error or Ctrl-C never leaves a half-written list
+        with tmp.open("w", encoding="utf-8") as fh:
+            for i in indices:
+                fh.write(json.dumps({"task": json.dumps({"split": split, "index": i}), "label": f"{split}:{i}"}) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def _folder(flag: str, path: Path) -> None:
+    from progpo.run.checkpoint import check_run_dir
+
+    try:
+        check_run_dir(path, flag)
+    except ValueError as exc:
+        raise FlagError(flag, str(exc).removeprefix(f"{flag} "), text=str(exc)) from None
+
+
+def task_datasets(ns: dict[str, Any], env: EnvSettings, num_eval_tasks: int) -> None:
+    """Write the training (and evaluation) task lists and point OpenRLHF's dataset flags at them,
+    unless ``--data.prompt_dataset`` / ``--eval.dataset`` are given."""
+    task_dir = Path(env.task_dir or Path(ns["ckpt.path"]) / "progpo_tasks")
+    if not task_dir.is_absolute():  # actors on other nodes / in other working dirs must find it
+        task_dir = Path.cwd() / task_dir
+    if ns["data.prompt_dataset"] is None or (num_eval_tasks and ns["eval.dataset"] is None):
+        _folder("--env.task_dir" if env.task_dir else "--ckpt.path", task_dir)
+    if ns["data.prompt_dataset"] is None:
+        if env.num_tasks is None:
+            raise FlagError("--env.num_tasks", "required (>= 1) when --data.prompt_dataset is not given")
+        start, size = env.task_offset, env.split_size
+        indices = [(start + i) % size if size else start + i for i in range(env.num_tasks)]
+        ns["data.prompt_dataset"] = str(write_tasks(task_dir / "train.jsonl", env.train_split, indices))
+        ns["data.input_key"], ns["data.label_key"] = "task", "label"
+    if num_eval_tasks and ns["eval.dataset"] is None:
+        ns["eval.dataset"] = str(write_tasks(task_dir / "eval.jsonl", env.eval_split, range(num_eval_tasks)))
+
+
+# ---- the CPU policy -----------------------------------------------------------------------------------
+CPU_REFUSED = {  # flag -> (value that is refused, why): features with no CPU path
+    "ds.packing_samples": (True, "packing needs flash-attention's varlen kernels"),
+    "ds.load_in_4bit": (True, "bitsandbytes 4-bit needs CUDA"),
+    "ds.use_liger_kernel": (True, "Liger kernels are Triton (GPU)"),
+    "ds.deepcompile": (True, "DeepCompile needs a GPU"),
+    "ds.adam_offload": (True, "the optimizer already lives in RAM (DeepSpeedCPUAdam would compile C++)"),
+    "ds.enable_sleep": (True, "DeepSpeed's offload_states needs FusedAdam (a C++ build); the states already live in RAM"),
+    "train.enable_ema": (True, "OpenRLHF's EMA update is hard-wired to cuda"),
+    "train.async_enable": (True, "the CPU engine has no pause/resume (partial rollout)"),
+    "vllm.sync_with_ray": (True, "Ray's gloo collective would replace DeepSpeed's process group"),
+}
+
+
+def cpu_slots(ns: dict[str, Any], env: EnvSettings) -> int:
+    """Logical CPU slots a local Ray head needs: one per model process and engine, the env actors', +1
+    (OpenRLHF's trainer actor needs one free slot to be placed)."""
+    actor = ns["actor.num_nodes"] * ns["actor.num_gpus_per_node"]
+    ref = ns["ref.num_nodes"] * ns["ref.num_gpus_per_node"]
+    engines = ns["vllm.num_engines"] * ns["vllm.tensor_parallel_size"]
+    env_actors = env.num_env_actors * env.num_cpus_per_actor * engines if env.pool == "ray" else 0
+    return int(actor + ref + engines + env_actors + 0.999) + 1
+
+
+def apply_device(ns: dict[str, Any], args: RayArgs) -> None:
+    """Check ``--device`` and fold it into ``ns`` (``progpo_device``, ``progpo_engine_kwargs``, ...).
+
+    CPU mode: OpenRLHF's CUDA-only defaults are switched (``--ds.attn_implementation`` flash_attention_2
+    -> sdpa, ``--vllm.sync_backend`` nccl -> gloo); features without a CPU path are refused naming the
+    flag; the model aliases ``tiny`` / ``smollm2-135m`` resolve to local HF folders.
+    """
+    ns["progpo_device"] = args.device
+    if args.device == "cuda":
+        given = [f"--cpu.{n}" for n in ("ray_num_cpus", "torch_threads") if getattr(args.cpu, n) is not None]
+        if given:
+            raise FlagError(given[0], "only applies with --device cpu")
+        if args.debug.check_weight_sync:
+            raise FlagError("--debug.check_weight_sync", "compares the CPU engine's weights: use it with --device cpu")
+        return
+    for flag, (bad, why) in CPU_REFUSED.items():
+        if ns[flag] == bad:
+            raise FlagError(f"--{flag}", f"not supported with --device cpu ({why})")
+    for flag in ("ds.ring_attn_size", "ds.tensor_parallel_size", "vllm.tensor_parallel_size"):
+        if ns[flag] != 1:
+            raise FlagError(f"--{flag}", f"must be 1 with --device cpu, got {ns[flag]}")
+    attn = ns["ds.attn_implementation"]
+    if attn == "flash_attention_2":  # OpenRLHF's default
+        ns["ds.attn_implementation"] = "sdpa"
+    elif attn not in ("sdpa", "eager"):
+        raise FlagError("--ds.attn_implementation", f"must be sdpa or eager with --device cpu, got {attn!r}")
+    if ns["vllm.sync_backend"] == "nccl":  # OpenRLHF's default
+        ns["vllm.sync_backend"] = "gloo"
+    elif ns["vllm.sync_backend"] != "gloo":
+        raise FlagError("--vllm.sync_backend", f"must be gloo with --device cpu, got {ns['vllm.sync_backend']!r}")
+    if not ns["vllm.num_engines"] or ns["vllm.num_engines"] < 1:
+        raise FlagError("--vllm.num_engines", "must be >= 1: the agent executor runs inside the engines")
+    for flag in ("actor.num_nodes", "actor.num_gpus_per_node"):  # on CPU: the policy's processes
+        if ns[flag] < 1:
+            raise FlagError(f"--{flag}", f"must be >= 1, got {ns[flag]}")
+    if ns["actor.model_name_or_path"] in MODEL_ALIASES:
+        from progpo.run.models import resolve_pretrain
+
+        ns["actor.model_name_or_path"] = resolve_pretrain(ns["actor.model_name_or_path"])
+    ns["progpo_engine_kwargs"] = {"dtype": ns["ds.param_dtype"], "max_batch_size": args.cpu.engine_batch_size}
+    ns["progpo_ray_num_cpus"] = args.cpu.ray_num_cpus or cpu_slots(ns, args.env)
+    ns["progpo_torch_threads"] = args.cpu.torch_threads or os.cpu_count() or 1
+
+
+# ---- folding our flags into OpenRLHF's namespace ---------------------------------------------------
+def remote_env_kwargs(env: EnvSettings) -> dict[str, Any]:
+    """The env class's keyword arguments on the cluster, where train_ray starts no service: an env whose
+    spec has a service (WebShop's server) needs ``--env.url``; its service then only names that URL.
+
+    Raises:
+        FlagError: ``--env.url`` missing for an env with a service.
+    """
+    from progpo.run.env_setup import env_service
+
+    if env.spec.service is not None and not env.url:
+        raise FlagError("--env.url", f"required for {env.name} on train_ray (the base URL of its server, e.g. "
+                                     "http://HEAD_IP:3000; examples/scripts start one)")
+    with env_service(env) as kwargs:  # with --env.url nothing is started
+        return {k: v for k, v in kwargs.items() if k != "max_steps"}
+
+
+def finalize(args: argparse.Namespace) -> argparse.Namespace:
+    """Check our flags and fold them into the flat namespace OpenRLHF's main block expects.
+
+    Adds ``progpo_advantage_config`` (an ``AdvantageConfig``, for our estimators) and
+    ``progpo_agent_config_json`` (for ``PROGPO_AGENT_CONFIG``); sets ``--algo.advantage.estimator``,
+    ``--train.agent_func_path`` and, unless given, the task datasets.
+
+    Raises:
+        FlagError: naming the first bad flag.
+    """
+    from progpo.openrlhf.agent import AgentConfig
+
+    ours_keys = {f.dest for f in flags.iter_flags(RayArgs)}
+    ns = dict(vars(args))
+    rargs = flags.build(RayArgs, {k: v for k, v in ns.items() if k in ours_keys})
+    env = rargs.env.resolved()
+    rargs = dataclasses.replace(rargs, env=env)
+    apply_device(ns, rargs)
+    estimator = ns.pop("advantage_estimator") or "progpo"
+    ns["algo.advantage.estimator"] = estimator
+    ours = estimator in ESTIMATORS
+    progpo_given = any(k.startswith("progpo.") for k in ns) or ns.get("progpo_preset") is not None
+    if not ours and progpo_given:
+        raise FlagError("--progpo.*", f"only apply to --advantage_estimator in {[e.value for e in ESTIMATORS]}, "
+                                      f"not {estimator!r}")
+    ns["progpo_advantage_config"] = advantage_config(ns, estimator, env.max_steps) if ours else None
+    if ours and ns["train.async_enable"]:
+        raise FlagError("--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
+    if ours:
+        check_group_size(estimator, ns["rollout.n_samples_per_prompt"])
+    agent = AgentConfig(env=env, env_kwargs=remote_env_kwargs(env), max_prompt_tokens=rargs.rollout.max_prompt_tokens,
+                        max_new_tokens=ns["rollout.max_new_tokens"] or 512, max_envs=env.num_envs or 256)
+    if ns["train.agent_func_path"] is None:
+        ns["train.agent_func_path"] = agent_path()
+    elif not Path(ns["train.agent_func_path"]).is_file():
+        raise FlagError("--train.agent_func_path", f"no such file: {ns['train.agent_func_path']}")
+    task_datasets(ns, env, rargs.eval.num_tasks or 0)
+    if rargs.debug.dump_dir:
+        _folder("--debug.dump_dir", Path(rargs.debug.dump_dir))
+    ns["progpo_debug_dump_dir"] = rargs.debug.dump_dir and str(Path(rargs.debug.dump_dir).resolve())
+    ns["progpo_debug_check_weight_sync"] = rargs.debug.check_weight_sync
+    for key in [k for k in ns if k in ours_keys or k.startswith("progpo.")]:
+        ns.pop(key)
+    ns.pop("progpo_preset", None)
+    ns["progpo_agent_config_json"] = agent.to_json()
+    return argparse.Namespace(**ns)
+
+
+# ---- Ray ------------------------------------------------------------------------------------------
+def _job_runtime_env() -> dict[str, Any]:
+    """The runtime env of the Ray job this driver runs in (``ray job submit``), else ``{}``."""
+    text = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not text:
+        return {}
+    try:
+        return dict(json.loads(text).get("runtime_env") or {})
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return {}
+
+
+def agent_path() -> str:
+    """The executor file OpenRLHF's vLLM actors load: relative inside a Ray job with a
+    ``working_dir`` (every worker has its own copy there), absolute otherwise."""
+    if "working_dir" in _job_runtime_env():
+        try:
+            return str(AGENT_FILE.relative_to(Path.cwd()))
+        except ValueError:
+            pass
+    return str(AGENT_FILE)
+
+
+def _job_env_var_keys() -> set[str]:
+    """Env var keys already set by ``ray job submit --runtime-env-json`` (Ray refuses duplicates)."""
+    return set((_job_runtime_env().get("env_vars") or {}).keys())
+
+
+def ray_env_vars(agent_config_json: str) -> dict[str, str]:
+    """Env vars every Ray worker needs: the agent config plus OpenRLHF's defaults and data/offline
+    settings of this shell, minus keys the Ray job already sets."""
+    env_vars = {
+        "PROGPO_AGENT_CONFIG": agent_config_json,
+        "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
+        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "WARN"),
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": os.environ.get("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1"),
+    }
+    for key in ("PROGPO_DATA", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if key in os.environ:
+            env_vars[key] = os.environ[key]
+    taken = _job_env_var_keys()
+    return {k: v for k, v in env_vars.items() if k not in taken}
+
+
+def init_ray(args: argparse.Namespace) -> bool:
+    """Connect to (or start) Ray with :func:`ray_env_vars` in every worker's environment.
+
+    ``--device cpu``: every worker first runs :func:`progpo.openrlhf.cpu.worker_setup_hook`
+    (Ray's ``worker_process_setup_hook``), and without ``RAY_ADDRESS`` a new local head is started
+    with ``progpo_ray_num_cpus`` logical CPUs (never an existing cluster of this machine).
+
+    Returns:
+        True when this call started a local head (the caller shuts it down).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    env_vars = ray_env_vars(args.progpo_agent_config_json)
+    if args.progpo_device != "cpu":
+        ray.init(runtime_env={"env_vars": env_vars})
+        return False
+    from progpo.openrlhf.cpu import THREADS_ENV_VAR
+
+    env_vars[THREADS_ENV_VAR] = str(args.progpo_torch_threads)
+    runtime_env = {"env_vars": env_vars, "worker_process_setup_hook": "progpo.openrlhf.cpu.worker_setup_hook"}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env=runtime_env)
+        return False
+    logger.info("starting a local Ray head with %d logical CPUs", args.progpo_ray_num_cpus)
+    ray.init(address="local", num_cpus=args.progpo_ray_num_cpus, num_gpus=0, include_dashboard=False,
+             runtime_env=runtime_env)
+    return True

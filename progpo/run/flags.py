@@ -1,0 +1,407 @@
+"""The one dataclass -> command-line flag generator of every CLI (``train``, ``train_ray``, ``sft``, ``evaluate``).
+
+A CLI describes its settings as a frozen dataclass whose fields are either leaves (one flag each) or
+nested settings dataclasses (a dotted prefix each), so ``--env.max_steps`` is the field ``max_steps``
+of the field ``env``, and the parsed result is that dataclass: ``args.env.max_steps`` (OpenRLHF's
+``hierarchize`` shape, typed). The dataclass is the only source of defaults: a flag that is not given
+leaves the field at its dataclass default (a section's default instance may override its class's
+defaults, e.g. ``rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(temperature=0.4))``).
+
+Help text sits beside each field, as an attribute docstring (cleanrl's ``Args`` style)::
+
+    max_steps: int | None = None
+    \"\"\"decisions per episode (None: the env spec's)\"\"\"
+
+(a ``name: text`` line in the class docstring is read too, for classes documented that way).
+
+Field types with a flag mapping: ``bool`` (``--x`` alone means true; ``--x false`` also parses),
+``int``, ``float``, ``str``, ``Literal[...]`` and ``enum.Enum`` (choices), ``X | None`` (the type of
+``X``; the value ``none`` gives None), ``tuple[float, float]``-like fixed tuples (``nargs``).
+Section fields may carry ``metadata={"flags": (...)}`` (expose only these fields) or
+``metadata={"skip": (...)}``; a leaf field may carry ``metadata={"choices": values or a function
+returning them}`` (e.g. the env registry's ids) and ``metadata={"flag": False}`` (no flag).
+
+Errors: a value the type rejects is argparse's error (exit 2, naming the flag); a value the
+dataclass's ``__post_init__`` rejects becomes :class:`FlagError` naming the flag (``--env.max_steps:
+must be >= 1, got 0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import enum
+import functools
+import inspect
+import re
+import sys
+import textwrap
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+MISSING = dataclasses.MISSING
+
+
+class FlagError(ValueError):
+    """A setting's value is invalid; ``flag`` names the command-line flag (``--env.max_steps``).
+
+    ``str()`` is ``"<flag>: <message>"``, or ``text`` when given (a message that already starts with the flag).
+    """
+
+    def __init__(self, flag: str, message: str, text: str | None = None) -> None:
+        super().__init__(text or f"{flag}: {message}")
+        self.flag = flag
+        self.message = message
+
+
+def as_flag_error(exc: ValueError) -> FlagError:
+    """``exc`` as a :class:`FlagError`: itself, or one whose flag is the ``--flag`` its message starts with
+    (every settings check in this project starts its message with the flag) or ``--*``."""
+    if isinstance(exc, FlagError):
+        return exc
+    text = str(exc)
+    m = re.match(r"^(--[\w.]+)[:]? (.*)$", text, re.DOTALL)
+    return FlagError(m.group(1), m.group(2), text=text) if m else FlagError("--*", text)
+
+
+def parse_bool(text: str) -> bool:
+    """``true/false``, ``1/0``, ``yes/no``, ``on/off`` (any case) -> bool; argparse's error otherwise."""
+    low = str(text).strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+# ---- help beside each field ---------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def field_help(cls: type) -> Mapping[str, str]:
+    """``field name -> help`` of dataclass ``cls`` (and its dataclass bases).
+
+    Read from attribute docstrings (a string literal right after the field) and, where a field has
+    none, from ``name: text`` lines of the class docstring (continuation lines joined).
+    """
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        out.update(_docstring_lines(klass.__doc__ or ""))
+        out.update(_attribute_docstrings(klass))
+    return types.MappingProxyType(out)
+
+
+def _docstring_lines(doc: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    lines = textwrap.dedent("\n".join(doc.splitlines()[1:])).splitlines()
+    current, indent = None, 0
+    for line in lines:
+        m = re.match(r"^(\s*)(\w+(?:, \w+)*): (.+)$", line)
+        if m and (current is None or len(m.group(1)) <= indent):
+            current, indent = [n.strip() for n in m.group(2).split(",")], len(m.group(1))
+            for name in current:
+                out[name] = m.group(3).strip()
+        elif current is not None and line.strip() and len(line) - len(line.lstrip()) > indent:
+            for name in current:
+                out[name] += " " + line.strip()
+        else:
+            current = None
+    return out
+
+
+def _attribute_docstrings(cls: type) -> dict[str, str]:
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0]
+    out: dict[str, str] = {}
+    if not isinstance(body, ast.ClassDef):
+        return out
+    stmts = body.body
+    for stmt, nxt in zip(stmts, stmts[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            out[stmt.target.id] = " ".join(nxt.value.value.split())
+    return out
+
+
+# ---- walking the settings tree ------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One leaf setting and its flag.
+
+    Attributes:
+        path: field names from the root (``("env", "max_steps")``).
+        option: the flag (``--env.max_steps``).
+        hint: the field's resolved type.
+        default: its default (from the section instance that holds it).
+        help: its help text.
+    """
+
+    path: tuple[str, ...]
+    option: str
+    hint: Any
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+
+    @property
+    def dest(self) -> str:
+        """argparse ``dest``: the dotted path (``env.max_steps``)."""
+        return ".".join(self.path)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    module = sys.modules.get(cls.__module__)
+    return typing.get_type_hints(cls, vars(module) if module else None)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return MISSING
+
+
+def _is_section(hint: Any) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def iter_flags(cls: type, prefix: Sequence[str] = (), defaults: Any = None, *, only: Sequence[str] | None = None,
+               skip: Sequence[str] = ()) -> Iterator[Flag]:
+    """Every leaf setting of dataclass ``cls`` (depth first, in field order).
+
+    Args:
+        cls: a settings dataclass. prefix: path of ``cls`` in the tree (``("env",)``).
+        defaults: an instance of ``cls`` whose values are the defaults shown (None: the class's own).
+        only, skip: field names of ``cls`` to expose / leave out (a section field's ``metadata``
+            ``flags`` / ``skip`` does the same one level down).
+    """
+    hints = _hints(cls)
+    helps = field_help(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip or (only is not None and f.name not in only) or f.metadata.get("flag") is False:
+            continue
+        default = getattr(defaults, f.name) if defaults is not None else _default(f)
+        hint = hints[f.name]
+        path = (*prefix, f.name)
+        if _is_section(hint):
+            yield from iter_flags(hint, path, None if default is MISSING else default,
+                                  only=f.metadata.get("flags"), skip=f.metadata.get("skip", ()))
+        else:
+            choices = f.metadata.get("choices")
+            if callable(choices):
+                choices = choices()
+            yield Flag(path, "--" + ".".join(path), hint, default, helps.get(f.name, ""),
+                       tuple(choices) if choices is not None else None)
+
+
+# ---- argparse -----------------------------------------------------------------------------------
+def _optional_inner(hint: Any) -> tuple[Any, bool]:
+    """``X | None`` -> ``(X, True)``; anything else -> ``(hint, False)``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(hint)) == 2:
+            return args[0], True
+    return hint, False
+
+
+def _none_or(parse):
+    def fn(text: str) -> Any:
+        return None if str(text).strip().lower() == "none" else parse(text)
+
+    fn.__name__ = getattr(parse, "__name__", "value")
+    return fn
+
+
+def argparse_kwargs(flag: Flag) -> dict[str, Any]:
+    """``add_argument`` keyword arguments of one leaf (type, choices, nargs, metavar).
+
+    Raises:
+        TypeError: a field type with no flag mapping (extend this function, not the settings).
+    """
+    inner, optional = _optional_inner(flag.hint)
+    kwargs: dict[str, Any] = {}
+    if typing.get_origin(inner) is typing.Literal:
+        choices = typing.get_args(inner)
+        kwargs.update(type=type(choices[0]), choices=choices)
+    elif isinstance(inner, type) and issubclass(inner, enum.Enum):
+        kwargs.update(type=str, choices=[m.value for m in inner])
+    elif inner is bool:
+        kwargs.update(type=parse_bool, nargs="?", const=True, metavar="{true,false}")
+    elif inner in (int, float, str):
+        kwargs.update(type=inner, metavar={int: "N", float: "X", str: "TEXT"}[inner])
+    elif typing.get_origin(inner) is tuple and Ellipsis not in typing.get_args(inner):
+        items = typing.get_args(inner)
+        if len(set(items)) != 1 or items[0] not in (int, float, str):
+            raise TypeError(f"{flag.dest}: no command-line mapping for {flag.hint!r}")
+        kwargs.update(type=items[0], nargs=len(items), metavar={int: "N", float: "X", str: "TEXT"}[items[0]])
+    else:
+        raise TypeError(f"{flag.dest}: no command-line mapping for type {flag.hint!r}")
+    if flag.choices is not None:
+        kwargs["choices"] = flag.choices
+        kwargs.pop("metavar", None)
+    if optional and "choices" not in kwargs and kwargs.get("nargs") is None:
+        kwargs["type"] = _none_or(kwargs["type"])
+    return kwargs
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, tuple):
+        return " ".join(map(str, value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+class _Deprecated(argparse.Action):
+    """An old flag name: stores under the new name's dest and prints one deprecation line."""
+
+    def __init__(self, option_strings, dest, new: str, value: Any = MISSING, **kwargs):
+        self.new, self.value = new, value
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        use = self.new if self.value is MISSING or self.value is True else f"{self.new} {_show(self.value).strip(chr(39))}"
+        sys.stderr.write(f"warning: {option_string} is deprecated and goes in the next release; use {use}\n")
+        setattr(namespace, self.dest, values if self.value is MISSING else self.value)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[str] = (), defaults: Any = None,
+              only: Sequence[str] | None = None, skip: Sequence[str] = (), taken: Sequence[str] = (),
+              deprecated: Mapping[str, str] | None = None, title: str | None = None) -> list[Flag]:
+    """Add one flag per leaf setting of ``cls`` to ``parser``.
+
+    Flags default to "not given" (``argparse.SUPPRESS``), so :func:`build` keeps the dataclass's
+    default; the help shows that default.
+
+    Args:
+        parser: the CLI's parser. cls, prefix, defaults, only, skip: as :func:`iter_flags`.
+        taken: flags another parser part already defines (OpenRLHF's): not added here, and
+            :func:`build` reads their values under the same dest.
+        deprecated: ``old flag -> new flag`` (old names parse for one release, with a warning line), or
+            ``old flag -> (new flag, value)`` for an old switch that sets the new flag to ``value``.
+        title: argument group title (None: no group).
+
+    Returns:
+        The flags of ``cls`` (including the ``taken`` ones).
+    """
+    target = parser.add_argument_group(title) if title else parser
+    flags = list(iter_flags(cls, prefix, defaults, only=only, skip=skip))
+    by_option = {f.option: f for f in flags}
+    for flag in flags:
+        if flag.option in taken:
+            continue
+        kwargs = argparse_kwargs(flag)
+        required = flag.default is MISSING
+        shown = "required" if required else f"default: {_show(flag.default)}"
+        target.add_argument(flag.option, dest=flag.dest, default=argparse.SUPPRESS, required=required,
+                            help=f"{flag.help} ({shown})".strip(), **kwargs)
+    for old, new in (deprecated or {}).items():
+        if isinstance(new, tuple):
+            flag = by_option[new[0]]
+            target.add_argument(old, dest=flag.dest, default=argparse.SUPPRESS, action=_Deprecated, new=new[0],
+                                value=new[1], nargs=0, help=argparse.SUPPRESS)
+            continue
+        flag = by_option[new]
+        kwargs = argparse_kwargs(flag)
+        kwargs.pop("metavar", None)
+        target.add_argument(old, dest=flag.dest, default=argparse.SUPPRESS, action=_Deprecated, new=new,
+                            help=argparse.SUPPRESS, **kwargs)
+    return flags
+
+
+# ---- building the settings ----------------------------------------------------------------------
+def _given(values: Mapping[str, Any] | argparse.Namespace) -> dict[str, Any]:
+    return dict(vars(values)) if isinstance(values, argparse.Namespace) else dict(values)
+
+
+def _flag_error(exc: Exception, cls: type, path: Sequence[str]) -> FlagError:
+    """Map a ``__post_init__`` error of section ``cls`` at ``path`` to the flag it names."""
+    text = str(exc)
+    m = re.match(r"^(--[\w.]+)[:]? (.*)$", text, re.DOTALL)
+    if m:
+        return FlagError(m.group(1), m.group(2))
+    for f in sorted(dataclasses.fields(cls), key=lambda f: len(f.name), reverse=True):
+        m = re.search(rf"(?:\b{re.escape(cls.__name__)}\.|\b){re.escape(f.name)}\b", text)
+        if m:
+            return FlagError("--" + ".".join((*path, f.name)), text)
+    return FlagError("--" + ".".join(path) + ".*" if path else "--*", text)
+
+
+def build(cls: type, values: Mapping[str, Any] | argparse.Namespace, *, prefix: Sequence[str] = (),
+          defaults: Any = None, convert: bool = True) -> Any:
+    """An instance of ``cls`` from parsed flag values (dotted dests); ungiven fields keep their defaults.
+
+    Args:
+        cls: the settings dataclass. values: ``dest -> value`` (an argparse namespace or dict).
+        prefix: path of ``cls`` in the tree. defaults: an instance holding the defaults (None: the class's).
+        convert: turn enum and tuple values into the field's type.
+
+    Raises:
+        FlagError: a value the dataclass rejects (names the flag).
+    """
+    given = _given(values)
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        path = (*prefix, f.name)
+        hint = hints[f.name]
+        default = getattr(defaults, f.name) if defaults is not None else _default(f)
+        if _is_section(hint):
+            sub_given = any(k == ".".join(path) or k.startswith(".".join(path) + ".") for k in given)
+            if sub_given or default is MISSING:
+                kwargs[f.name] = build(hint, given, prefix=path, defaults=None if default is MISSING else default,
+                                       convert=convert)
+            else:
+                kwargs[f.name] = default
+            continue
+        dest = ".".join(path)
+        if dest in given:
+            value = given[dest]
+            inner, _ = _optional_inner(hint)
+            if convert and value is not None and isinstance(inner, type) and issubclass(inner, enum.Enum):
+                value = inner(value)
+            if convert and isinstance(value, list):
+                value = tuple(value)
+            kwargs[f.name] = value
+        elif default is not MISSING:
+            kwargs[f.name] = default
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise _flag_error(exc, cls, prefix) from exc
+
+
+def given_flags(values: Mapping[str, Any] | argparse.Namespace, prefix: str) -> dict[str, Any]:
+    """The values given under ``prefix.`` (dest ``prefix.name`` -> ``name``), e.g. every ``--progpo.*``."""
+    return {k[len(prefix) + 1:]: v for k, v in _given(values).items() if k.startswith(prefix + ".")}
+
+
+def option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every ``--flag`` of ``parser`` (for did-you-mean hints and tests)."""
+    return [o for a in parser._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
+
+
+def markdown_table(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> str:
+    """The visible flags of ``parser`` (or those whose dest starts with one of ``only``) as a Markdown
+    table: flag, default, meaning (the help text beside each field; deprecated names are hidden)."""
+    rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    for action in parser._actions:  # noqa: SLF001
+        if action.help is argparse.SUPPRESS or not action.option_strings or action.option_strings[0] in ("-h", "--help"):
+            continue
+        if only is not None and not str(action.dest).startswith(tuple(only)):
+            continue
+        text = " ".join(str(action.help or "").split())
+        m = re.match(r"^(.*?) ?\((default: .*|required)\)$", text)
+        meaning, default = (m.group(1), m.group(2).removeprefix("default: ")) if m else (text, "")
+        if not m and action.default not in (None, argparse.SUPPRESS):
+            default = _show(action.default)
+        default = f"`{default.strip(chr(39))}`" if default else ""
+        rows.append(f"| `{action.option_strings[0]}` | {default.replace('|', '/')} | {meaning.replace('|', '/')} |")
+    return "\n".join(rows)

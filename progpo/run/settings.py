@@ -1,0 +1,207 @@
+"""Settings both backends share, one frozen dataclass per flag prefix (``--env.*``, ``--rollout.*``, ``--eval.*``).
+
+``train``, ``train_ray``, ``sft`` and ``evaluate`` build their flags from these classes with
+:mod:`progpo.run.flags`, so a setting has the same flag name, meaning and check on every CLI. A CLI that
+has no use for a field leaves it out of its flags (``metadata={"flags": ...}`` on its section field);
+flags OpenRLHF already defines (``--rollout.batch_size`` ...) keep OpenRLHF's definition on ``train_ray``.
+Every check raises ``ValueError`` starting with the flag it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from progpo.advantages import AdvantageConfig
+from progpo.run import flags
+
+from progpo.envs.spec import POOLS, EnvSpec, env_ids, spec
+
+Pool = Literal["local", "ray", "http"]
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """The environment, its tasks and its pool (``--env.*``)."""
+
+    name: str = field(default="webshop", metadata={"choices": env_ids})
+    """registered env id (progpo.envs): its spec gives the step limit, splits, template and service"""
+    max_steps: int | None = None
+    """decisions per episode (None: the env spec's: WebShop 15, ALFWorld 50)"""
+    history_length: int = 2
+    """K, earlier (observation, action) pairs shown in each step prompt"""
+    invalid_penalty: float = 0.1
+    """reward subtracted from a step whose answer breaks the <think>/<action> format"""
+    data_dir: str | None = None
+    """data folder holding the env's data (None: $PROGPO_DATA, ../shared/data, ~/.cache/progpo/data)"""
+    url: str | None = None
+    """WebShop: base URL of a running server (http://host:port) instead of starting one"""
+    pool: Pool | None = None
+    """local (envs in this process, threads), ray (one Ray actor per env) or http (WebShop over async HTTP); None: local on train, the env spec's on train_ray (WebShop http, ALFWorld ray)"""
+    num_envs: int = 0
+    """local/http pools: envs alive at once per process (0: one per concurrent episode on train, 256 per engine on train_ray)"""
+    num_env_actors: int = 16
+    """ray pool: env actors per process (train) or per engine (train_ray)"""
+    num_cpus_per_actor: float = 0.25
+    """ray pool: CPUs reserved per env actor"""
+    episodes_per_actor: int = 1
+    """ray pool: episodes one env actor hosts at once"""
+    train_split: str | None = None
+    """split the training tasks come from (None: the env spec's first split, 'train')"""
+    eval_split: str | None = None
+    """split of evaluation (None: the env spec's: WebShop test, ALFWorld valid_unseen)"""
+    num_tasks: int | None = None
+    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the whole split on train; required on train_ray unless --data.prompt_dataset is given)"""
+    task_offset: int = 0
+    """first training task index"""
+    split_size: int | None = None
+    """train_ray: tasks in the split; indices wrap around modulo this (more iterations than tasks)"""
+    task_dir: str | None = None
+    """train_ray: where task lists are written (None: <ckpt.path>/progpo_tasks)"""
+
+    def __post_init__(self) -> None:
+        if self.name not in env_ids():
+            raise ValueError(f"--env.name must be one of {list(env_ids())}, got {self.name!r}")
+        s = self.spec
+        for flag, value in (("--env.train_split", self.train_split), ("--env.eval_split", self.eval_split)):
+            if value is not None and value not in s.splits:
+                raise ValueError(f"{flag} must be one of {list(s.splits)} for {self.name}, got {value!r}")
+        ints = {"max_steps": (self.max_steps, 1), "history_length": (self.history_length, 0),
+                "num_envs": (self.num_envs, 0), "num_env_actors": (self.num_env_actors, 1),
+                "episodes_per_actor": (self.episodes_per_actor, 1), "num_tasks": (self.num_tasks, 1),
+                "task_offset": (self.task_offset, 0), "split_size": (self.split_size, 1)}
+        for name, (value, low) in ints.items():
+            if value is not None and value < low:
+                raise ValueError(f"--env.{name} must be >= {low}, got {value}")
+        if not (math.isfinite(self.invalid_penalty) and self.invalid_penalty >= 0):
+            raise ValueError(f"--env.invalid_penalty must be a finite number >= 0, got {self.invalid_penalty}")
+        if not (math.isfinite(self.num_cpus_per_actor) and self.num_cpus_per_actor > 0):
+            raise ValueError(f"--env.num_cpus_per_actor must be a finite number > 0, got {self.num_cpus_per_actor}")
+        if self.pool is not None and self.pool not in POOLS:
+            raise ValueError(f"--env.pool must be one of {list(POOLS)}, got {self.pool!r}")
+        if self.url is not None:
+            import re
+
+            if not re.fullmatch(r"https?://[^/\s]+(/\S*)?", self.url):
+                raise ValueError(f"--env.url must look like http://host:port, got {self.url!r}")
+
+    @property
+    def spec(self) -> EnvSpec:
+        """The env's registered spec."""
+        return spec(self.name)
+
+    def resolved(self, *, pool: str | None = None) -> EnvSettings:
+        """These settings with every None that has a spec default filled in: ``max_steps``,
+        ``train_split``, ``eval_split``, and ``pool`` (``pool`` argument if given, else the spec's)."""
+        s = self.spec
+        return replace(self, max_steps=self.max_steps or s.max_steps, train_split=self.train_split or s.train_split,
+                       eval_split=self.eval_split or s.eval_split, pool=self.pool or pool or s.pool)
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Rollout settings (``--rollout.*``; on train_ray OpenRLHF defines the first five itself)."""
+
+    batch_size: int = 4
+    """tasks (groups) per iteration"""
+    n_samples_per_prompt: int = 8
+    """rollouts per task, the group size N (>= 2 for every group estimator)"""
+    temperature: float = 1.0
+    """sampling temperature (the update's log-probs are computed at it)"""
+    top_p: float = 1.0
+    """nucleus sampling mass"""
+    max_new_tokens: int = 256
+    """response limit per step, in tokens"""
+    max_prompt_tokens: int | None = None
+    """context guard of each step prompt, in tokens: oldest history dropped first, then the observation cut (None: --data.max_len - --rollout.max_new_tokens on train_ray)"""
+    gen_batch_size: int = 64
+    """train: most requests per transformers generate call"""
+    backend: Literal["hf", "vllm"] = "hf"
+    """train: generation engine, hf (transformers generate on the actor's own weights) or vllm"""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "n_samples_per_prompt", "max_new_tokens", "gen_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"--rollout.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"--rollout.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--rollout.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Evaluation on a fixed split (``--eval.*``)."""
+
+    num_tasks: int | None = None
+    """tasks 0..N-1 of --env.eval_split (None: the whole split; train_ray: 0 = no evaluation)"""
+    n_samples: int = 1
+    """episodes per task"""
+    seed: int = 0
+    """sampling seed of the evaluation episodes"""
+
+    def __post_init__(self) -> None:
+        if self.num_tasks is not None and self.num_tasks < 0:
+            raise ValueError(f"--eval.num_tasks must be >= 0, got {self.num_tasks}")
+        if self.n_samples < 1:
+            raise ValueError(f"--eval.n_samples must be >= 1, got {self.n_samples}")
+
+
+def check_group_size(estimator: str, n_samples_per_prompt: int) -> None:
+    """Refuse a group size under which a group estimator can never produce a signal.
+
+    Every registered estimator compares the rollouts of one task (group); with one rollout per task
+    every advantage is exactly zero and training is a silent no-op.
+
+    Raises:
+        ValueError: naming ``--rollout.n_samples_per_prompt``.
+    """
+    from progpo.advantages import ESTIMATORS
+
+    if estimator in ESTIMATORS and n_samples_per_prompt < 2:
+        raise ValueError(f"--rollout.n_samples_per_prompt must be >= 2 for --advantage_estimator {estimator} "
+                         f"(a group of one gives every step advantage 0), got {n_samples_per_prompt}")
+
+
+# ---- the estimator's flags (shared by train and train_ray) ------------------------------------
+def add_advantage_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
+    """``--progpo.preset`` and one ``--progpo.<field>`` flag per ``AdvantageConfig`` field (not ``estimator``)."""
+    from progpo.advantages import PRESETS
+
+    group = parser.add_argument_group("estimator (progpo.advantages.AdvantageConfig; unset = the preset's or its default)")
+    group.add_argument("--progpo.preset", dest="progpo_preset", default=None, metavar="NAME",
+                       help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper reading); "
+                            "individual --progpo.<field> flags override it (default: none, the product defaults)")
+    added = flags.add_flags(group, AdvantageConfig, prefix=("progpo",), skip=("estimator",))
+    return added
+
+
+def advantage_config(values: dict[str, Any] | argparse.Namespace, estimator: str, max_steps: int) -> AdvantageConfig:
+    """``AdvantageConfig`` from its dataclass defaults, then ``--progpo.preset``, then the env's step limit
+    (``max_steps``: the estimators' horizon H), then each ``--progpo.<field>`` given.
+
+    Raises:
+        FlagError: naming ``--progpo.preset``, ``--progpo.<field>`` or ``--advantage_estimator``.
+    """
+    from progpo.advantages.config import preset_fields
+
+    ns = dict(vars(values)) if isinstance(values, argparse.Namespace) else dict(values)
+    given = flags.given_flags(ns, "progpo")
+    given.setdefault("max_steps", max_steps)
+    preset = ns.get("progpo_preset")
+    if preset is not None:
+        try:
+            given = {**preset_fields(preset), **given}
+        except ValueError as exc:
+            raise flags.FlagError("--progpo.preset", str(exc)) from None
+    try:
+        return AdvantageConfig(estimator=estimator, **given)
+    except (ValueError, TypeError) as exc:
+        err = flags._flag_error(exc, AdvantageConfig, ("progpo",))  # noqa: SLF001 - the one mapping of field -> flag
+        if err.flag == "--progpo.estimator":
+            raise flags.FlagError("--advantage_estimator", err.message) from exc
+        raise err from exc
