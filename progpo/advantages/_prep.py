@@ -69,7 +69,7 @@ def group_stats(g: np.ndarray, n: int, x: np.ndarray) -> tuple[np.ndarray, np.nd
 
     A group whose values are all equal gets exactly that value as its mean (and ssd 0): the
     floating-point sum/count of six 9.8s is not 9.8, and ``x - mean`` must be exactly 0 there, so
-    that all-equal returns give exactly zero advantages (issue 12 case 8).
+    that all-equal returns give exactly zero advantages.
 
     Args:
         g: ``[S]`` group codes in ``0..n-1``; x: ``[S]`` float64 values.

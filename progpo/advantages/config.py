@@ -172,7 +172,7 @@ class AdvantageConfig:
     def for_batch(self, has_state_extra: bool) -> "AdvantageConfig":
         """This config with ``state_key='auto'`` resolved for one batch (other configs: ``self``).
 
-        ``auto`` keys ProGPO's anchor states on observation + state_extra (E3, issue 10) when the
+        ``auto`` keys ProGPO's anchor states on observation + state_extra (E3) when the
         batch carries state_extra (both training backends record it from the real envs), and on the
         observation alone otherwise; GiGPO/HGPO/GRPO/RLOO always get the observation (their published
         keys). An explicit ``obs_inventory`` still requires state_extra.
@@ -204,7 +204,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-#: Fields whose ``auto`` default depends on the estimator (issue 10), resolved when the config is built:
+#: Fields whose ``auto`` default depends on the estimator, resolved when the config is built:
 #: ProGPO's product default zeroes every task without a return signal (the best variant measured,
 #: docs/fidelity.md); every other estimator (``*``)
 #: keeps its published behaviour, and can take the same option explicitly. (``state_key='auto'`` is
@@ -212,7 +212,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 ESTIMATOR_DEFAULTS: dict[str, dict[str, str | int]] = {
     "zero_signal": {"progpo": "task", "*": "off"},
     # ProGPO pools its potentials at depth 0 only (with E3 keys the deeper pools split it without removing
-    # aliasing: docs/fidelity.md, issue 10); HGPO keeps its K = 2 levels.
+    # aliasing: docs/fidelity.md); HGPO keeps its K = 2 levels.
     "depths": {"progpo": 0, "*": 2},
 }
 
@@ -235,10 +235,10 @@ PAPER: dict[str, object] = {
 #:
 #: * ``paper``: the spec's paper reading (floor in success-reward units, one-step credit, observation keys).
 #: * ``default``: the product defaults (the dataclass defaults; no override).
-#: * ``candidate``: the candidate measured in issue 10 (observation + inventory state keys (E3), credit
+#: * ``candidate``: an earlier candidate default (observation + inventory state keys (E3), credit
 #:   accumulated with GAE lambda 0.8, zero advantages for tasks without a return signal, potentials fused
-#:   over history depths 0..2), written out; it was ProGPO's product default until the second pass of
-#:   issue 10 moved the default to depth-0 potentials (``depths`` auto = 0 for progpo).
+#:   over history depths 0..2), written out; the product default pools its potentials at depth 0 instead
+#:   (``depths`` auto = 0 for progpo).
 PRESETS: dict[str, dict[str, object]] = {
     "paper": PAPER,
     "default": {},

@@ -159,7 +159,7 @@ def merge_nodes(p: Prepared, encoder: Encoder, cut: np.ndarray | None = None):
     ``cut`` (sorted rows of truncated last steps, with ``StepBatch.final_obs``): each one's final
     observation joins the same merging as a vertex of its step's domain (the last step's inventory), so
     a paraphrase of an anchor state lands in that state's node, exactly as an anchor observation would
-    (issue 10 item 7: it used to be matched by exact text only). A final observation may thereby link
+    (not only by exact text). A final observation may thereby link
     two components, as any observation would.
 
     Returns:

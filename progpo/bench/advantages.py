@@ -3,7 +3,7 @@
 Builds an ALFWorld-like batch (16 tasks x 8 trajectories x up to 50 steps, repeated observation texts,
 see ``progpo.advantages.synthetic.alfworld_like_batch``), then prints a markdown table of the median
 milliseconds over ``--runs`` calls of ``compute_advantages`` per estimator (diagnostics full and basic),
-ProGPO variants, and ProGPO's time split (grouping / potentials / embeddings / fusion). Targets (issue 2):
+ProGPO variants, and ProGPO's time split (grouping / potentials / embeddings / fusion). Targets:
 ProGPO without embeddings <= 1.5x GiGPO and <= 250 ms; embedding time is reported separately.
 """
 

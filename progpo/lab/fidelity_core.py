@@ -126,8 +126,8 @@ def _v(name: str, encoder: bool = False, **kw: object) -> Variant:
 
 def all_variants() -> list[Variant]:
     """Baselines, ProGPO (the product default, and the paper reading), the default's ablations and the
-    E1-E3 extensions (spec names). Tables generated before issue 10's default change read ``progpo`` as
-    the paper reading with the batch-scaled floor (``progpo paper sigma2_floor_ref=batch``)."""
+    E1-E3 extensions (spec names). Older tables of docs/fidelity.md that read ``progpo`` as the paper
+    reading used the batch-scaled floor (``progpo paper sigma2_floor_ref=batch``)."""
     pg = dict(estimator="progpo")
     paper = {k: v for k, v in PRESETS["paper"].items() if k not in ENV_FIELDS}
     return [

@@ -14,7 +14,7 @@ The decode loop calls the model's forward pass directly (KV cache, no ``model.ge
 (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words_ids``,
 ``suppress_tokens``, ``sequence_bias``, forced EOS, stop strings, ...), and a field whose neutral
 value is ``None`` cannot be pinned against that back-fill. Here nothing stands between the logits
-and the sample but our ``SamplingParams`` (issue 12, case 1), so the recorded log-probs are exactly
+and the sample but our ``SamplingParams``, so the recorded log-probs are exactly
 those ``sequence_logprobs`` recomputes. Of the checkpoint's generation config only ``eos_token_id``
 is read (as extra stop tokens); settings that would have changed sampling are logged once as ignored.
 """
