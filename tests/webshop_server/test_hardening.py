@@ -255,7 +255,7 @@ def test_synth_never_overwrites_data_it_did_not_write(tmp_path, capsys):
     (["--cache-dir", "{precious}/notes.txt"], "--cache-dir {precious}/notes.txt is a file"),
 ])
 def test_bench_refuses_bad_flags_before_touching_anything(webshop_dir, tmp_path, capsys, argv, says):
-    from envs.webshop_server import bench
+    from progpo.bench import webshop as bench
 
     precious = tmp_path / "precious"
     precious.mkdir()
