@@ -349,8 +349,11 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
         _fail(parser, "--progpo.*", f"only apply to --advantage_estimator in {OUR_ESTIMATORS}, not {estimator!r}")
     if ours and ns["train.async_enable"]:
         _fail(parser, "--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
-    if ours and ns["rollout.n_samples_per_prompt"] < 2:
-        _fail(parser, "--rollout.n_samples_per_prompt", f"group estimators need >= 2, got {ns['rollout.n_samples_per_prompt']}")
+    if ours:
+        from progpo.advantages.registry import group_size_error
+
+        if (error := group_size_error(ns["rollout.n_samples_per_prompt"])) is not None:
+            parser.error(error)  # the same line as the local train's
     if ns["train.agent_func_path"] is None:
         ns["train.agent_func_path"] = _agent_path()
     elif not Path(ns["train.agent_func_path"]).is_file():

@@ -148,6 +148,13 @@ class TrainConfig:
     advantage: Any = None  # progpo.advantages.AdvantageConfig
     run: RunSettings = field(default_factory=RunSettings)
 
+    def __post_init__(self) -> None:
+        from progpo.advantages.registry import group_size_error
+
+        error = group_size_error(self.rollout.n_samples_per_prompt)  # every local estimator is a group one
+        if error is not None:
+            raise ValueError(error)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict (written to ``save_path/config.json``)."""
         return dataclasses.asdict(self)
