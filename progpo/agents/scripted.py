@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from progpo.agents.templates import decode_response
 from progpo.agents.types import Generation, SamplingParams
 
 
@@ -46,7 +47,7 @@ class ScriptedGenerate:
         return Generation(
             token_ids=ids,
             logprobs=[0.0] * len(ids),
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            text=decode_response(self.tokenizer, ids),
             finish_reason="length" if cut else "stop",
         )
 
