@@ -23,6 +23,31 @@ ESTIMATORS: dict[Estimator, EstimatorFn] = {
 }
 
 
+MIN_GROUP_SIZE = 2
+"""Rollouts per task (``--rollout.n_samples_per_prompt``) the estimators of :data:`ESTIMATORS` need."""
+
+
+def group_size_error(n_samples_per_prompt: int) -> str | None:
+    """The one line that refuses a group size under which the group estimators learn nothing, or None.
+
+    Every estimator of :data:`ESTIMATORS` compares the ``N`` rollouts of a task with each other (the
+    episode term of GRPO/GiGPO/HGPO/ProGPO, RLOO's leave-one-out baseline): with ``N = 1`` there is no
+    episode-level signal (GRPO, RLOO and ProGPO give every step exactly zero advantage). Both backends
+    print this line (``train`` and ``train_ray``), so it names the flag.
+
+    Args:
+        n_samples_per_prompt: ``N``, rollouts per task.
+
+    Returns:
+        The error line (starts with ``--rollout.n_samples_per_prompt``), or None when ``N >= 2``.
+    """
+    if n_samples_per_prompt >= MIN_GROUP_SIZE:
+        return None
+    return (f"--rollout.n_samples_per_prompt must be >= {MIN_GROUP_SIZE} for the group estimators "
+            f"({', '.join(ESTIMATORS)}): they compare a task's rollouts with each other, and a group of "
+            f"{n_samples_per_prompt} carries no signal; got {n_samples_per_prompt}")
+
+
 def compute_advantages(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | None = None) -> StepAdvantages:
     """Run ``cfg.estimator`` on ``batch``.
 

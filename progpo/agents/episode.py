@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from progpo.agents.parsing import parse_actions
-from progpo.agents.templates import HistoryTurn, PromptTemplate, build_prompt, get_template
+from progpo.agents.templates import HistoryTurn, PromptTemplate, build_prompt, decode_response, get_template
 from progpo.agents.types import Episode, GenerateFn, SamplingParams, StepRecord
 from progpo.envs.base import EnvFailure, EnvPool, StepResult
 from progpo.envs.spec import spec
@@ -253,7 +253,8 @@ async def _one_step(
         )
     if gen.finish_reason not in FINISH_REASONS:
         raise ValueError(f"generate returned finish_reason {gen.finish_reason!r}; expected one of {FINISH_REASONS}")
-    (action,), (valid,) = parse_actions([gen.text], cfg.env_name)
+    text = decode_response(tokenizer, gen.token_ids)  # one rule on every backend, whatever text the engine sent
+    (action,), (valid,) = parse_actions([text], cfg.env_name)
     valid = valid and gen.finish_reason == "stop"  # a response cut at the token limit broke the format
     res = await pool.step(eid, action)
     env_invalid = bool(res.info.get("invalid_action", False))
@@ -263,7 +264,7 @@ async def _one_step(
         prompt_ids=prompt.prompt_ids,
         response_ids=list(gen.token_ids),
         logprobs=list(gen.logprobs),
-        response_text=gen.text,
+        response_text=text,
         action=action,
         invalid=(not valid) or env_invalid,
         env_reward=float(res.reward),

@@ -9,8 +9,24 @@ A response is **valid** when all of these hold:
   every whitespace run collapsed to one space; the envs match their labels after the same
   normalisation, so any clickable or admissible action can be named) is non-empty, one line,
   holds no further tag, and no CJK characters appear in the response (verl-agent's language rule);
-* env syntax: WebShop actions are ``search[<query>]`` or ``click[<target>]`` with non-empty
-  brackets; ALFWorld actions are free text (admissibility is the env's job: it flags them).
+* env syntax (the env spec's ``syntax``, :func:`syntax_check`): the action is ONE command of the env's own grammar, so that a
+  format-valid answer is exactly an answer the env's parser reads as that one command:
+
+  - WebShop: ``search[<query>]`` or ``click[<label>]`` with at least one character inside the brackets
+    and no ``[`` in it but as its last character. The server (``envs/webshop_server/engine.py``, the
+    original's regex ``(.+)\\[(.+)\\]`` matched from the start, greedy) takes as the name everything up
+    to the LAST ``[`` that still has an argument and a ``]`` after it: ``search[red shoes]search[blue
+    shoes]``, ``search[[red] shoes]`` or ``search[a]; search[b]`` are read as an action named
+    ``search[red shoes]search`` (etc.), an invalid no-op, and are format-invalid here; a ``]`` inside
+    the argument, or a ``[`` right before the closing one (``search[x[]``), is read as part of it.
+    Whether a clicked label is on the page, or a query is not too long, is the env's call.
+  - ALFWorld: one instance of a command template of the games' grammar (:data:`ALFWORLD_COMMANDS`,
+    identical in every json_2.1.1 game), each ``{}`` an object name ``<type> <number>``
+    (``take mug 2 from sinkbasin 1``). Whether it is admissible now is the env's call
+    (``info["invalid_action"]``).
+
+  ``tests/agents/test_env_grammar.py`` checks both directions against the env side (the server's
+  parser; every game's templates, walkthroughs and admissible lists).
 
 Invalid responses are still sent to the env (the protocol does so; the env answers with its own
 "nothing happens"), and the episode loop subtracts the invalid-action penalty. What is sent: the
@@ -30,28 +46,47 @@ from progpo.envs.spec import spec
 _TAG = re.compile(r"<(/?)(think|action)>", re.IGNORECASE)
 _ACTION_BLOCK = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 _CJK = re.compile(r"[\u4e00-\u9fff]")
-_WEBSHOP_ACTION = re.compile(r"^(search|click)\[(.+)\]$", re.DOTALL)
 _ANY_TAG = re.compile(r"</?[a-z_]+>", re.IGNORECASE)
+
+WEBSHOP_ACTION = re.compile(r"(search|click)\[((?:[^\[]+\[?)|\[)\]", re.DOTALL)
+"""One WebShop action (``fullmatch`` on the normalised action); see the module docstring."""
+
+ALFWORLD_COMMANDS: tuple[str, ...] = (
+    "look", "inventory", "help",
+    "go to {}", "open {}", "close {}", "examine {}", "use {}",
+    "take {} from {}", "move {} to {}", "put {} into {}", "put {} in {}",
+    "heat {} with {}", "clean {} with {}", "cool {} with {}", "slice {} with {}",
+)
+"""ALFWorld's command templates (the ``template ::`` lines of every game's grammar in json_2.1.1),
+each ``{}`` an object or receptacle."""
+
+ALFWORLD_NAME = r"[a-z]+ [0-9]+"
+"""An ALFWorld object name as commands spell it: its type, lower-cased, and its number
+(``alfworld.agents.utils.misc.Demangler``: ``"alarmclock 2"``, ``"sinkbasin 1"``)."""
+
+ALFWORLD_COMMAND = re.compile("|".join(
+    "(?:" + re.escape(t).replace(re.escape("{}"), f"(?:{ALFWORLD_NAME})") + ")" for t in ALFWORLD_COMMANDS))
+"""One ALFWorld command (``fullmatch`` on the normalised action)."""
 
 
 def webshop_syntax_ok(action: str) -> bool:
-    """WebShop's answer syntax: ``search[<query>]`` or ``click[<target>]``, non-empty brackets (the spec's ``syntax``)."""
-    m = _WEBSHOP_ACTION.match(action)
-    return m is not None and m.group(2).strip() != ""
+    """WebShop's spec ``syntax``: the action is one command of the server's grammar (:data:`WEBSHOP_ACTION`)."""
+    return WEBSHOP_ACTION.fullmatch(action) is not None
 
 
 def alfworld_syntax_ok(action: str) -> bool:
-    """ALFWorld's answer syntax: any one-line text (admissibility is the env's: ``info["invalid_action"]``)."""
-    return True  # admissibility is checked by the env (info["invalid_action"])
+    """ALFWorld's spec ``syntax``: the action is one command of the games' grammar (:data:`ALFWORLD_COMMAND`)."""
+    return ALFWORLD_COMMAND.fullmatch(action) is not None
 
 
-__all__ = ["alfworld_syntax_ok", "normalize_action", "parse_action", "parse_actions", "syntax_check",
-           "webshop_syntax_ok"]
+__all__ = ["ALFWORLD_COMMAND", "ALFWORLD_COMMANDS", "WEBSHOP_ACTION", "alfworld_syntax_ok", "normalize_action",
+           "parse_action", "parse_actions", "syntax_check", "webshop_syntax_ok"]
 
 
 @functools.lru_cache(maxsize=None)
 def syntax_check(env_name: str) -> Callable[[str], bool]:
-    """The env's check of a normalised action's syntax (after the tag rules passed): its spec's ``syntax``.
+    """The env's check that a normalised action is one command of its grammar (after the tag rules passed):
+    its spec's ``syntax``.
 
     Raises:
         ValueError: unknown ``env_name`` (names the registered ones).

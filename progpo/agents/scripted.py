@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from progpo.agents.templates import decode_response, encode_text
 from progpo.agents.types import Generation, SamplingParams
 
 
@@ -19,7 +20,8 @@ class ScriptedGenerate:
     """``await gen(prompt_ids, sampling) -> Generation`` driven by ``policy(prompt_text) -> str``.
 
     Args:
-        tokenizer: decodes the prompt for the policy and encodes its answer.
+        tokenizer: decodes the prompt for the policy and encodes its answer as plain text
+            (``progpo.agents.templates.encode_text``; an expert's query copied from the task stays text).
         policy: maps the decoded prompt (chat template included) to the response text.
         append_eos: end the response ids with the tokenizer's EOS id, as a sampled answer would.
 
@@ -37,7 +39,7 @@ class ScriptedGenerate:
         self.calls.append((list(prompt_ids), sampling))
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         text = self.policy(prompt)
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = encode_text(self.tokenizer, text)  # the answer is text: a spelled control token stays text
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if self.append_eos and eos is not None:
             ids.append(int(eos))
@@ -46,7 +48,7 @@ class ScriptedGenerate:
         return Generation(
             token_ids=ids,
             logprobs=[0.0] * len(ids),
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            text=decode_response(self.tokenizer, ids),
             finish_reason="length" if cut else "stop",
         )
 

@@ -160,8 +160,30 @@ def build_messages(template: PromptTemplate, user_message: str) -> list[dict[str
     return messages
 
 
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids ``[n]`` of ``text`` as plain text: the one way env and history text is tokenized.
+
+    A special token's spelling inside the text (an observation, a WebShop page, an earlier answer
+    holding ``"<|im_end|>\n<|im_start|>assistant"``) is tokenized as the characters it is
+    (``split_special_tokens=True``), never as the control token, so no text from outside can end the
+    user turn or open another one. Non-special added tokens (Qwen3's ``<think>``) are the text's
+    ordinary tokens. ``tokenizer.decode(ids, skip_special_tokens=False) == text``.
+    """
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+_MARK = "\ue000{}\ue001"  # private-use characters: stand in for message contents inside the template
+
+
 def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str, list[int]]:
-    """Apply the tokenizer's chat template (with the generation prompt) and tokenize.
+    """Apply the tokenizer's chat template (with the generation prompt) and tokenize it, every message
+    content as plain text (:func:`encode_text`) and only the template's own text with its control tokens.
+
+    The template is rendered once with the real contents and once with a marker per content; the
+    marked rendering splits the text into template pieces and contents, so the ids are
+    ``tokens(piece_0) + encode_text(content_0) + tokens(piece_1) + ...``. For text without any special
+    token's spelling this equals tokenizing the whole string (tests/agents/test_templates.py checks it
+    on the golden prompts).
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
@@ -172,13 +194,46 @@ def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str
         (no extra BOS: the chat template already holds every special token).
 
     Raises:
-        ValueError: the tokenizer has no chat template.
+        ValueError: the tokenizer has no chat template, or its template changes a message's text
+            (so the text could not be tokenized as what it is).
     """
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("tokenizer has no chat_template; pass a chat/instruct tokenizer")
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return text, list(ids)
+    marks = [_MARK.format(k) for k in range(len(messages))]
+    marked = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
+                                           tokenize=False, add_generation_prompt=True)
+    pieces, rest = [], marked
+    for mark in marks:
+        head, sep, rest = rest.partition(mark)
+        if not sep:
+            raise ValueError("the chat template does not show every message content verbatim; cannot tokenize "
+                             "the env text as plain text")
+        pieces.append(head)
+    pieces.append(rest)
+    contents = [str(m["content"]) for m in messages]
+    if "".join(p + c for p, c in zip(pieces, contents + [""])) != text:
+        raise ValueError("the chat template changes the message text (it is not inserted verbatim); cannot "
+                         "tokenize the env text as plain text")
+    ids: list[int] = []
+    for piece, content in zip(pieces, contents + [""]):
+        if piece:
+            ids += tokenizer(piece, add_special_tokens=False)["input_ids"]  # the template's own control tokens
+        if content:
+            ids += encode_text(tokenizer, content)
+    return text, ids
+
+
+def decode_response(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """The text of a sampled response ``[R]``: the one decoding rule of every backend.
+
+    ``skip_special_tokens=True`` (verl-agent's rule; the local sampler and the CPU engine): control
+    tokens the model emitted (its EOS, a stray ``<|im_start|>``) are not text, so they never reach the
+    action, the env or the history. vLLM's own ``RequestOutput.text`` (OpenRLHF leaves
+    ``skip_special_tokens=False``) is not used: the episode loop decodes the ids with this function, so
+    both backends record the same text for the same ids.
+    """
+    return tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
 
 def prefix_key(prompt_ids: Sequence[int]) -> str:
@@ -216,8 +271,8 @@ class BuiltPrompt:
 
 
 def _cut_text(tokenizer: Any, text: str, keep: int) -> str:
-    """The first ``keep`` tokens of ``text`` decoded, never ending inside a character."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:keep]
+    """The first ``keep`` plain-text tokens of ``text`` decoded, never ending inside a character."""
+    ids = encode_text(tokenizer, text)[:keep]
     return tokenizer.decode(ids, skip_special_tokens=False).rstrip("\ufffd") + TRUNCATION_MARKER
 
 
@@ -304,8 +359,7 @@ def _shrink_observation(
     Returns:
         ``(text, ids, observation tokens cut, actions dropped)``.
     """
-    obs_ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
-    n = len(obs_ids)
+    n = len(encode_text(tokenizer, observation))
     text, ids = encode(_cut_text(tokenizer, observation, 0), [], actions)
     if fits(ids):
         lo, hi = 0, n  # invariant: keeping lo tokens fits; keeping hi does not

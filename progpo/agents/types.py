@@ -70,7 +70,8 @@ class Generation:
     Attributes:
         token_ids: ``[R]`` response token ids (EOS included when it was sampled).
         logprobs: ``[R]`` log-probability (nats) of each sampled token under the sampling policy.
-        text: the decoded response (special tokens skipped).
+        text: the engine's decoded response (informational: the episode loop records
+            ``progpo.agents.templates.decode_response`` of ``token_ids``, the same rule on every backend).
         finish_reason: why sampling stopped, in vLLM's words: ``"stop"`` (EOS or a stop string) or
             ``"length"`` (cut at ``SamplingParams.max_new_tokens``).
     """
@@ -95,7 +96,7 @@ class StepRecord:
         prompt_ids: ``[P]`` token ids of the full policy context ``x_{i,t}`` (chat template applied).
         response_ids: ``[R]`` sampled response token ids.
         logprobs: ``[R]`` behaviour log-probabilities (nats) of ``response_ids``.
-        response_text: decoded response.
+        response_text: ``decode_response(tokenizer, response_ids)`` (special tokens skipped, on every backend).
         action: the parsed action sent to the env (raw response when unparsable).
         invalid: response had no parsable action, or the env flagged it invalid.
         env_reward: the env's reward for this step.

@@ -32,6 +32,7 @@ from openrlhf.trainer.ray import ppo_actor as _ppo_actor_module
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
 from progpo.openrlhf.patching import patched
+from progpo.run.models import disable_dropout
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
 from progpo.openrlhf.experience import StepExperienceMaker, _write_json
 from progpo.openrlhf.samples import StepSamplesGenerator
@@ -46,8 +47,13 @@ _TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
 
 @ray.remote(num_gpus=1)
 class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
-    """OpenRLHF's policy actor (DeepSpeed model, PPO loss, weight sync) plus two debugging aids.
+    """OpenRLHF's policy actor (DeepSpeed model, PPO loss, weight sync), dropout off, plus two debugging aids.
 
+    * :meth:`init_model_from_pretrained` switches every dropout of the model off
+      (:func:`progpo.run.models.disable_dropout`, the local backend's rule): OpenRLHF 0.11.2 scores the
+      old log-probs in eval mode but runs the update's forward in train mode, so a checkpoint with
+      ``attention_dropout > 0`` gave ratios != 1 and a KL > 0 to an equal reference. (Its reference
+      actor and the vLLM engines run in eval mode.)
     * ``progpo_full_state()``: the actor's full parameters (ZeRO-3 gathered) on rank 0, for the
       ``--debug.check_weight_sync`` comparison with the engines.
     * With ``--debug.dump_dir``: before each ``fit``, the replay buffer it is about to train on
@@ -55,6 +61,13 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
       ``iter<NNN>_actor_rank<R>.json`` (see :meth:`fit`).
     Training itself is OpenRLHF's, unchanged.
     """
+
+    def init_model_from_pretrained(self, *args: Any, **kwargs: Any) -> None:
+        """OpenRLHF's model set-up, then every dropout of the trained model (and of its EMA copy) off."""
+        super().init_model_from_pretrained(*args, **kwargs)
+        for model in (self.actor, getattr(self, "ema_model", None)):
+            if model is not None:
+                disable_dropout(model)
 
     def append(self, experience: Any) -> None:
         """OpenRLHF's ``append``; records the rollout indices of the rows (lost in the buffer's split)."""

@@ -325,8 +325,8 @@ def _flag_error(exc: Exception, cls: type, path: Sequence[str]) -> FlagError:
     """Map a ``__post_init__`` error of section ``cls`` at ``path`` to the flag it names."""
     text = str(exc)
     m = re.match(r"^(--[\w.]+)[:]? (.*)$", text, re.DOTALL)
-    if m:
-        return FlagError(m.group(1), m.group(2))
+    if m:  # the check named the flag itself: keep its words
+        return FlagError(m.group(1), m.group(2), text=text)
     for f in sorted(dataclasses.fields(cls), key=lambda f: len(f.name), reverse=True):
         m = re.search(rf"(?:\b{re.escape(cls.__name__)}\.|\b){re.escape(f.name)}\b", text)
         if m:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from progpo.agents.templates import decode_response
 from progpo.agents.types import Generation, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -225,7 +226,7 @@ class HFGenerator:
                 if t in eos:
                     toks, reason = toks[: j + 1], "stop"
                     break
-            text = self.tokenizer.decode(toks, skip_special_tokens=True)
+            text = decode_response(self.tokenizer, toks)
             results.append(Generation(token_ids=toks, logprobs=sampler.logprobs[k][: len(toks)], text=text,
                                       finish_reason=reason))
         self.stats["calls"] += 1

@@ -16,7 +16,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 from progpo.run.tiny_model import MODELS_DIR, save_model_folder, tiny_model_path
 
@@ -68,6 +70,57 @@ def convert_smollm2(out_dir: Path, dtype: str = "bfloat16") -> Path:
         model.tie_weights()
     model.generation_config = src.generation_config
     return save_model_folder(model, tok, out_dir)
+
+
+_DROPOUT_NAME = re.compile(r"dropout|pdrop", re.IGNORECASE)
+
+
+def disable_dropout(model: Any) -> dict[str, float]:
+    """Switch off every dropout of ``model``, in train mode too, so that the same weights always score
+    the same log-probs (rollout, old, reference and update passes; PPO's ratio is 1 where the policy
+    has not moved, and the KL to an equal reference is 0).
+
+    Three places hold a dropout probability in Hugging Face models, and all three are zeroed:
+    ``torch.nn.Dropout`` modules (``p``), float module attributes copied from the config when the model
+    was built (``Qwen2Attention.attention_dropout``, applied as
+    ``dropout=0.0 if not self.training else self.attention_dropout``), and the config itself (read at
+    forward time by some models; a saved checkpoint then records the dropout it was trained with, 0).
+    Works on a DeepSpeed engine or OpenRLHF's ``Actor`` as well (it walks ``model.modules()``;
+    parameters are not touched, so ZeRO-3 partitioning does not matter).
+
+    Args:
+        model: a ``torch.nn.Module`` (HF model, DeepSpeed engine, any wrapper).
+
+    Returns:
+        ``{"<module path>.<attribute>": old value}`` for every dropout that was non-zero (logged at info).
+    """
+    from torch import nn
+    from transformers import PretrainedConfig
+
+    changed: dict[str, float] = {}
+    configs: dict[int, PretrainedConfig] = {}
+    for path, module in model.named_modules():
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            changed[f"{path}.p"] = module.p
+            module.p = 0.0
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, float) and value > 0 and _DROPOUT_NAME.search(attr):
+                changed[f"{path}.{attr}"] = value
+                setattr(module, attr, 0.0)
+            elif isinstance(value, PretrainedConfig):
+                configs[id(value)] = value
+    for config in list(configs.values()):
+        for sub in vars(config).values():  # nested configs (text_config, vision_config, ...)
+            if isinstance(sub, PretrainedConfig):
+                configs[id(sub)] = sub
+    for config in configs.values():
+        for attr, value in list(vars(config).items()):
+            if isinstance(value, float) and value > 0 and _DROPOUT_NAME.search(attr):
+                changed[f"config.{attr}"] = value
+                setattr(config, attr, 0.0)
+    if changed:
+        logger.info("dropout switched off (log-probs must be deterministic for the same weights): %s", changed)
+    return changed
 
 
 def _refuse_unfinished_sft(pretrain: str, run: Path, latest: Path) -> None:

@@ -152,19 +152,17 @@ class EvalSettings:
 
 
 def check_group_size(estimator: str, n_samples_per_prompt: int) -> None:
-    """Refuse a group size under which a group estimator can never produce a signal.
-
-    Every registered estimator compares the rollouts of one task (group); with one rollout per task
-    every advantage is exactly zero and training is a silent no-op.
+    """Refuse a group size under which a group estimator can never produce a signal (both backends).
 
     Raises:
-        ValueError: naming ``--rollout.n_samples_per_prompt``.
+        ValueError: ``progpo.advantages.registry.group_size_error``'s line, naming
+            ``--rollout.n_samples_per_prompt``, for an estimator of the registry with ``N < 2``.
     """
-    from progpo.advantages import ESTIMATORS
+    from progpo.advantages.registry import ESTIMATORS, group_size_error
 
-    if estimator in ESTIMATORS and n_samples_per_prompt < 2:
-        raise ValueError(f"--rollout.n_samples_per_prompt must be >= 2 for --advantage_estimator {estimator} "
-                         f"(a group of one gives every step advantage 0), got {n_samples_per_prompt}")
+    error = group_size_error(n_samples_per_prompt) if estimator in ESTIMATORS else None
+    if error is not None:
+        raise ValueError(error)
 
 
 # ---- the estimator's flags (shared by train and train_ray) ------------------------------------

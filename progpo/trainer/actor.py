@@ -5,6 +5,8 @@ Dimension names: ``B`` samples (steps) in a micro-batch, ``L`` padded token leng
 
 A training sample is one step: ``prompt_ids + response_ids``; only response tokens are action
 tokens (``action_mask`` = 1), prompt tokens (task, history, observation) are masked out.
+Both models run without dropout (``progpo.run.models.disable_dropout``), so every pass that scores
+log-probs (old, reference, update; the generator's too) gives the same values for the same weights.
 DeepSpeed runs in this one process (world size 1; gloo on CPU). Its shared-memory allreduce op is
 useless for one process and would compile C++ (~75 s on a fresh machine), so it is switched off
 before the engine starts (see ``init_single_process_distributed``).
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from progpo.run.models import disable_dropout
 from progpo.trainer.ppo import entropy_from_logits
 
 logger = logging.getLogger(__name__)
@@ -186,11 +189,13 @@ class Actor:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=dtype)
+        disable_dropout(model)  # every pass that scores log-probs is deterministic, train mode included
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.ref = None
         if cfg.use_ref:
             self.ref = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=dtype).eval()
+            disable_dropout(self.ref)
             self.ref.requires_grad_(False)
         optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optim, config=ds_config(cfg))

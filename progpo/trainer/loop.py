@@ -106,19 +106,20 @@ def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
     """Whether a rollout can teach anything, and the WebShop score.
 
     Returns:
-        ``rollout/flat_group_frac``: share of groups (tasks, by ``uid``, >= 2 finished episodes)
+        ``rollout/flat_group_frac``: share of groups (tasks, by ``uid``, with >= 1 finished episode)
         whose episode returns are all equal (within 1e-9): such a group has no episode-level signal,
-        and when every group is flat the batch carries none at all. ``env/score_mean``: mean of the
-        episodes' ``info["score"]`` (WebShop's [0, 1] score), when the env reports one.
+        and when every group is flat the batch carries none at all. A group left with one finished
+        episode (the others failed) is flat: there is nothing to compare its return with.
+        ``env/score_mean``: mean of the episodes' ``info["score"]`` (WebShop's [0, 1] score), when the
+        env reports one.
     """
     done = [ep for ep in episodes if not ep.failed]
     groups: dict[str, list[float]] = {}
     for ep in done:
         groups.setdefault(ep.uid, []).append(ep.episode_return)
-    sized = [r for r in groups.values() if len(r) >= 2]
     out: dict[str, float] = {}
-    if sized:
-        out["rollout/flat_group_frac"] = float(np.mean([np.ptp(r) <= 1e-9 for r in sized]))
+    if groups:
+        out["rollout/flat_group_frac"] = float(np.mean([np.ptp(r) <= 1e-9 for r in groups.values()]))
     scores = [float(ep.info["score"]) for ep in done if "score" in ep.info]
     if scores:
         out["env/score_mean"] = float(np.mean(scores))

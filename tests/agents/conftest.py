@@ -20,7 +20,7 @@ class FakeEnv:
     Task ``index`` asks to reach room ``goal = 2 + index % 3``; the forward action moves one room,
     ``look`` does nothing, anything else is flagged invalid. Reaching the goal gives reward 10 and
     ends the episode (``won``). ``style`` picks WebShop-like (``click[forward]``) or ALFWorld-like
-    (``go forward``) action strings. ``fail_at_step`` makes ``step`` raise (a dying env).
+    (``go to door 1``) action strings. ``fail_at_step`` makes ``step`` raise (a dying env).
     """
 
     def __init__(self, style: str = "alfworld", max_steps: int = 8, fail_at_step: int | None = None,
@@ -32,7 +32,7 @@ class FakeEnv:
         self.fail_indices = fail_indices
         self.fail_splits = fail_splits
         self.fail_reset_indices = fail_reset_indices
-        self.forward = "click[forward]" if style == "webshop" else "go forward"
+        self.forward = "click[forward]" if style == "webshop" else "go to door 1"
         self.look = "search[room]" if style == "webshop" else "look"
         self.closed = False
 

@@ -21,7 +21,7 @@ SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=64, seed=7)
 
 def forward_policy(env_style: str, bad_at_step: int | None = None):
     """Always move forward; answer without tags at prompt step ``bad_at_step`` (1-based)."""
-    forward = "click[forward]" if env_style == "webshop" else "go forward"
+    forward = "click[forward]" if env_style == "webshop" else "go to door 1"
 
     def policy(prompt: str) -> str:
         m = re.search(r"You are now at step (\d+)", prompt)
@@ -64,7 +64,7 @@ def test_groups_steps_and_records(qwen3_tokenizer, fake_env_cls) -> None:
         assert [s.anchor_obs for s in ep.steps] == [f"You are in room {k}." for k in range(goal)]
         assert [s.state_extra for s in ep.steps] == [f"You carry {k} keys." for k in range(goal)]
         for s in ep.steps:
-            assert s.action == "go forward"
+            assert s.action == "go to door 1"
             assert len(s.response_ids) == len(s.logprobs) > 0
             assert s.response_ids[-1] == qwen3_tokenizer.eos_token_id
             assert qwen3_tokenizer.decode(s.prompt_ids).endswith("<|im_start|>assistant\n")
@@ -95,7 +95,7 @@ def test_invalid_format_is_sent_and_penalised(qwen3_tokenizer, fake_env_cls) -> 
 
 def test_env_invalid_penalty_is_optional(qwen3_tokenizer, fake_env_cls) -> None:
     def inadmissible(prompt: str) -> str:
-        return "<think>x</think><action>dance</action>"
+        return "<think>x</think><action>open fridge 1</action>"  # one command, not admissible here
 
     eps, _ = _run(qwen3_tokenizer, fake_env_cls, tasks=[("train", 0)], n=1, policy=inadmissible, max_steps=2)
     assert all(s.env_invalid and not s.format_invalid and s.reward == 0.0 for s in eps[0].steps)
@@ -198,7 +198,7 @@ def test_context_guard_inside_loop(qwen3_tokenizer, fake_env_cls, caplog) -> Non
 
     # room 0 prompt with no history: the guard limit leaves no space for history turns
     base = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, task="reach room 4",
-                        observation="You are in room 1.", admissible_actions=["go forward", "look"])
+                        observation="You are in room 1.", admissible_actions=["go to door 1", "look"])
     limit = len(base.prompt_ids) + 10
     with caplog.at_level("INFO", logger="progpo.agents.episode"):
         episodes, _ = _run(qwen3_tokenizer, fake_env_cls, tasks=[("train", 2)], n=1, max_prompt_tokens=limit)
@@ -238,7 +238,7 @@ def test_truncated_step_carries_the_state_it_was_cut_in(qwen3_tokenizer, fake_en
 def test_response_cut_at_token_limit_is_format_invalid(qwen3_tokenizer, fake_env_cls) -> None:
     """Issue 12, case 5: a response that closed </action> and then ran on to max_new_tokens is not a
     clean step: finish_reason "length", format-invalid (penalty charged), its action still sent."""
-    answer = "<think>the goal is ahead</think><action>go forward</action>"
+    answer = "<think>the goal is ahead</think><action>go to door 1</action>"
     rambling = answer + " and then I keep talking" * 40
     n_answer = len(qwen3_tokenizer(answer, add_special_tokens=False)["input_ids"])
 
@@ -255,7 +255,7 @@ def test_response_cut_at_token_limit_is_format_invalid(qwen3_tokenizer, fake_env
         assert "</action>" in cut.response_text
         assert cut.format_invalid and cut.invalid and not cut.env_invalid
         assert cut.reward == pytest.approx(-0.1)  # env reward 0 minus the invalid-action penalty
-        assert cut.action == "go forward" and ep.won  # the action was sent: the agent moved
+        assert cut.action == "go to door 1" and ep.won  # the action was sent: the agent moved
         assert all(s.finish_reason == "stop" and not s.format_invalid for s in rest)
     steps = [s for ep in episodes for s in ep.steps]
     m = rollout_metrics(episodes)

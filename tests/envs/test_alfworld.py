@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from progpo.agents.parsing import syntax_check
 from progpo.envs import make_env
+from progpo.envs.base import normalize_action
 from progpo.envs.alfworld import AlfWorldEnv, success_by_task_type, wilson_interval
 from progpo.envs.alfworld_data import (
     TASK_TYPE_NAMES,
@@ -72,6 +74,7 @@ def test_expert_walkthroughs_win_over_all_task_types_and_splits(env: AlfWorldEnv
         for action in _walkthrough(info):
             assert not info["won"]
             assert action in info["admissible_actions"], (info["task_id"], action)
+            assert all(syntax_check("alfworld")(a) for a in info["admissible_actions"])  # the format check's grammar
             res = env.step(action)
             info = res.info
             assert not res.info["invalid_action"]
@@ -87,12 +90,14 @@ def test_expert_walkthroughs_win_over_all_task_types_and_splits(env: AlfWorldEnv
 
 def test_random_admissible_agent_is_truncated_at_max_steps(env: AlfWorldEnv) -> None:
     rng = random.Random(0)
+    listed: set[str] = set()
     for split in ("train", "valid_unseen"):
         _, info = env.reset(split=split, seed=7)
         for t in range(1, env.max_steps + 1):
             # Avoid the winning-prone final actions by never taking "move"/"put" (a random agent
             # that wins early would end before truncation and test nothing).
             choices = [a for a in info["admissible_actions"] if not a.startswith("move ")]
+            listed.update(info["admissible_actions"])
             res = env.step(rng.choice(choices))
             info = res.info
             assert isinstance(res.reward, float) and info["steps"] == t
@@ -101,6 +106,10 @@ def test_random_admissible_agent_is_truncated_at_max_steps(env: AlfWorldEnv) -> 
         assert res.truncated and not res.terminated and t == env.max_steps == 50
         with pytest.raises(RuntimeError, match="call reset"):
             env.step("look")
+    # every command the env listed on the way is one command of the answer-format check's grammar
+    assert len(listed) > 50
+    assert all(syntax_check("alfworld")(a) and a == normalize_action(a) for a in listed), sorted(
+        a for a in listed if not syntax_check("alfworld")(a))
 
 
 def test_group_resets_give_identical_first_states(env: AlfWorldEnv) -> None:

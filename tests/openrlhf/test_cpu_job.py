@@ -246,9 +246,14 @@ def test_losses_finite_and_metrics_reach_tensorboard(progpo_job, start_model):
 
 @pytest.mark.parametrize("estimator", ["gigpo", "grpo"])
 def test_gigpo_and_grpo_run_the_same_job(estimator, tmp_path, shared_data, start_model):
-    """One iteration, no reference model (``--algo.kl.init_coef 0``): the cheaper variant."""
+    """One iteration, no reference model (``--algo.kl.init_coef 0``): the cheaper variant.
+
+    Seed 44: its rollouts' returns differ inside the groups (with the default seed every rollout of
+    the tiny model broke the answer format on 2 of its 3 steps: all returns -0.2, GRPO's advantages all 0,
+    and the check below could not tell rows apart).
+    """
     job = run_cpu_job(tmp_path, shared_data, start_model, estimator=estimator, iters=1,
-                      extra=["--algo.kl.init_coef", "0"])
+                      extra=["--algo.kl.init_coef", "0", "--train.seed", "44"])
     assert job["rc"] == 0, job["log"][-6000:]
     assert "ReferenceModelActor" not in job["log"]
     assert_actor_trained_on_step_advantages(job["dump"], estimator, iters=1, min_distinct=2)

@@ -32,6 +32,16 @@ def _finalize(cli, argv, tmp_path):
     return cli.train_ray.finalize(parser, parser.parse_args(argv + ["--ckpt.path", str(tmp_path / "ckpt")]))
 
 
+def test_a_group_of_one_is_refused_with_the_local_line(cli, capsys, tmp_path):
+    """The same line as the local ``train`` prints (tests/trainer/test_config.py)."""
+    from progpo.advantages.registry import group_size_error
+
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, BASE + ["--rollout.n_samples_per_prompt", "1"], tmp_path)
+    assert exc.value.code == 2
+    assert f": error: argument {group_size_error(1)}\n" in capsys.readouterr().err  # argparse's "argument <flag> ..." form
+
+
 def test_help_lists_openrlhf_and_our_flags(cli, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.train_ray.main(["--help"])

@@ -85,6 +85,20 @@ def test_cli_exit_code_and_message(capsys):
     assert "--rollout.batch_size" in capsys.readouterr().err
 
 
+def test_a_group_of_one_is_refused_with_the_train_ray_line():
+    """N = 1 gives the group estimators nothing to compare: one line naming the flag, the same line
+    train_ray prints (tests/openrlhf/test_train_ray.py); ``main`` prints it as ``error: <line>``."""
+    from progpo.advantages.registry import group_size_error
+
+    line = group_size_error(1)
+    assert line.startswith("--rollout.n_samples_per_prompt must be >= 2")
+    with pytest.raises(ValueError) as err:
+        config_from_args(["--rollout.n_samples_per_prompt", "1"])
+    assert str(err.value) == line
+    assert group_size_error(2) is None
+    assert config_from_args(["--rollout.n_samples_per_prompt", "2"]).rollout.n_samples_per_prompt == 2
+
+
 def test_preset_then_flags():
     from progpo.advantages import config_from_preset
 

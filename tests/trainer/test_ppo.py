@@ -27,6 +27,24 @@ def test_clip_loss_hand_values():
     assert torch.allclose(ratio, torch.exp(lp))
 
 
+def test_asymmetric_clip_range_hand_values():
+    """eps_low = 0.1, eps_high = 0.3 (DAPO's clip-higher): ratios clip to [0.9, 1.3]; swapped they would
+    clip to [0.7, 1.1] and every value below changes."""
+    lp = torch.tensor([[0.5, -0.5, math.log(0.85), math.log(1.2)]])
+    adv = torch.tensor([[1.0, -1.0, -1.0, 1.0]])
+    loss, clipped, _ = ppo_clip_token_loss(lp, torch.zeros(1, 4), adv, clip_eps_low=0.1, clip_eps_high=0.3)
+    # token 0: ratio 1.6487, A > 0: min(1.6487, 1.3) = 1.3 -> loss -1.3, clipped
+    # token 1: ratio 0.6065, A < 0: min(-0.6065, -0.9) = -0.9 -> loss 0.9, clipped
+    # token 2: ratio 0.85, A < 0: min(-0.85, -0.9) = -0.9 -> loss 0.9, clipped (in range if eps_low were 0.3)
+    # token 3: ratio 1.2, A > 0: inside [0.9, 1.3] -> loss -1.2, not clipped (clipped at 1.1 if swapped)
+    assert torch.allclose(loss, torch.tensor([[-1.3, 0.9, 0.9, -1.2]]), atol=1e-6)
+    assert clipped.tolist() == [[1.0, 1.0, 1.0, 0.0]]
+    terms = ppo_kl_loss(lp, torch.zeros(1, 4), adv, torch.ones(1, 4), 4, kl_coef=0.0,
+                        clip_eps_low=0.1, clip_eps_high=0.3)
+    assert terms.policy.item() == pytest.approx((-1.3 + 0.9 + 0.9 - 1.2) / 4)
+    assert terms.clip_frac.item() == pytest.approx(0.75)
+
+
 def test_clip_loss_unclipped_side_keeps_gradient():
     # A < 0 and ratio > 1 + eps: the unclipped (pessimistic) term is used, so the gradient is non-zero
     lp = torch.tensor([[0.5]], requires_grad=True)

@@ -67,13 +67,21 @@ def _episode(uid: str, rewards: list[float], score: float | None = None) -> Epis
 def test_signal_metrics_flat_groups_and_score():
     eps = [_episode("a", [-0.1, -0.1]), _episode("a", [0.0, -0.2]),   # returns -0.2, -0.2: flat
            _episode("b", [1.0], 0.5), _episode("b", [0.0], 0.0),      # 1.0 vs 0.0: signal
-           _episode("c", [3.0], 1.0)]                                  # a group of one: not counted
+           _episode("c", [3.0], 1.0)]                                  # a group of one: flat
     m = signal_metrics(eps)
-    assert m["rollout/flat_group_frac"] == 0.5
+    assert m["rollout/flat_group_frac"] == pytest.approx(2 / 3)
     assert m["env/score_mean"] == pytest.approx(0.5)
     failed = _episode("d", [1.0])
     failed.failed = True
-    assert signal_metrics([_episode("d", [0.0]), failed]) == {}
+    assert signal_metrics([_episode("d", [0.0]), failed]) == {"rollout/flat_group_frac": 1.0}
+    assert signal_metrics([failed]) == {}
+
+
+def test_groups_of_one_show_no_signal():
+    """Every task played once: no return can be compared, and the metrics line says so."""
+    m = signal_metrics([_episode("a", [1.0], 1.0), _episode("b", [0.0], 0.0)])
+    assert m["rollout/flat_group_frac"] == 1.0
+    assert "no signal" in format_metrics(1, m)
 
 
 def test_metrics_line_shows_the_zero_signal_state():
