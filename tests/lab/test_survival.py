@@ -116,7 +116,7 @@ def test_collapse_against_hand_computed_peaks_and_finals():
     # 3-iteration means: 0.4, 0.6, 0.5, 0.3, 0.0667, 0.0333, 0.0333, 0.0333 -> peak 0.6;
     # final = mean(0, 0, 0.1, 0, 0) = 0.02 < 0.3: collapsed
     learned = [0.1, 0.3, 0.5, 0.7, 0.9, 0.9, 0.8, 0.9, 0.9, 0.9]  # peak 0.9, final 0.88: not collapsed
-    never = [0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # peak 0.0333 < 0.2: never learned, not collapsed
+    never = [0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # peak 0.0333, drop 0.0333 < 0.1: not collapsed
     at_half = [0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25, 0.25]  # final 0.25 = half the peak 0.5: not below it
     below_half = [0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25, 0.0]  # final 0.2 < 0.25: collapsed
     c = collapse([fell, learned, never, at_half, below_half, [0.6]])
@@ -124,8 +124,12 @@ def test_collapse_against_hand_computed_peaks_and_finals():
     assert c.final == pytest.approx([0.02, 0.88, 0.0, 0.25, 0.2, 0.6])
     assert c.collapsed.tolist() == [True, False, False, False, True, False]
     assert c.seeds == [0, 4] and c.count == 2
-    # the floor is a parameter: without it the run that never learned counts as collapsed
-    assert collapse([never], min_peak=0.0).collapsed.tolist() == [True]
+    # the minimum drop is a parameter: without it the run that never learned counts as collapsed
+    assert collapse([never], min_drop=0.0).collapsed.tolist() == [True]
+    # a brief spike to 0.4 and back to 0: peak (0.07 + 0.4 + 0) / 3 = 0.157, final 0: a drop of 0.157 >= 0.1
+    spike = [0.02, 0.01, 0.07, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert collapse([spike]).collapsed.tolist() == [True]
+    assert collapse([spike], min_drop=0.2).collapsed.tolist() == [False]
     # other windows: peak over 1 iteration = 0.7; final over the last 2 = 0.0 -> collapsed
     c = collapse([fell], peak_window=1, final_window=2, ratio=0.1)
     assert (c.peak[0], c.final[0], c.count) == (0.7, 0.0, 1)
@@ -134,7 +138,7 @@ def test_collapse_against_hand_computed_peaks_and_finals():
 @pytest.mark.parametrize("kwargs, match", [
     ({"success": []}, "at least one curve"), ({"success": [[]]}, r"success\[0\] is empty"),
     ({"success": [[0.5, 1.5]]}, r"success\[0\] must hold shares"), ({"success": [[0.5, NAN]]}, "shares"),
-    ({"success": [[0.5]], "ratio": 1.0}, "ratio"), ({"success": [[0.5]], "min_peak": -0.1}, "min_peak"),
+    ({"success": [[0.5]], "ratio": 1.0}, "ratio"), ({"success": [[0.5]], "min_drop": -0.1}, "min_drop"),
     ({"success": [[0.5]], "peak_window": 0}, "peak_window"),
 ])
 def test_collapse_refuses_bad_input(kwargs, match):
