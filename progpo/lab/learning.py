@@ -277,7 +277,10 @@ def _head(args: argparse.Namespace, cfg, enc_line: str) -> str:
 
 
 def _block(args: argparse.Namespace) -> str:
+    """Name of the docs block (and of the output files): one per family, regime and task draw."""
     name = "learning" if (args.family, args.regime) == ("alfworld", "fixed") else f"learning-{args.family}-{args.regime}"
+    if args.task_seed != 1:  # the developers' draw keeps the names the docs have always used
+        name += f"-task{args.task_seed}"
     return name + ("-quick" if args.quick else "")
 
 
