@@ -7,7 +7,8 @@ each estimator made of it:
 * **trace**: batch success, mean episode return, share of tasks whose ``N`` returns are all equal,
   mean policy entropy over the nodes the batch visited (nats), mean episode length, the mean ``|A|`` of
   the row's advantages and of the ``--compare`` rows' advantages *on the same batch*, the norm of the
-  row's parameter update ``lr / n_episodes * sum A grad log pi``, and the three most taken action kinds
+  row's parameter update ``lr / n_episodes * sum A grad log pi``, its cosine with the update the exact
+  advantage ``A*`` of the same policy would make (n/a when either is 0), and the three most taken action kinds
   (the shared-feature action kind of :meth:`progpo.lab.families.TaskFamily.features`; the first word of
   the action with the tabular policy);
 * **escape** (``--escape-at k``): from the row's parameters after ``k`` iterations, every
@@ -96,11 +97,14 @@ def trace(ctx: Context, row, lr: float, seed: int, iterations: int, rollouts: in
         adv = _advantages(ctx, row, roll, g, p)
         ret = np.bincount(roll.batch.traj_id, roll.batch.reward).reshape(-1, rollouts)
         step = lr / n_ep * engine.policy_gradient(g, p, roll, adv, src.n_params)
+        exact = engine.policy_gradient(g, p, roll, engine.exact_advantages(g, p, roll)[0], src.n_params)
+        norms = float(np.linalg.norm(step) * np.linalg.norm(exact))
+        cos = f"{step @ exact / norms:.3f}" if norms > 0 else "n/a"
         others = [f"{np.mean(np.abs(_advantages(ctx, o, roll, g, p))):.3f}" for o in compare]
         lines.append([str(it), f"{roll.success.mean():.2f}", f"{ret.mean():.2f}",
                       f"{np.mean(np.ptp(ret, axis=1) < 1e-9):.2f}", f"{_entropy(g, p, roll.node):.3f}",
                       f"{roll.env_steps / n_ep:.1f}", f"{np.mean(np.abs(adv)):.3f}", *others,
-                      f"{np.linalg.norm(step):.2f}", _kinds(src, g, roll)])
+                      f"{np.linalg.norm(step):.2f}", cos, _kinds(src, g, roll)])
         theta += step
     return lines, escapes
 
@@ -194,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"task seed {args.task_seed}, {args.tasks} tasks x {args.rollouts}; encoder none)\n")
     print(report.markdown_table(["it", "success", "mean R", "equal-return tasks", "entropy (nats)", "length",
                                  f"mean abs A ({args.row})", *[f"mean abs A ({n})" for n in names], "update norm",
-                                 "most taken action kinds"], lines[:args.show]))
+                                 "update cosine with the exact one", "most taken action kinds"], lines[:args.show]))
     if escapes:
         print(f"\n**Escape** from `{args.row}`'s parameters after {args.escape_at} iterations (mean success per "
               f"10 iterations)\n")
