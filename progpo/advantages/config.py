@@ -59,6 +59,7 @@ class AdvantageConfig:
         potential_estimator: mc (pooled Monte-Carlo means of G, (3)-(5)) or graph (empirical MDP, E1).
         credit: transition (C = r + gamma Phi' - Phi, (6)) or action (C = Q - V, E2; needs graph).
         credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1]; ProGPO only; credit='action' needs 0.
+        rms_cap: ProGPO only: every advantage of the batch is scaled by min(1, rms_cap / RMS), RMS = the root mean square of the advantages of the steps that zero_signal leaves non-zero, so that the step-level terms share credit among steps without enlarging the update (1 = the RMS of a standardised episode term; unitless); 0 = off (spec (7) unscaled); >= 0.
         zero_signal: advantage exactly 0 where the episode returns R carry no signal, from every term, for every estimator: off; task = on every task whose trajectories all have the same R; batch = on the whole batch when every task does (e.g. every return -0.4); auto = task for progpo, off for the others (True/False mean task/off).
         state_key: anchor state for depth/graph/GiGPO/HGPO keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo on a batch that carries state_extra, obs otherwise (``for_batch``).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
@@ -91,6 +92,7 @@ class AdvantageConfig:
     potential_estimator: Literal["mc", "graph"] = "mc"
     credit: Literal["transition", "action"] = "transition"
     credit_lambda: float = 0.8
+    rms_cap: float = 1.0
     zero_signal: Literal["auto", "off", "task", "batch"] = "auto"
     state_key: Literal["auto", "obs", "obs_inventory"] = "auto"
     hgpo_alpha: float = 1.0
@@ -137,6 +139,7 @@ class AdvantageConfig:
             # advantages are O(1) before weighting; a weight beyond 1e6 can only overflow
             "omega": (0 <= self.omega <= 1e6, "in [0, 1e6]"),
             "beta_episode": (0 <= self.beta_episode <= 1e6, "in [0, 1e6]"),
+            "rms_cap": (0 <= self.rms_cap <= 1e6, "in [0, 1e6] (0 = off)"),
             "kappa": (self.kappa > 0, "> 0"),
             "min_peers": (self.min_peers >= 1, ">= 1"),
             "tau": (0.0 < self.tau <= 1.0, "in (0, 1]"),
@@ -226,7 +229,8 @@ PAPER: dict[str, object] = {
     "gigpo_mode": "mean_std_norm", "prefix_mode": "prompt", "kappa": 8.0, "use_peer": True, "use_potential": True,
     "semantic_expansion": True, "min_peers": 2, "tau": 0.90, "depths": 2, "m0": 2.0, "sigma2_floor_coef": 1e-2,
     "sigma2_floor_ref": "success_reward", "success_reward": 10.0, "potential_pool": "inclusive", "fusion": "ivw",
-    "eta": 1e-6, "potential_estimator": "mc", "credit": "transition", "credit_lambda": 0.0, "zero_signal": "off",
+    "eta": 1e-6, "potential_estimator": "mc", "credit": "transition", "credit_lambda": 0.0, "rms_cap": 0.0,
+    "zero_signal": "off",
     "state_key": "obs", "hgpo_alpha": 1.0,
 }
 
@@ -242,7 +246,8 @@ PAPER: dict[str, object] = {
 PRESETS: dict[str, dict[str, object]] = {
     "paper": PAPER,
     "default": {},
-    "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": "task", "depths": 2},
+    "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": "task", "depths": 2,
+                  "rms_cap": 0.0},
 }
 
 

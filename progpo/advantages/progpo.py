@@ -15,7 +15,7 @@ from progpo.advantages._prep import (Prepared, combine, discounted_returns, epis
                                      sample_std)
 from progpo.advantages.batch import StepBatch
 from progpo.advantages.config import AdvantageConfig
-from progpo.advantages.result import StepAdvantages, finish, pool_size_diagnostics, task_std
+from progpo.advantages.result import StepAdvantages, equal_return_tasks, finish, pool_size_diagnostics, task_std
 from progpo.advantages.semantic import Encoder, expand_depth0
 
 logger = logging.getLogger(__name__)
@@ -216,6 +216,34 @@ def normalise_credit(p: Prepared, credit: np.ndarray) -> np.ndarray:
     return np.where(flat, 0.0, credit / (std + p.cfg.eps))
 
 
+def cap_rms(p: Prepared, adv: np.ndarray) -> tuple[np.ndarray, float]:
+    """``rms_cap``: ``adv`` ``[S]`` (sorted rows) times ``f = min(1, rms_cap / RMS)``, and ``f``.
+
+    ``RMS = sqrt(mean A^2)`` over the steps whose advantage ``zero_signal`` will leave (all steps with
+    ``off``; the tasks with a return signal with ``task``; none when ``batch`` zeroes the whole batch).
+    The spec's (7) adds the step-level terms to the episode term, so a row whose credit agrees with the
+    returns takes a larger REINFORCE step at the same learning rate than GRPO (whose episode term has an
+    RMS just under 1 per task with a return signal); the cap keeps the step-level terms to sharing credit
+    among the steps. Scaling every advantage of a batch by one positive factor keeps their signs and
+    ranks. ``rms_cap = 0``, an all-zero batch or no kept step: ``f = 1``.
+    """
+    cfg = p.cfg
+    if cfg.rms_cap <= 0:
+        return adv, 1.0
+    flat = equal_return_tasks(p)
+    if cfg.zero_signal == "task":
+        keep = ~flat
+    elif cfg.zero_signal == "batch" and np.all(flat):
+        keep = np.zeros(p.S, dtype=bool)
+    else:
+        keep = np.ones(p.S, dtype=bool)
+    if not np.any(keep):
+        return adv, 1.0
+    rms = float(np.sqrt(np.mean(adv[keep] ** 2)))
+    f = min(1.0, cfg.rms_cap / rms) if rms > 0 else 1.0
+    return adv * f, f
+
+
 def _tick(timings: dict | None, stage: str, t0: float) -> None:
     if timings is not None:
         timings[stage] = timings.get(stage, 0.0) + (time.perf_counter() - t0) * 1e3
@@ -224,7 +252,8 @@ def _tick(timings: dict | None, stage: str, t0: float) -> None:
 def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | None = None,
                     timings: dict | None = None) -> StepAdvantages:
     """ProGPO, spec (7): ``A = beta_episode A^E + omega (rho A^P + (1 - rho) C^)``, ``C^ = C / (std_u C + eps)``;
-    with ``credit_lambda > 0``, ``C^`` is then accumulated over the rest of the trajectory (``accumulate_credit``).
+    with ``credit_lambda > 0``, ``C^`` is then accumulated over the rest of the trajectory (``accumulate_credit``);
+    with ``rms_cap > 0`` the batch's advantages are then scaled to an RMS of at most ``rms_cap`` (``cap_rms``).
 
     Args:
         batch: the rollout batch (``S`` steps). cfg: the config. encoder: texts -> unit vectors, or
@@ -264,7 +293,7 @@ def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | N
     if not cfg.use_potential:
         c_hat = np.zeros(p.S)
     step = np.where(rho > 0, rho * a_p, 0.0) + (1.0 - rho) * c_hat
-    adv = cfg.beta_episode * a_e + cfg.omega * step
+    adv, diag["adv/rms_scale"] = cap_rms(p, cfg.beta_episode * a_e + cfg.omega * step)
     _tick(timings, "fusion", t0)
     return finish(p, adv, diag)
 

@@ -331,10 +331,18 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
             for q in reversed(traj):
                 acc = c_hat[q["row"]] + cfg.gamma * cfg.credit_lambda * acc
                 c_hat[q["row"]] = acc
-    out = np.zeros(len(b.steps))
+    raw = {}
     for s in b.steps:
         c_hat_s = c_hat[s["row"]] if cfg.use_potential else 0.0
         a_p, rho = _peer(b, s)
         step = (rho * a_p if rho > 0 else 0.0) + (1 - rho) * c_hat_s
-        out[s["row"]] = b.finish(s, cfg.beta_episode * b.episode_term(s) + cfg.omega * step)
+        raw[s["row"]] = cfg.beta_episode * b.episode_term(s) + cfg.omega * step
+    factor = 1.0
+    if cfg.rms_cap > 0:  # the RMS over the steps finish() leaves, then one factor min(1, cap / RMS)
+        kept = [raw[s["row"]] for s in b.steps if b.finish(s, 1.0) != 0.0]
+        rms = math.sqrt(sum(x * x for x in kept) / len(kept)) if kept else 0.0
+        factor = min(1.0, cfg.rms_cap / rms) if rms > 0 else 1.0
+    out = np.zeros(len(b.steps))
+    for s in b.steps:
+        out[s["row"]] = b.finish(s, raw[s["row"]] * factor)
     return out

@@ -7,10 +7,13 @@ same tasks, seeds and budget (:mod:`progpo.lab.learner`, vectorised in :mod:`pro
 Rows are named estimators or specs ``ESTIMATOR [preset=NAME] [field=value ...]`` over
 ``AdvantageConfig``'s fields. With ``--lr-sweep`` every row first runs each learning rate on
 ``--sweep-seeds`` seeds of their own, and the final table runs ``--seeds`` fresh seeds at each row's
-best rate (smallest restricted mean steps to ``--target``). Reported: final success, steps to 50% and
-to ``--target`` with censored statistics over all seeds (:mod:`progpo.lab.survival`), the on-policy
-fidelity against the exact advantage of the learner's own policy during training, the fixed-policy
-fidelity of the same rows, and how well each fidelity measure ranks the rows' learning.
+best rate (fewest collapsed sweep seeds, then smallest restricted mean steps to ``--target``); with
+``--stable-range`` (the default) the final seeds also run at every other rate of the grid, so that each
+row prints the rates at which none of them collapsed (:func:`progpo.lab.survival.collapse`). Reported:
+final success, collapsed seeds, steps to 50% and to ``--target`` with censored statistics over all seeds
+(:mod:`progpo.lab.survival`), the on-policy fidelity against the exact advantage of the learner's own
+policy during training, the fixed-policy fidelity of the same rows, and how well each fidelity measure
+ranks the rows' learning.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ from progpo.lab import report
 from progpo.lab.families import AlfworldFamily, family_config, get_family, make_tasks
 from progpo.lab.fidelity_core import ORACLE_ROW, CachedEncoder, oracle_variant, select_variants
 from progpo.lab.learner import RunSpec, build_source, make_context, run_all
+from progpo.lab.survival import COLLAPSE_RATIO, FINAL_WINDOW, MIN_DROP, PEAK_WINDOW
 from progpo.lab.survival import steps_to_target  # noqa: F401  (re-exported: the benchmark's definition)
 
 DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo", "progpo", "progpo state_key=obs_inventory",
                       "gigpo state_key=obs_inventory", "hgpo state_key=obs_inventory")
 LEARN_CFG = AlfworldFamily.learn_cfg
 SWEEP_SEED0 = 1000  #: sweep seeds are 1000, 1001, ... (the final seeds 0..n-1 are never used to pick the lr)
+COLLAPSE_RULE = (f"final success (last {FINAL_WINDOW} iterations) below {COLLAPSE_RATIO:g} x the best {PEAK_WINDOW}-iteration "
+                 f"mean and at least {MIN_DROP:g} under it")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -60,6 +66,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=10.0, help="learning rate of every row when there is no sweep")
     ap.add_argument("--lr-sweep", default="", help="comma list of learning rates; each row runs at its best")
     ap.add_argument("--sweep-seeds", type=int, default=5, help="seeds per (row, lr) of the sweep (seeds 1000+)")
+    ap.add_argument("--stable-range", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --lr-sweep, also run the final seeds at every other rate of the grid (no probes) and "
+                         "print each row's stable rates (no final seed collapsed); costs the final phase again "
+                         "per extra rate")
     ap.add_argument("--target", type=float, default=0.8, help="success rate whose first crossing is reported")
     ap.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS),
                     help="comma list of rows: named variants, 'ESTIMATOR field=value ...' specs, or 'oracle' "
@@ -180,9 +190,22 @@ def run(args: argparse.Namespace) -> str:
     final = {n: final_by[n][best[n]] for n in names}
     args.results["final"] = final
     costs.append(_cost("final runs", [r for runs in final.values() for r in runs], time.perf_counter() - t1))
+    oracle = next((r.name for r in rows if r.exact), None)
     tau = lr_report.common_tau(list(final.values()), args.target)
-    parts.append(f"**Learning** ({args.seeds} seeds per row, seeds 0..{args.seeds - 1}; {sweep_line})\n\n"
-                 + lr_report.main_table(final, best, args.target, tau, reference))
+    parts.append(f"**Learning** ({args.seeds} seeds per row, seeds 0..{args.seeds - 1}; {sweep_line}; collapsed: "
+                 f"{COLLAPSE_RULE})\n\n"
+                 + lr_report.main_table(final, best, args.target, tau, reference, oracle))
+    if args.lrs and args.stable_range:
+        t1 = time.perf_counter()
+        others = _phase(ctx, rows, {n: [lr for lr in args.lrs if lr != best[n]] for n in names}, range(args.seeds),
+                        args, 0)
+        grid = {n: dict(sorted({**others[n], best[n]: final[n]}.items())) for n in names}
+        args.results["final_grid"] = grid
+        costs.append(_cost("final seeds at the other rates", [r for by in others.values() for rs in by.values()
+                                                              for r in rs], time.perf_counter() - t1))
+        parts.append(f"**Stability over the learning-rate grid** (the {args.seeds} final seeds at every rate; cell: "
+                     f"collapsed seeds, final success; stable rates: no final seed collapsed; bold: the rate used "
+                     f"above)\n\n" + lr_report.stability_table(grid, best))
     if args.probe_every:
         parts.append(f"**On-policy fidelity** (against the exact advantage of the learner's own current policy, "
                      f"every {args.probe_every} iterations of the final runs; mean over probes, then mean ± 95% "
@@ -236,7 +259,8 @@ def _sweep(ctx, rows, args, costs: list[str], parts: list[str]) -> tuple[dict[st
     best = {n: lr_report.pick_lr(sweep[n], args.target, tau_s) for n in names}
     parts.append(f"**Learning-rate sweep** ({args.sweep_seeds} seeds per cell, seeds {SWEEP_SEED0}+; cell: "
                  f"restricted mean env steps to {args.target:.0%} at tau {tau_s / 1e3:,.0f}k (seeds reaching), "
-                 f"final success; bold: the rate each row uses below)\n\n"
+                 f"final success, collapsed seeds if any; bold: the rate each row uses below: the fewest collapsed "
+                 f"seeds, then the fastest)\n\n"
                  + lr_report.sweep_table(sweep, args.target, tau_s, best))
     return best, f"each row at its best lr of {args.lr_sweep} (sweep above)"
 
@@ -253,7 +277,10 @@ def _head(args: argparse.Namespace, cfg, enc_line: str) -> str:
 
 
 def _block(args: argparse.Namespace) -> str:
+    """Name of the docs block (and of the output files): one per family, regime and task draw."""
     name = "learning" if (args.family, args.regime) == ("alfworld", "fixed") else f"learning-{args.family}-{args.regime}"
+    if args.task_seed != 1:  # the developers' draw keeps the names the docs have always used
+        name += f"-task{args.task_seed}"
     return name + ("-quick" if args.quick else "")
 
 

@@ -12,9 +12,8 @@ from progpo.lab import report
 from progpo.lab.fidelity_core import mean_ci, run_variants, sample_truth_batch
 from progpo.lab.learner import RunResult
 from progpo.lab.oracle import ExactOracle
-from progpo.lab.survival import Censored, fmt_steps, km_median, rmst, rmst_ratio, steps_to_target
-
-FINAL_WINDOW = 5  #: final success = mean batch success of the last 5 iterations
+from progpo.lab.survival import (FINAL_WINDOW, Censored, collapse, fmt_steps, gap_share, km_median, rmst, rmst_ratio,
+                                 steps_to_target)
 
 
 def censored(runs: Sequence[RunResult], target: float) -> Censored:
@@ -25,6 +24,18 @@ def censored(runs: Sequence[RunResult], target: float) -> Censored:
 def final_success(runs: Sequence[RunResult]) -> list[float]:
     """Per run, the mean batch success of the last :data:`FINAL_WINDOW` iterations."""
     return [float(np.mean(r.success[-FINAL_WINDOW:])) for r in runs]
+
+
+def collapsed_seeds(runs: Sequence[RunResult]) -> list[int]:
+    """The seeds (``spec.seed``) of ``runs`` that collapsed (:func:`progpo.lab.survival.collapse`)."""
+    return [runs[i].spec.seed for i in collapse([r.success for r in runs]).seeds]
+
+
+def fmt_collapsed(runs: Sequence[RunResult]) -> str:
+    """``0/15`` or ``2/15 (seeds 5, 10)``: the collapsed seeds of ``runs``."""
+    seeds = collapsed_seeds(runs)
+    listed = f" (seeds {', '.join(str(s) for s in seeds)})" if seeds else ""
+    return f"{len(seeds)}/{len(runs)}{listed}"
 
 
 def common_tau(groups: Sequence[Sequence[RunResult]], target: float) -> float:
@@ -38,13 +49,17 @@ def common_tau(groups: Sequence[Sequence[RunResult]], target: float) -> float:
 
 
 def pick_lr(by_lr: dict[float, list[RunResult]], target: float, tau: float) -> float:
-    """The learning rate with the smallest restricted mean steps to ``target`` (ties: higher final success)."""
-    return min(by_lr, key=lambda lr: (rmst(censored(by_lr[lr], target), tau)[0], -np.mean(final_success(by_lr[lr]))))
+    """The learning rate with the fewest collapsed seeds (:func:`collapsed_seeds`), then the smallest
+    restricted mean steps to ``target``, then the higher final success: a rate at which a seed collapsed
+    is chosen only when every rate has a collapse."""
+    return min(by_lr, key=lambda lr: (len(collapsed_seeds(by_lr[lr])), rmst(censored(by_lr[lr], target), tau)[0],
+                                      -np.mean(final_success(by_lr[lr]))))
 
 
 def sweep_table(sweep: dict[str, dict[float, list[RunResult]]], target: float, tau: float,
                 best: dict[str, float]) -> str:
-    """Rows x learning rates: restricted mean steps to ``target`` (seeds reaching) and final success."""
+    """Rows x learning rates: restricted mean steps to ``target`` (seeds reaching), final success and, where
+    any, the collapsed seeds."""
     lrs = sorted({lr for by_lr in sweep.values() for lr in by_lr})
     rows = []
     for name, by_lr in sweep.items():
@@ -56,8 +71,10 @@ def sweep_table(sweep: dict[str, dict[float, list[RunResult]]], target: float, t
                 continue
             c = censored(runs, target)
             mark = "**" if best.get(name) == lr else ""
+            n_col = len(collapsed_seeds(runs))
+            col = f", {n_col}/{len(runs)} collapsed" if n_col else ""
             cells.append(f"{mark}{fmt_steps(rmst(c, tau)[0])} ({int(c.reached.sum())}/{len(runs)}), "
-                         f"{np.mean(final_success(runs)):.2f}{mark}")
+                         f"{np.mean(final_success(runs)):.2f}{col}{mark}")
         rows.append(cells)
     return report.markdown_table(["row", *[f"lr {lr:g}" for lr in lrs]], rows)
 
@@ -71,30 +88,72 @@ def _reached_mean(c: Censored) -> str:
 
 
 def main_table(final: dict[str, list[RunResult]], lrs: dict[str, float], target: float, tau: float,
-               reference: str | None) -> str:
-    """Per row: lr, final success, steps to 50% and to ``target`` (seeds reaching, mean of those that
-    did, Kaplan-Meier median [95%], restricted mean), and the restricted-mean ratio to ``reference``."""
-    header = ["row", "lr", "final success", "KM median to 50% [95%]", f"seeds reaching {target:.0%}",
+               reference: str | None, oracle: str | None = None) -> str:
+    """Per row: lr, final success, collapsed seeds, steps to 50% and to ``target`` (seeds reaching, mean of
+    those that did, Kaplan-Meier median [95%], restricted mean), the restricted-mean ratio to ``reference``
+    and, with an ``oracle`` row, the share of the reference-to-oracle gap the row closes (:func:`gap_share`)."""
+    header = ["row", "lr", "final success", "collapsed", "KM median to 50% [95%]", f"seeds reaching {target:.0%}",
               f"steps to {target:.0%}, reaching seeds", f"KM median to {target:.0%} [95%]",
               f"restricted mean to {target:.0%} (tau {tau / 1e3:,.0f}k)"]
     if reference:
         header.append(f"x {reference} [95%]")
+    if reference and oracle:
+        header.append(f"share of the {reference}->{oracle} gap closed [95%]")
     ref = censored(final[reference], target) if reference else None
+    orc = censored(final[oracle], target) if reference and oracle else None
     rows = []
     for name, runs in final.items():
         half, c = censored(runs, 0.5), censored(runs, target)
         m50, lo50, hi50 = km_median(half)
         med, lo, hi = km_median(c)
         r, h = rmst(c, tau)
-        row = [name, f"{lrs[name]:g}", report.fmt_ci(*mean_ci(final_success(runs))),
+        row = [name, f"{lrs[name]:g}", report.fmt_ci(*mean_ci(final_success(runs))), fmt_collapsed(runs),
                f"{fmt_steps(m50)} [{fmt_steps(lo50)}, {fmt_steps(hi50)}]",
                f"{int(c.reached.sum())}/{len(runs)}", _reached_mean(c),
                f"{fmt_steps(med)} [{fmt_steps(lo)}, {fmt_steps(hi)}]", f"{r:,.0f} ± {h:,.0f}"]
         if ref is not None:
             q, qlo, qhi = rmst_ratio(c, ref, tau)
             row.append(f"{q:.2f} [{qlo:.2f}, {qhi:.2f}]")
+        if orc is not None:
+            row.append(_fmt_share(gap_share(c, ref, orc, tau)))
         rows.append(row)
     return report.markdown_table(header, rows)
+
+
+def _fmt_share(share: tuple[float, float, float]) -> str:
+    g, lo, hi = share
+    return "n/a (no gap)" if not np.isfinite(g) else f"{g:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def stability_table(by_rate: dict[str, dict[float, list[RunResult]]], best: dict[str, float]) -> str:
+    """Rows x learning rates over the final seeds: collapsed seeds and final success per rate, and the
+    row's stable rates (the rates of the grid at which no final seed collapsed); bold: the chosen rate."""
+    lrs = sorted({lr for by_lr in by_rate.values() for lr in by_lr})
+    rows = []
+    for name, by_lr in by_rate.items():
+        cells, stable = [name], []
+        for lr in lrs:
+            runs = by_lr.get(lr)
+            if not runs:
+                cells.append("-")
+                continue
+            if not collapsed_seeds(runs):
+                stable.append(lr)
+            mark = "**" if best.get(name) == lr else ""
+            cells.append(f"{mark}{fmt_collapsed(runs)}, {np.mean(final_success(runs)):.2f}{mark}")
+        cells.append(_fmt_rates(stable, lrs))
+        rows.append(cells)
+    return report.markdown_table(["row", *[f"lr {lr:g}" for lr in lrs], "stable rates"], rows)
+
+
+def _fmt_rates(stable: Sequence[float], grid: Sequence[float]) -> str:
+    """``1-3`` for a run of consecutive grid rates, ``1, 3`` otherwise, ``none`` when empty."""
+    if not stable:
+        return "none"
+    idx = [list(grid).index(x) for x in stable]
+    if idx == list(range(idx[0], idx[-1] + 1)) and len(idx) > 1:
+        return f"{stable[0]:g}-{stable[-1]:g}"
+    return ", ".join(f"{x:g}" for x in stable)
 
 
 ONPOLICY_COLS = (("spearman", "Spearman"), ("sign", "sign agree"), ("nmse", "NMSE"), ("cosine", "update cosine"),
@@ -212,27 +271,34 @@ def predictiveness_table(final: dict[str, list[RunResult]], fixed: dict[str, dic
                                   "rank corr. with final success", "rows"], rows)
 
 
-def ratio_table(final: dict[str, list[RunResult]], references: Sequence[str], target: float = 0.8) -> str:
-    """Per row, its restricted mean steps to ``target`` divided by each reference row's (percentile
-    bootstrap 95% interval over seeds; tau from :func:`common_tau`, as in :func:`main_table`).
+def ratio_table(final: dict[str, list[RunResult]], references: Sequence[str], target: float = 0.8,
+                oracle: str | None = None) -> str:
+    """Per row, its collapsed seeds, its restricted mean steps to ``target`` divided by each reference row's
+    (percentile bootstrap 95% interval over seeds; tau from :func:`common_tau`, as in :func:`main_table`)
+    and, with an ``oracle`` row, the share of each reference-to-oracle gap it closes (:func:`gap_share`).
 
     Raises:
-        ValueError: a reference that is not a row of ``final`` (names the rows).
+        ValueError: a reference or oracle that is not a row of ``final`` (names the rows).
     """
-    missing = [r for r in references if r not in final]
+    missing = [r for r in [*references, *([oracle] if oracle else [])] if r not in final]
     if missing:
         raise ValueError(f"reference rows {missing} are not in the runs; rows: {list(final)}")
     tau = common_tau(list(final.values()), target)
-    header = ["row", "final success", f"restricted mean to {target:.0%} (tau {tau / 1e3:,.0f}k)"]
+    header = ["row", "final success", "collapsed", f"restricted mean to {target:.0%} (tau {tau / 1e3:,.0f}k)"]
     header += [f"x {ref} [95%]" for ref in references]
+    if oracle:
+        header += [f"share of the {ref}->{oracle} gap closed [95%]" for ref in references]
     rows = []
     for name, runs in final.items():
         c = censored(runs, target)
         r, h = rmst(c, tau)
-        row = [name, report.fmt_ci(*mean_ci(final_success(runs))), f"{r:,.0f} ± {h:,.0f}"]
+        row = [name, report.fmt_ci(*mean_ci(final_success(runs))), fmt_collapsed(runs), f"{r:,.0f} ± {h:,.0f}"]
         for ref in references:
             q, lo, hi = rmst_ratio(c, censored(final[ref], target), tau)
             row.append(f"{q:.2f} [{lo:.2f}, {hi:.2f}]")
+        if oracle:
+            row += [_fmt_share(gap_share(c, censored(final[ref], target), censored(final[oracle], target), tau))
+                    for ref in references]
         rows.append(row)
     return report.markdown_table(header, rows)
 
@@ -247,10 +313,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("runs", help="the *-runs.pkl a learning run wrote next to its report")
     ap.add_argument("--references", default="gigpo,hgpo", help="comma list of reference rows")
     ap.add_argument("--target", type=float, default=0.8)
+    ap.add_argument("--oracle", default="oracle", help="row of the gap-share columns ('' or absent = none)")
     args = ap.parse_args(argv)
     with open(args.runs, "rb") as fh:
         final = pickle.load(fh)["final"]  # noqa: S301 - our own run files
-    print(ratio_table(final, [r for r in args.references.split(",") if r], args.target))
+    oracle = args.oracle if args.oracle in final else None
+    print(ratio_table(final, [r for r in args.references.split(",") if r], args.target, oracle))
     return 0
 
 

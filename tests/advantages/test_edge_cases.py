@@ -135,7 +135,7 @@ BAD_VALUES = {
     "sigma2_floor_coef": 0.0, "success_reward": -10.0, "potential_pool": "all", "fusion": "mean",
     "eta": 0.0, "potential_estimator": "td", "credit": "value", "state_key": "inventory",
     "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none", "sigma2_floor_ref": "reward",
-    "credit_lambda": 1.5, "zero_signal": "on",
+    "credit_lambda": 1.5, "zero_signal": "on", "rms_cap": -1.0,
 }
 
 

@@ -59,8 +59,9 @@ def _batch(order=None) -> StepBatch:
 
 
 def _run(**kw) -> dict[str, float]:
-    # the paper's one-step credit unless a test asks for credit_lambda (the product default is 0.8)
-    kw = {"credit_lambda": 0.0, **kw}
+    # the paper's one-step credit unless a test asks for credit_lambda (the product default is 0.8), and the
+    # spec's (7) unscaled unless a test asks for rms_cap (the product default caps the RMS at 1)
+    kw = {"credit_lambda": 0.0, "rms_cap": 0.0, **kw}
     out = compute_advantages(_batch(), AdvantageConfig(gamma=GAMMA, eps=EPS, **kw))
     return dict(zip(NAMES, out.advantages.tolist()))
 
@@ -259,9 +260,16 @@ def test_progpo_default_depth0_hand_computed():
            "b1t0": mean(HALL), "b2t0": mean(HALL), "b3t0": mean(HALL), "b2t1": mean(HALL)}  # 6.25
     want, c = _from_potentials(phi, lam=0.8)
     cfg = AdvantageConfig(gamma=GAMMA)
-    assert cfg.depths == 0 and cfg.credit_lambda == 0.8
+    assert cfg.depths == 0 and cfg.credit_lambda == 0.8 and cfg.rms_cap == 1.0
+    # rms_cap = 1: every step keeps an advantage (both tasks have a return spread), so all 14 are scaled by
+    # min(1, 1 / sqrt(mean of their squares))
+    rms = sqrt(sum(v * v for v in want.values()) / len(want))
+    assert len(want) == 14 and rms > 1.0
     got = compute_advantages(_batch(), cfg)
-    _check(dict(zip(NAMES, got.advantages.tolist())), want)
+    _check(dict(zip(NAMES, got.advantages.tolist())), {k: v / rms for k, v in want.items()})
+    assert got.diagnostics["adv/rms_scale"] == pytest.approx(1.0 / rms)
+    unscaled = compute_advantages(_batch(), AdvantageConfig(gamma=GAMMA, rms_cap=0.0))
+    _check(dict(zip(NAMES, unscaled.advantages.tolist())), want)
     assert c["a1t0"] == pytest.approx(0.5 * 5 / 3 - 2.45 / 3)  # r + gamma Phi(desk) - Phi(room), by hand
     assert "adv/pool_size_d1_mean" not in got.diagnostics  # one depth reported
 

@@ -39,13 +39,18 @@ def test_lone_trajectory_with_loo_pools_gets_zero(kw):
 def test_lone_trajectory_next_to_another_task_gets_zero_and_leaves_it_alone():
     rows = WIN + [(1, 0, "x", "a", 10.0, True), (2, 0, "x", "b", 0.0, True)]
     batch = _batch(rows, uid={0: "lone", 1: "pair", 2: "pair"})
-    out = compute_advantages(batch, AdvantageConfig(potential_pool="loo")).advantages
+    out = compute_advantages(batch, AdvantageConfig(potential_pool="loo", rms_cap=0.0)).advantages
     assert np.all(out[:3] == 0.0)
     # task "pair": A^E = +-10/(stdev(10, 0) + eps); each pool holds only the other trajectory, so
     # Phi = the other's G and C = r - Phi = +-10, C^ = +-10/(stdev(10, -10) + eps)
     ae = 5.0 / (stdev([10.0, 0.0]) + EPS)
     c_hat = 10.0 / (stdev([10.0, -10.0]) + EPS)
     np.testing.assert_allclose(out[3:], [ae + c_hat, -ae - c_hat], rtol=1e-12)
+    # the default rms_cap = 1: the lone task is zeroed (one trajectory: no return signal) and left out of
+    # the RMS, the pair's two steps have RMS ae + c_hat, so they become +-1
+    out = compute_advantages(batch, AdvantageConfig(potential_pool="loo")).advantages
+    assert np.all(out[:3] == 0.0)
+    np.testing.assert_allclose(out[3:], [1.0, -1.0], rtol=1e-12)
 
 
 def test_loo_fallback_uses_only_the_other_trajectories():

@@ -1,6 +1,6 @@
 """The vectorised estimators equal the slow loop oracle (``progpo.advantages.reference``) on 50 seeded
 random batches, each with its own random config (every ProGPO flag, E1-E3, credit_lambda, zero_signal and
-sigma2_floor_ref included)."""
+sigma2_floor_ref and rms_cap included)."""
 
 import numpy as np
 import pytest
@@ -38,6 +38,7 @@ def _random_cfg(seed: int) -> AdvantageConfig:
         tau=float(rng.choice([0.9, 0.97])),
         gamma=float(rng.choice([0.95, 0.5, 1.0])),
         semantic_expansion=bool(rng.random() < 0.8),
+        rms_cap=float(rng.choice([0.0, 0.5, 1.0])),
     )
 
 

@@ -1,7 +1,8 @@
 """ProGPO's product default (issue 10) and the baselines it must leave alone.
 
 The default keys ProGPO's anchor states on observation + state_extra when the batch carries it, accumulates
-the normalised credit with lambda 0.8 and zeroes tasks without a return signal (the `candidate` preset); GiGPO, HGPO, GRPO and RLOO
+the normalised credit with lambda 0.8, zeroes tasks without a return signal, pools its potentials at depth 0 and
+caps the RMS of its advantages at 1; GiGPO, HGPO, GRPO and RLOO
 must give bit-for-bit what they gave before (observation keys, no zeroing), and take the same options only
 when asked.
 """
@@ -19,8 +20,8 @@ BASELINES = ("gigpo", "hgpo", "grpo", "rloo")
 
 def test_progpo_default_fields():
     cfg = AdvantageConfig()
-    assert (cfg.estimator, cfg.state_key, cfg.credit_lambda, cfg.zero_signal, cfg.depths) == \
-        ("progpo", "auto", 0.8, "task", 0)
+    assert (cfg.estimator, cfg.state_key, cfg.credit_lambda, cfg.zero_signal, cfg.depths, cfg.rms_cap) == \
+        ("progpo", "auto", 0.8, "task", 0, 1.0)
     assert config_from_preset("candidate").depths == 2 and config_from_preset("paper").depths == 2
     assert AdvantageConfig(depths=3).depths == 3  # an explicit value stays
     with pytest.raises(ValueError, match=r"AdvantageConfig\.depths must be in \[0, 64\] \(or -1 = auto\)"):
@@ -51,9 +52,10 @@ def test_progpo_default_is_the_product_reading_on_a_batch_with_state_extra():
     batch = alfworld_like_batch(n_tasks=4, n_traj=8, max_len=20, seed=1)
     enc = HashEncoder()
     got = compute_advantages(batch, AdvantageConfig(), enc).advantages
-    explicit = AdvantageConfig(state_key="obs_inventory", credit_lambda=0.8, zero_signal="task", depths=0)
-    # the default is the candidate with depth-0 potentials (the second pass of issue 10)
-    assert explicit == dataclasses.replace(config_from_preset("candidate").for_batch(True), depths=0)
+    explicit = AdvantageConfig(state_key="obs_inventory", credit_lambda=0.8, zero_signal="task", depths=0,
+                               rms_cap=1.0)
+    # the default is the candidate with depth-0 potentials and the RMS cap
+    assert explicit == dataclasses.replace(config_from_preset("candidate").for_batch(True), depths=0, rms_cap=1.0)
     np.testing.assert_array_equal(got, compute_advantages(batch, explicit, enc).advantages)
     paper = compute_advantages(batch, config_from_preset("paper"), enc).advantages
     assert not np.allclose(got, paper)

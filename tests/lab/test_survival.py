@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from progpo.lab.survival import Censored, km_median, rmst, rmst_ratio, steps_to_target
+from progpo.lab.survival import Censored, collapse, gap_share, km_median, rmst, rmst_ratio, steps_to_target
 
 NAN = float("nan")
 
@@ -77,8 +77,11 @@ def test_ratio_table_against_several_references(tmp_path):
     with open(tmp_path / "x-runs.pkl", "wb") as fh:
         pickle.dump({"final": final}, fh)
     text = lr.ratio_table(final, ["a", "b"])
-    assert "| a | 0.900 ± 0.000 | 100 ± 0 | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |" in text
-    assert "| c | 0.580 ± 0.000 | 600 ± 0 | 6.00 [6.00, 6.00] | 1.50 [1.50, 1.50] |" in text
+    assert "| a | 0.900 ± 0.000 | 0/2 | 100 ± 0 | 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |" in text
+    assert "| c | 0.580 ± 0.000 | 0/2 | 600 ± 0 | 6.00 [6.00, 6.00] | 1.50 [1.50, 1.50] |" in text
+    # with a (every run as fast as it) as the best row: c closes (400 - 600) / (400 - 100) = -2/3 of b's gap
+    text = lr.ratio_table(final, ["b"], oracle="a")
+    assert "| c | 0.580 ± 0.000 | 0/2 | 600 ± 0 | 1.50 [1.50, 1.50] | -0.67 [-0.67, -0.67] |" in text
     with pytest.raises(ValueError, match=r"reference rows \['z'\]"):
         lr.ratio_table(final, ["z"])
     assert lr.main([str(tmp_path / "x-runs.pkl"), "--references", "b"]) == 0
@@ -106,3 +109,73 @@ def test_common_tau_is_the_smallest_budget_of_an_unreached_run():
     never = run([0.1] * 4, [60, 120, 180, 240])
     assert common_tau([[fast], [slow]], 0.8) == 250  # everyone reached: the latest crossing, nobody capped
     assert common_tau([[fast], [slow, never]], 0.8) == 240  # the unreached run is observed up to 240
+
+
+def test_collapse_against_hand_computed_peaks_and_finals():
+    fell = [0.1, 0.5, 0.6, 0.7, 0.2, 0.0, 0.0, 0.1, 0.0, 0.0]
+    # 3-iteration means: 0.4, 0.6, 0.5, 0.3, 0.0667, 0.0333, 0.0333, 0.0333 -> peak 0.6;
+    # final = mean(0, 0, 0.1, 0, 0) = 0.02 < 0.3: collapsed
+    learned = [0.1, 0.3, 0.5, 0.7, 0.9, 0.9, 0.8, 0.9, 0.9, 0.9]  # peak 0.9, final 0.88: not collapsed
+    never = [0.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]  # peak 0.0333, drop 0.0333 < 0.1: not collapsed
+    at_half = [0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25, 0.25]  # final 0.25 = half the peak 0.5: not below it
+    below_half = [0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25, 0.0]  # final 0.2 < 0.25: collapsed
+    c = collapse([fell, learned, never, at_half, below_half, [0.6]])
+    assert c.peak == pytest.approx([0.6, 0.9, 0.1 / 3, 0.5, 0.5, 0.6])
+    assert c.final == pytest.approx([0.02, 0.88, 0.0, 0.25, 0.2, 0.6])
+    assert c.collapsed.tolist() == [True, False, False, False, True, False]
+    assert c.seeds == [0, 4] and c.count == 2
+    # the minimum drop is a parameter: without it the run that never learned counts as collapsed
+    assert collapse([never], min_drop=0.0).collapsed.tolist() == [True]
+    # a brief spike to 0.4 and back to 0: peak (0.07 + 0.4 + 0) / 3 = 0.157, final 0: a drop of 0.157 >= 0.1
+    spike = [0.02, 0.01, 0.07, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert collapse([spike]).collapsed.tolist() == [True]
+    assert collapse([spike], min_drop=0.2).collapsed.tolist() == [False]
+    # other windows: peak over 1 iteration = 0.7; final over the last 2 = 0.0 -> collapsed
+    c = collapse([fell], peak_window=1, final_window=2, ratio=0.1)
+    assert (c.peak[0], c.final[0], c.count) == (0.7, 0.0, 1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"success": []}, "at least one curve"), ({"success": [[]]}, r"success\[0\] is empty"),
+    ({"success": [[0.5, 1.5]]}, r"success\[0\] must hold shares"), ({"success": [[0.5, NAN]]}, "shares"),
+    ({"success": [[0.5]], "ratio": 1.0}, "ratio"), ({"success": [[0.5]], "min_drop": -0.1}, "min_drop"),
+    ({"success": [[0.5]], "peak_window": 0}, "peak_window"),
+])
+def test_collapse_refuses_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        collapse(**kwargs)
+
+
+def test_gap_share_against_hand_computed_values():
+    ref = Censored.of([400, 400], [600, 600])
+    best = Censored.of([100, 100], [600, 600])
+    half = Censored.of([200, 300], [600, 600])  # restricted mean 250: (400 - 250) / (400 - 100) = 0.5
+    g, lo, hi = gap_share(half, ref, best, 600)
+    assert g == pytest.approx(0.5) and lo == pytest.approx(1 / 3) and hi == pytest.approx(2 / 3)
+    assert gap_share(ref, ref, best, 600)[0] == 0.0 and gap_share(best, ref, best, 600)[0] == 1.0
+    assert all(np.isnan(gap_share(half, best, ref, 600)))  # the "best" row is slower: no gap to close
+
+
+def test_pick_lr_never_prefers_a_rate_at_which_a_seed_collapsed():
+    from types import SimpleNamespace
+
+    from progpo.lab import learning_report as lr
+    from progpo.lab.learner import RunResult
+
+    def run(succ, seed=0):
+        s = np.asarray(succ, dtype=float)
+        return RunResult(SimpleNamespace(seed=seed), np.arange(1, s.size + 1) * 100.0, s, np.zeros(0, np.int64),
+                         {}, 0.0)
+
+    fast_but_fell = run([0.9, 0.9, 0.9, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0], seed=7)  # reaches 80% at 100, then 0
+    fast = run([0.9] * 9, seed=8)
+    slow = run([0.1, 0.1, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9], seed=9)
+    assert lr.collapsed_seeds([fast_but_fell, fast, slow]) == [7]
+    assert lr.fmt_collapsed([fast_but_fell, fast]) == "1/2 (seeds 7)" and lr.fmt_collapsed([slow]) == "0/1"
+    # lr 10 is faster on every seed but one of its seeds collapsed: lr 3 is chosen
+    assert lr.pick_lr({3.0: [slow, slow], 10.0: [fast_but_fell, fast]}, 0.8, 900.0) == 3.0
+    # when every rate has a collapse, the fewest collapses win, then speed
+    assert lr.pick_lr({3.0: [fast_but_fell, fast_but_fell], 10.0: [fast_but_fell, slow]}, 0.8, 900.0) == 10.0
+    table = lr.stability_table({"x": {3.0: [slow, slow], 10.0: [fast_but_fell, fast], 20.0: [slow]}}, {"x": 3.0})
+    assert "| x | **0/2, 0.90** | 1/2 (seeds 7), 0.45 | 0/1, 0.90 | 3, 20 |" in table
+    assert lr._fmt_rates([1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 5.0]) == "1-3" and lr._fmt_rates([], [1.0]) == "none"
