@@ -27,6 +27,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -119,6 +120,12 @@ def add_env_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--env.num_env_actors", type=int, default=16, help="Ray env actors per vLLM engine")
     g.add_argument("--env.num_cpus_per_actor", type=float, default=0.25, help="CPUs per Ray env actor")
     g.add_argument("--env.episodes_per_actor", type=int, default=1, help="episodes one Ray env actor hosts at once")
+    g.add_argument("--env.max_failed_frac", type=float, default=0.5,
+                   help="stop the job when more than this share of a batch's episodes failed (all failed always stops)")
+    g.add_argument("--env.call_timeout_s", type=float, default=300.0,
+                   help="seconds one Ray env actor call (reset/step) may take before the actor counts as dead")
+    g.add_argument("--env.start_timeout_s", type=float, default=600.0,
+                   help="seconds a Ray env actor may take to be placed and started before its episodes fail")
     g.add_argument("--env.split", default="train", help="split the training tasks come from")
     g.add_argument("--env.num_tasks", type=int, default=None,
                    help="training tasks (indices task_offset..task_offset+num_tasks-1); required "
@@ -252,7 +259,9 @@ def _agent_config(parser: argparse.ArgumentParser, ns: dict[str, Any]) -> Any:
                 _fail(parser, "--env.url", f"must look like http://host:port, got {ns['env.url']!r}")
             kwargs["base_url"] = ns["env.url"]
     if ns["env.data_dir"]:
-        kwargs["data_dir"] = ns["env.data_dir"]
+        kwargs["data_dir"] = str(Path(ns["env.data_dir"]).expanduser().resolve())  # actors run in other dirs
+    if name == "alfworld":
+        _alfworld_data(parser, ns["env.data_dir"])
     try:
         return AgentConfig(
             env_name=name, env_kwargs=kwargs, pool=pool,
@@ -260,11 +269,64 @@ def _agent_config(parser: argparse.ArgumentParser, ns: dict[str, Any]) -> Any:
             history_length=ns["env.history_length"], invalid_penalty=ns["env.invalid_penalty"],
             max_prompt_tokens=ns["env.max_prompt_tokens"], max_new_tokens=ns["rollout.max_new_tokens"] or 512,
             num_env_actors=ns["env.num_env_actors"], num_cpus_per_actor=ns["env.num_cpus_per_actor"],
-            episodes_per_actor=ns["env.episodes_per_actor"],
+            episodes_per_actor=ns["env.episodes_per_actor"], max_failed_frac=ns["env.max_failed_frac"],
+            call_timeout_s=ns["env.call_timeout_s"], start_timeout_s=ns["env.start_timeout_s"],
         )
     except ValueError as exc:
         m = re.search(r"env\.(\w+)", str(exc))
         _fail(parser, f"--env.{m.group(1)}" if m else "--env.*", str(exc))
+
+
+def _per_step_checks(parser: argparse.ArgumentParser, ns: dict[str, Any], estimator: str) -> None:
+    """What per-step samples need of OpenRLHF's settings (any estimator), each refusal naming its flag.
+
+    Batch sizes that keep every data-parallel rank's collectives equal
+    (:func:`progpo.openrlhf.balance.check_batch_arithmetic`); no dynamic batching (its step count
+    assumes one sample per episode and would drop rows); for OpenRLHF's own estimators (episode
+    advantages on every step, ``progpo.openrlhf.experience``): no critic (``gae``), ``gamma = 1``, the
+    KL as a loss, no length penalties (they would apply to episodes, not steps).
+    """
+    from progpo.openrlhf.balance import check_batch_arithmetic
+
+    dup = ns["ds.ring_attn_size"] * ns["ds.tensor_parallel_size"]
+    actor = ns["actor.num_nodes"] * ns["actor.num_gpus_per_node"] // dup
+    ref = ns["ref.num_nodes"] * ns["ref.num_gpus_per_node"] // dup if ns["algo.kl.init_coef"] > 0 else 1
+    try:
+        check_batch_arithmetic(train_batch=ns["train.batch_size"], train_micro=ns["train.micro_batch_size"],
+                               rollout_micro=ns["rollout.micro_batch_size"], actor_ranks=actor,
+                               forward_ranks=math.lcm(actor, ref))
+    except ValueError as exc:
+        flag = re.match(r"(--[\w.]+)", str(exc))
+        _fail(parser, flag.group(1) if flag else "--train.batch_size", str(exc))
+    if ns["train.dynamic_batch_enable"]:
+        _fail(parser, "--train.dynamic_batch_enable", "is not supported with per-step samples (its step count "
+                                                      "assumes one sample per episode and would drop step rows)")
+    if estimator in OUR_ESTIMATORS:
+        return
+    why = f"with OpenRLHF's --advantage_estimator {estimator} on per-step samples (episode advantage on every step)"
+    if estimator == "gae":
+        _fail(parser, "--advantage_estimator", f"gae needs a critic; ProGPO runs critic-free ({why})")
+    if ns["algo.advantage.gamma"] != 1:
+        _fail(parser, "--algo.advantage.gamma", f"must be 1 {why}, got {ns['algo.advantage.gamma']}")
+    if ns["algo.kl.init_coef"] > 0 and not ns["algo.kl.use_loss"]:
+        _fail(parser, "--algo.kl.use_loss", f"is required {why}: a KL reward penalty would be summed over a transcript")
+    for flag in ("reward.overlong_buffer_len", "reward.stop_properly_penalty_coef"):
+        if ns[flag] is not None:
+            _fail(parser, f"--{flag}", f"is not supported {why}: it would penalise episodes, not steps")
+
+
+def _alfworld_data(parser: argparse.ArgumentParser, data_dir: str | None) -> None:
+    """Exit naming ``--env.data_dir`` unless ALFWorld's games can be found from here (the folder, or the
+    archive that ``progpo.envs.alfworld_data`` unpacks; :func:`ray_env_vars` sends the same data root
+    to every worker)."""
+    from progpo.envs.alfworld_data import ARCHIVE_NAME, resolve_data_dir
+    from progpo.paths import data_root
+
+    try:
+        resolve_data_dir(data_dir, unpack=False)
+    except FileNotFoundError as exc:
+        if data_dir or not (data_root() / "alfworld" / ARCHIVE_NAME).is_file():
+            _fail(parser, "--env.data_dir", f"{exc} (pass --env.data_dir, or set PROGPO_DATA to the data folder)")
 
 
 def write_tasks(path: Path, split: str, indices: Iterable[int]) -> Path:
@@ -351,6 +413,7 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
         _fail(parser, "--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
     if ours and ns["rollout.n_samples_per_prompt"] < 2:
         _fail(parser, "--rollout.n_samples_per_prompt", f"group estimators need >= 2, got {ns['rollout.n_samples_per_prompt']}")
+    _per_step_checks(parser, ns, estimator)
     if ns["train.agent_func_path"] is None:
         ns["train.agent_func_path"] = _agent_path()
     elif not Path(ns["train.agent_func_path"]).is_file():
@@ -469,7 +532,8 @@ def _job_env_var_keys() -> set[str]:
 
 def ray_env_vars(agent_config_json: str) -> dict[str, str]:
     """Env vars every Ray worker needs: the agent config plus OpenRLHF's defaults and data/offline
-    settings of this shell, minus keys the Ray job already sets."""
+    settings of this shell (``PROGPO_DATA`` = this process's data root, absolute, when not set),
+    minus keys the Ray job already sets."""
     env_vars = {
         "PROGPO_AGENT_CONFIG": agent_config_json,
         "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
@@ -479,6 +543,10 @@ def ray_env_vars(agent_config_json: str) -> dict[str, str]:
     for key in ("PROGPO_DATA", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if key in os.environ:
             env_vars[key] = os.environ[key]
+    from progpo.paths import data_root
+
+    if "PROGPO_DATA" not in env_vars and data_root().is_dir():  # workers (other nodes, working dirs) find ours
+        env_vars["PROGPO_DATA"] = str(data_root().resolve())
     taken = _job_env_var_keys()
     return {k: v for k, v in env_vars.items() if k not in taken}
 
@@ -519,7 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, check, then run OpenRLHF's training with our trainer actor (blocks until done).
 
     Returns 0 when training finished; a bad flag, or ``--device cuda`` without vLLM / flash-attn
-    installed, exits with status 2 (one line naming the flag, plus a hint).
+    installed, exits with status 2 (one line naming the flag, plus a hint); a rollout batch whose
+    failed episodes crossed ``--env.max_failed_frac`` (or all failed) exits with status 3 and one
+    line naming the cause (``progpo.openrlhf.failures``), before anything more is trained or saved.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = build_parser()
@@ -533,10 +603,15 @@ def main(argv: list[str] | None = None) -> int:
                                   "requirements-gpu.txt); for a CPU dry run of this job add --device cpu")
     from progpo.openrlhf.trainer import run_openrlhf_main
 
+    from progpo.openrlhf.failures import EXIT_ROLLOUT_FAILED, RolloutFailed
+
     os.environ["PROGPO_AGENT_CONFIG"] = args.progpo_agent_config_json
     started = init_ray(args)
     try:
         run_openrlhf_main(args)
+    except RolloutFailed as exc:  # raised in OpenRLHF's trainer actor; ray.get re-raises it as a subclass
+        message = " ".join(str(getattr(exc, "cause", None) or exc).split())
+        parser.exit(EXIT_ROLLOUT_FAILED, f"{parser.prog}: error: {message}\n")
     finally:
         if started:
             import ray
