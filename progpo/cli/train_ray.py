@@ -607,17 +607,19 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ["PROGPO_AGENT_CONFIG"] = args.progpo_agent_config_json
     started = init_ray(args)
+    failure = None
     try:
         run_openrlhf_main(args)
     except RolloutFailed as exc:  # raised in OpenRLHF's trainer actor; ray.get re-raises it as a subclass
-        message = " ".join(str(getattr(exc, "cause", None) or exc).split())
-        parser.exit(EXIT_ROLLOUT_FAILED, f"{parser.prog}: error: {message}\n")
+        failure = " ".join(str(getattr(exc, "cause", None) or exc).split())
     finally:
         if started:
             import ray
 
             ray.shutdown()
             logger.info("local Ray head shut down")
+    if failure is not None:  # the last line on stderr
+        parser.exit(EXIT_ROLLOUT_FAILED, f"{parser.prog}: error: {failure}\n")
     return 0
 
 

@@ -17,13 +17,12 @@ from typing import Any
 
 import ray
 import torch
-from openrlhf.trainer.ray import ppo_actor as _ppo_actor_module
 from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import _write_json
-from progpo.openrlhf.patching import patched
+from progpo.openrlhf.version import OPENRLHF_VERSION
 
 EMPTY_WEIGHT = 1e-30
 """Token / sample count reported for a micro-batch without real rows. OpenRLHF's ``ppo_train``
@@ -95,9 +94,21 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
     """
 
     def init_model_from_pretrained(self, *args: Any, **kwargs: Any) -> None:
-        """OpenRLHF's, building :class:`StepActorPPOTrainer` where it builds ``ActorPPOTrainer``."""
-        with patched(_ppo_actor_module, "ActorPPOTrainer", StepActorPPOTrainer):
-            super().init_model_from_pretrained(*args, **kwargs)
+        """OpenRLHF's; its ``ActorPPOTrainer`` then becomes a :class:`StepActorPPOTrainer`.
+
+        The trainer is built by OpenRLHF's own constructor; only its class is switched to the
+        subclass (which adds methods, no state). Patching the name ``ActorPPOTrainer`` in OpenRLHF's
+        module would not reach it: Ray ships this actor class to the worker by value, with its own
+        copy of the method's globals.
+
+        Raises:
+            RuntimeError: OpenRLHF built something other than ``ActorPPOTrainer`` (another version).
+        """
+        super().init_model_from_pretrained(*args, **kwargs)
+        if type(self.trainer) is not ActorPPOTrainer:
+            raise RuntimeError(f"OpenRLHF built a {type(self.trainer).__name__} as the policy trainer, not "
+                               f"ActorPPOTrainer (openrlhf {OPENRLHF_VERSION} is the supported version)")
+        self.trainer.__class__ = StepActorPPOTrainer
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """OpenRLHF's forward (log-probs of a rollout chunk), counted."""
@@ -130,7 +141,7 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         """This rank's counts since the last call, then reset.
 
         Returns:
-            ``rank``; ``forward`` (experience-making forward passes); ``micro_batches``
+            ``rank``; ``node_id`` (the Ray node); ``forward`` (experience-making forward passes); ``micro_batches``
             (``training_step`` calls); ``optimizer_steps`` (DeepSpeed ``global_steps`` advanced);
             ``micro_steps`` (DeepSpeed micro-steps); ``pending_micro_steps`` (DeepSpeed micro-steps
             since the last optimizer step: gradient that would be carried into the next iteration);
@@ -139,7 +150,8 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         engine = self.actor.model
         fit = self.__dict__.pop("_progpo_fit_counts", {"optimizer_steps": 0, "micro_steps": 0})
         gas = int(engine.gradient_accumulation_steps())
-        out = {"rank": torch.distributed.get_rank(), "forward": self.__dict__.pop("_progpo_forwards", 0),
+        out = {"rank": torch.distributed.get_rank(), "node_id": ray.get_runtime_context().get_node_id(),
+               "forward": self.__dict__.pop("_progpo_forwards", 0),
                "micro_batches": self.trainer.progpo_micro_batches, **fit,
                "pending_micro_steps": int(engine.micro_steps) % gas, "gas": gas}
         self.trainer.progpo_micro_batches = 0
@@ -181,5 +193,6 @@ class ProGPOReferenceModelActor(ReferenceModelActor.__ray_actor_class__):
         return super().forward(*args, **kwargs)
 
     def progpo_counts(self) -> dict[str, int]:
-        """``rank`` and ``forward`` passes since the last call, then reset."""
-        return {"rank": torch.distributed.get_rank(), "forward": self.__dict__.pop("_progpo_forwards", 0)}
+        """``rank``, ``node_id`` and ``forward`` passes since the last call, then reset."""
+        return {"rank": torch.distributed.get_rank(), "node_id": ray.get_runtime_context().get_node_id(),
+                "forward": self.__dict__.pop("_progpo_forwards", 0)}

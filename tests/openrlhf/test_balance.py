@@ -214,3 +214,70 @@ def test_batch_arithmetic_is_checked_naming_the_flags(mods, kwargs, flag):
         mods.balance.check_batch_arithmetic(**kwargs)
     ok = dict(kwargs, rollout_micro=8, train_micro=8)
     assert mods.balance.check_batch_arithmetic(**ok) == 256
+
+
+class _Rank:
+    """A policy/reference rank as OpenRLHF's ``RayActorGroup`` sees it: records what each call hands it."""
+
+    def __init__(self):
+        self.calls = []
+        self.execute_batch = SimpleNamespace(remote=lambda method, chunk, start, end: self.calls.append(
+            (method, chunk, end - start)))
+
+
+def _rank_counts(mods, rows, *, ranks, rollout_micro, train_micro, gas, monkeypatch):
+    """Forward passes, micro-batches and pending accumulation steps per rank, by OpenRLHF's own code:
+    ``split_rollout_samples`` (experience maker) and ``RayActorGroup.async_run_method_batch`` (chunking),
+    then ``DataLoader(drop_last=True)`` micro-batches and DeepSpeed's every-``gas`` optimizer step."""
+    import ray
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+    from openrlhf.trainer.ray.launcher import RayActorGroup
+
+    monkeypatch.setattr(ray, "put", lambda value: value)
+    maker = RemoteExperienceMaker.__new__(RemoteExperienceMaker)
+    maker.args = SimpleNamespace(train=SimpleNamespace(dynamic_batch_enable=False),
+                                 rollout=SimpleNamespace(micro_batch_size=rollout_micro))
+    maker.tokenizer = SimpleNamespace(pad_token_id=0)
+    chunks = maker.split_rollout_samples(rows)
+    group = RayActorGroup.__new__(RayActorGroup)
+    group._actor_handlers, group.duplicate_actors = [_Rank() for _ in range(ranks)], 1
+    group.async_run_method_batch(method_name="forward", sequences=[c.sequences for c in chunks])
+    group.async_run_method_batch(method_name="append", experience=chunks)
+    out = []
+    for rank in group._actor_handlers:
+        forward = sum(n for method, _, n in rank.calls if method == "forward")
+        rows_here = sum(e.sequences.size(0) for method, chunk, _ in rank.calls if method == "append"
+                        for e in chunk["experience"])
+        micro = rows_here // train_micro
+        out.append((forward, micro, micro // gas, micro % gas))
+    return out
+
+
+@pytest.mark.parametrize("ranks, rollout_micro, train_batch, train_micro", [
+    (8, 16, 256, 8),   # one node of 8 GPUs: the scripts' arithmetic
+    (16, 8, 256, 8),   # two nodes
+    (2, 4, 16, 2),     # the CPU topology run
+])
+def test_every_rank_runs_the_same_collectives_whatever_the_step_count(mods, monkeypatch, ranks, rollout_micro,
+                                                                      train_batch, train_micro):
+    """For every S (the step count of a rollout): equal forward passes (policy and reference share the
+    chunking), equal micro-batches and whole optimizer steps on every rank, nothing left pending."""
+    gas = train_batch // (train_micro * ranks)
+    template = _row(mods, 0)
+    for name in ("action_log_probs", "base_action_log_probs", "advantages", "returns"):  # set later, by the forwards
+        setattr(template, name, None)
+    seen_unequal = False
+    for s in (1, 3, ranks + 1, 21, 127, 129, 300, 511):
+        rows = [template] * s
+        try:
+            plain = _rank_counts(mods, rows, ranks=ranks, rollout_micro=rollout_micro, train_micro=train_micro,
+                                 gas=gas, monkeypatch=monkeypatch)
+            seen_unequal |= len(set(plain)) > 1 or any(c[3] for c in plain)
+        except ValueError:  # OpenRLHF: fewer chunks than ranks
+            seen_unequal = True
+        balanced = mods.balance.balance_for_ranks(rows, multiple=train_batch, ranks=ranks, pad_token_id=0)
+        counts = _rank_counts(mods, balanced, ranks=ranks, rollout_micro=rollout_micro, train_micro=train_micro,
+                              gas=gas, monkeypatch=monkeypatch)
+        assert len(set(counts)) == 1, (s, counts)
+        assert counts[0][3] == 0 and counts[0][2] >= 1, (s, counts)  # no gradient carried to the next iteration
+    assert seen_unequal  # without the padding, OpenRLHF's chunking gives ranks different work
