@@ -24,6 +24,9 @@ source "$REPO/examples/scripts/lib/ray_cluster.sh"
 source "$REPO/examples/scripts/lib/train_args.sh"
 
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # every Ray worker imports this checkout
+# Ray 2.60's token auth for the nodes, `ray status` and the driver alike (the token in ~/.ray/auth_token,
+# created by the head if missing); RAY_AUTH_MODE=disabled turns it off (see "Auth note" in docs/distributed.md)
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
 SLOTS=${GPU_SLOTS:-1}
 CPUS=${NODE_CPUS:-3}
 IP=$(progpo_node_ip)

@@ -12,8 +12,8 @@ per-step info keys are then removed (the actor's training step logs every info e
 tensor and cannot take lists of strings). Padding rows (no action tokens, see
 ``progpo.openrlhf.balance``) are left out of the step batch and get advantage 0.
 
-OpenRLHF's own estimators (``group_norm``, ``rloo``, ``reinforce``, ``reinforce_baseline``,
-``dr_grpo``, ``flash_reinforce``: the comparison mode) train on the same per-step samples: their
+OpenRLHF's own estimators (``group_norm``, ``reinforce``, ``reinforce_baseline``, ``dr_grpo``,
+``flash_reinforce``: the comparison mode; its ``rloo`` name is our registry's) train on the same per-step samples: their
 advantage is computed by OpenRLHF's own ``compute_advantages_and_returns`` on one row per episode
 (reward = the episode return ``R_i``, one action position per response token of the episode), and
 that episode advantage goes on every action token of each of its steps. With ``gamma = 1`` and the
@@ -179,6 +179,9 @@ class StepExperienceMaker(RemoteExperienceMaker):
             raise ValueError(f"estimator returned advantages of shape {tuple(step_adv.shape)} or non-finite values")
 
         kl_coef = 0.0 if args.algo.kl.use_loss else max(float(self.kl_ctl.value), 0.0)
+        if kl_coef > 0 and self.advantage_estimator not in OUR_ESTIMATORS:
+            raise ValueError(f"--advantage_estimator {self.advantage_estimator} on per-step samples needs "
+                             "--algo.kl.use_loss (a KL reward penalty would be summed over a transcript)")
         self._iteration += 1
         if self.dump_dir:
             index = [i for exp in experiences for i, k in zip(exp.index, real_rows(exp).tolist()) if k]
