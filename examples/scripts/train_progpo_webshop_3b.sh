@@ -4,7 +4,7 @@
 set -euo pipefail
 export ESTIMATOR=${ESTIMATOR:-progpo} ENV_NAME=webshop
 export MODEL=${MODEL:-Qwen/Qwen2.5-3B-Instruct}
-export TRAIN_MICRO_BATCH=${TRAIN_MICRO_BATCH:-4} ROLLOUT_MICRO_BATCH=${ROLLOUT_MICRO_BATCH:-8}
+export MAX_TRAIN_MICRO_BATCH=${MAX_TRAIN_MICRO_BATCH:-4} MAX_ROLLOUT_MICRO_BATCH=${MAX_ROLLOUT_MICRO_BATCH:-8}
 export VLLM_GPU_MEM=${VLLM_GPU_MEM:-0.45}
 # shellcheck source=examples/scripts/lib/one_node.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/one_node.sh"

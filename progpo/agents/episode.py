@@ -223,14 +223,24 @@ async def _play(
         ep.info = {k: v for k, v in info.items() if k not in _INFO_DROP}
         ep.final_obs = str(info.get("anchor_observation", obs))
     except EnvFailure as exc:
-        ep.failed = True
+        mark_failed(ep, exc)
         logger.warning("episode %s (uid %s) failed: %s", ep.traj_id, ep.uid, exc)
     finally:
         try:
             await pool.release(eid)
         except EnvFailure as exc:
-            ep.failed = True
+            if not ep.failed:
+                mark_failed(ep, exc)
             logger.warning("episode %s: release failed: %s", ep.traj_id, exc)
+
+
+def mark_failed(ep: Episode, exc: BaseException, kind: str | None = None) -> None:
+    """Mark ``ep`` failed by ``exc``: ``failure_kind`` = ``kind`` or the exception's ``kind``
+    attribute (``EnvFailure.kind``; ``"rollout_error"`` when it has none), ``failure_message`` =
+    its message on one line."""
+    ep.failed = True
+    ep.failure_kind = kind or getattr(exc, "kind", None) or "rollout_error"
+    ep.failure_message = " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 async def _one_step(

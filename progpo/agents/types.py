@@ -148,7 +148,12 @@ class Episode:
         task_id: the env's stable task id (``info['task_id']``).
         steps: the ``T`` step records, in order.
         won: the env reported success.
-        failed: the env died mid-episode (the episode is dropped from training).
+        failed: the episode could not be played to its end (its env died, or, on the distributed
+            path, its engine or env refused a request); it is dropped from training.
+        failure_kind: why it failed, one word (``EnvFailure.kind``: ``env_unreachable``,
+            ``env_data_missing``, ``env_not_started``, ``env_actor_died``, ...; ``engine_abort`` ...);
+            ``""`` when not failed.
+        failure_message: the error's message, one line (``""`` when not failed).
         info: env-specific end-of-episode data (task_type, WebShop score, ...).
         final_obs: the anchor observation the env returned after the last step (the state a
             truncated trajectory was cut in; fills ``StepBatch.final_obs`` for the graph estimator).
@@ -162,6 +167,8 @@ class Episode:
     steps: list[StepRecord] = field(default_factory=list)
     won: bool = False
     failed: bool = False
+    failure_kind: str = ""
+    failure_message: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     final_obs: str = ""
 

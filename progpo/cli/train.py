@@ -11,12 +11,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags, run the trainer, print metrics per iteration. Exit code 2 on a bad flag value."""
+    """Parse flags, run the trainer, print metrics per iteration. Exit code 2 on a bad flag value, 3 when a
+    batch's failed episodes crossed ``--env.max_failed_frac`` (one line naming the cause)."""
     from progpo.run.process import prepare_process
 
     prepare_process()
     from progpo.trainer.config import config_from_args
     from progpo.envs.base import EnvFailure
+    from progpo.run.failures import EXIT_ROLLOUT_FAILED, RolloutFailed
     from progpo.trainer.loop import Trainer
 
     try:
@@ -38,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():  # log lines above the progress bar, not through it
             history = Trainer(cfg, on_iteration=show).fit()
+    except RolloutFailed as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_ROLLOUT_FAILED
     except (ValueError, FileNotFoundError, EnvFailure) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

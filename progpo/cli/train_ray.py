@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse, check, then run OpenRLHF's training with our trainer actor (blocks until done).
 
     Returns 0 when training finished; a bad flag, or ``--device cuda`` without vLLM / flash-attn
-    installed, exits with status 2 (one line naming the flag, plus a hint).
+    installed, exits with status 2 (one line naming the flag, plus a hint); a rollout batch whose
+    failed episodes crossed ``--env.max_failed_frac`` (or all failed) exits with status 3 and one
+    line naming the cause (``progpo.run.failures``), before anything more is trained or saved.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = build_parser()
@@ -116,17 +118,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"argument --device: cuda needs {' and '.join(missing_gpu_packages())} installed (pip install -r "
                      "requirements-gpu.txt); for a CPU dry run of this job add --device cpu")
     from progpo.openrlhf.trainer import run_openrlhf_main
+    from progpo.run.failures import EXIT_ROLLOUT_FAILED, RolloutFailed
 
     os.environ["PROGPO_AGENT_CONFIG"] = args.progpo_agent_config_json
     started = init_ray(args)
+    failure = None
     try:
         run_openrlhf_main(args)
+    except RolloutFailed as exc:  # raised in OpenRLHF's trainer actor; ray.get re-raises it as a subclass
+        failure = " ".join(str(getattr(exc, "cause", None) or exc).split())
     finally:
         if started:
             import ray
 
             ray.shutdown()
             logger.info("local Ray head shut down")
+    if failure is not None:  # the last line on stderr
+        parser.exit(EXIT_ROLLOUT_FAILED, f"{parser.prog}: error: {failure}\n")
     return 0
 
 

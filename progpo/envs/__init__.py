@@ -45,6 +45,7 @@ register(
     summary="progpo.run.evaluation:alfworld_summary",
     download="progpo.run.download:download_alfworld",
     data_subdir="alfworld",
+    data_check="progpo.envs.alfworld_data:check_data",
     pool="ray",
 )
 

@@ -70,6 +70,23 @@ def _as_dataset_dir(folder: Path) -> Path | None:
     return None
 
 
+def check_data(data_dir: str | os.PathLike | None = None) -> None:
+    """Check, without unpacking anything, that ALFWorld's games can be found from here: the folder
+    :func:`resolve_data_dir` would play from, or (no ``data_dir`` given) the archive it would unpack
+    from the data root (``progpo.paths.data_root() / "alfworld"``).
+
+    Raises:
+        FileNotFoundError: naming the missing folder or archive, and how to point at the data.
+    """
+    from progpo.paths import data_root
+
+    try:
+        resolve_data_dir(data_dir, unpack=False)
+    except FileNotFoundError as exc:
+        if data_dir is not None or not (data_root() / "alfworld" / ARCHIVE_NAME).is_file():
+            raise FileNotFoundError(f"{exc} (pass --env.data_dir, or set PROGPO_DATA to the data folder)") from exc
+
+
 def resolve_data_dir(data_dir: str | os.PathLike | None = None, *, unpack: bool = True) -> Path:
     """Return the ``json_2.1.1`` folder to play from (see the module docstring for the order).
 

@@ -43,7 +43,7 @@ label has.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 REQUIRED_INFO_KEYS: dict[str, type | tuple[type, ...]] = {
     "task": str,
@@ -113,8 +113,40 @@ class TextEnv(Protocol):
 class EnvFailure(RuntimeError):
     """An environment (process, actor or server) died or stopped answering mid-episode.
 
-    The episode loop catches it and marks only that episode as failed; the run goes on.
+    The episode loop catches it and marks only that episode as failed (``Episode.failure_kind`` =
+    the class's :attr:`kind`); the run goes on unless too many episodes of a batch failed.
+
+    Attributes:
+        kind: a short word naming the failure class, used as the failed episode's
+            ``failure_kind`` and in the ``rollout/failed/<kind>`` metric.
     """
+
+    kind: ClassVar[str] = "env_failure"
+
+
+class EnvUnreachable(EnvFailure):
+    """The env service could not be reached (connection refused or timed out)."""
+
+    kind: ClassVar[str] = "env_unreachable"
+
+
+class EnvDataMissing(EnvFailure):
+    """The env could not find its data folder (a ``FileNotFoundError`` while building the env)."""
+
+    kind: ClassVar[str] = "env_data_missing"
+
+
+class EnvRejected(EnvFailure):
+    """The env refused a request of the rollout itself (a ``ValueError`` from the env pool on the
+    distributed path: e.g. an unknown split, or a WebShop 4xx at reset)."""
+
+    kind: ClassVar[str] = "env_rejected"
+
+
+class EnvNotStarted(EnvFailure):
+    """The process that should host the env (a Ray env actor) did not start within its timeout."""
+
+    kind: ClassVar[str] = "env_not_started"
 
 
 @runtime_checkable

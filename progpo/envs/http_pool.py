@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from progpo.envs.base import EnvFailure, StepResult
+from progpo.envs.base import EnvUnreachable, StepResult
 from progpo.envs.webshop import SPLITS, WebShopEnv, _session_base
 
 
@@ -58,7 +58,7 @@ class AsyncWebShopEnv(WebShopEnv):
         try:
             r = await self._client.request(method, self._url(path), timeout=self.timeout_s, **kwargs)
         except httpx.HTTPError as e:
-            raise EnvFailure(f"WebShop server at {self.base_url} unreachable: {e}") from e
+            raise EnvUnreachable(f"WebShop server at {self.base_url} unreachable: {e!r}") from e
         finally:
             self._stats.exit()
         return self._answer(path, r.status_code, r.text)

@@ -6,12 +6,21 @@ loaded live actor and keeps it there until ``release``. Calls to different actor
 parallel (ALFWorld's ~1.3 s reset on 8 actors overlaps 8-fold, CPU permitting); calls to one
 actor run one at a time.
 
-Failure handling: when an actor dies (crash, OOM kill, ``ray.kill``) or does not answer within
-``call_timeout_s``, every episode it hosted raises ``EnvFailure`` (``ActorDied``) on its next call,
-and the pool starts a fresh actor in its place, so the run continues; a reset that meets a dead
-actor is retried once on the replacement. A ``ValueError`` raised by the env (bad
-user input such as an unknown split) is re-raised as ``ValueError``; any other exception in the
-env becomes ``EnvFailure`` for that episode only (the actor stays).
+Placement: the actors never join the placement group of the process that creates them. OpenRLHF
+creates its vLLM engines with ``placement_group_capture_child_tasks=True``; an env pool built inside
+an engine would otherwise be captured into the engine's GPU bundle, where a handful of 0.25-CPU actors
+fit at most and the rest wait forever. Each actor is scheduled with a soft node affinity to the
+creating process's node (env actors beside their engine when the node has room, elsewhere if not).
+
+Failure handling: every remote call has a finite timeout. An actor that has not started within
+``start_timeout_s`` of its creation fails the episodes placed on it with ``EnvNotStarted`` (no
+replacement: one would not fit either). When a started actor dies (crash, OOM kill, ``ray.kill``) or
+does not answer within ``call_timeout_s``, every episode it hosted raises ``EnvFailure``
+(``ActorDied``) on its next call, and the pool starts a fresh actor in its place, so the run
+continues; a reset that meets a dead actor is retried once on the replacement. A ``ValueError``
+raised by the env (bad user input such as an unknown split) is re-raised as ``ValueError``; a
+``FileNotFoundError`` (the env's data folder is missing on that node) becomes ``EnvDataMissing``;
+any other exception in the env becomes ``EnvFailure`` for that episode only (the actor stays).
 
 This is the only module of ``progpo.envs`` that imports ``ray``.
 """
@@ -24,14 +33,16 @@ import itertools
 import logging
 import math
 import os
-from dataclasses import dataclass
-from typing import Any
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from progpo.envs import env_class, make_env, spec
-from progpo.envs.base import EnvFailure, StepResult
+from progpo.envs.base import EnvDataMissing, EnvFailure, EnvNotStarted, StepResult
 from progpo.paths import REPO_ROOT
 
 logger = logging.getLogger(__name__)
@@ -67,6 +78,12 @@ class _EnvHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def placement(self) -> dict[str, Any]:
+        """Where this actor runs: ``pid``, ``node_id`` and ``placement_group`` (its id, None outside any)."""
+        pg = ray.util.get_current_placement_group()
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "placement_group": None if pg is None else pg.id.hex()}
+
     def close(self) -> None:
         for env in self._free + list(self._busy.values()):
             env.close()
@@ -77,10 +94,15 @@ class _EnvHost:
 class ActorDied(EnvFailure):
     """The env actor behind an episode died or stopped answering (a kind of ``EnvFailure``)."""
 
+    kind: ClassVar[str] = "env_actor_died"
+
 
 @dataclass
 class _Slot:
     actor: Any
+    ready: Any = None  # ObjectRef of the actor's first call (pid): resolves once it runs
+    created_at: float = field(default_factory=time.monotonic)
+    started: bool = False
     load: int = 0
     generation: int = 0
 
@@ -115,13 +137,16 @@ class RayEnvPool:
         num_cpus_per_actor: Ray CPU resource per actor (fractional: 0.25 packs 4 actors per core).
         episodes_per_actor: episodes one actor hosts at once; further ``reset`` calls wait for a
             free place (default 1: an actor's death costs exactly one episode).
-        call_timeout_s: seconds to wait for one reset/step before the actor counts as dead
-            (None: wait forever).
+        call_timeout_s: seconds to wait for one reset/step of a started actor before it counts
+            as dead (finite: a stuck env fails its episode instead of stalling the batch).
+        start_timeout_s: seconds from an actor's creation until it must have started (placed
+            and constructed); past it, its episodes fail with ``EnvNotStarted``.
         ray_init_kwargs: passed to ``ray.init`` when Ray is not running yet (defaults: enough
             CPUs for the actors, no dashboard, this repository on the workers' PYTHONPATH).
 
     Raises:
-        ValueError: unknown ``env_name`` or a non-positive count/resource.
+        ValueError: unknown ``env_name``, a non-positive count/resource, or a timeout that is not
+            a finite number of seconds > 0.
     """
 
     def __init__(
@@ -132,7 +157,8 @@ class RayEnvPool:
         num_cpus_per_actor: float = 0.25,
         *,
         episodes_per_actor: int = 1,
-        call_timeout_s: float | None = None,
+        call_timeout_s: float = 300.0,
+        start_timeout_s: float = 600.0,
         ray_init_kwargs: dict[str, Any] | None = None,
     ) -> None:
         spec(env_name)  # ValueError naming the registered envs
@@ -142,21 +168,23 @@ class RayEnvPool:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not num_cpus_per_actor > 0:
             raise ValueError(f"num_cpus_per_actor must be > 0, got {num_cpus_per_actor}")
-        if call_timeout_s is not None and not call_timeout_s > 0:
-            raise ValueError(f"call_timeout_s must be > 0 or None, got {call_timeout_s}")
+        for name, value in (("call_timeout_s", call_timeout_s), ("start_timeout_s", start_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
         self.env_name = env_name
         self.env_kwargs = dict(env_kwargs or {})
         self.num_actors = num_actors
         self.num_cpus_per_actor = float(num_cpus_per_actor)
         self.episodes_per_actor = episodes_per_actor
-        self.call_timeout_s = call_timeout_s
+        self.call_timeout_s = float(call_timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
         self.actors_replaced = 0
         self._owns_ray = False
         if not ray.is_initialized():
             ray.init(**self._default_init_kwargs(ray_init_kwargs))
             self._owns_ray = True
         self._actor_cls = ray.remote(_EnvHost)
-        self._slots = [_Slot(self._new_actor()) for _ in range(num_actors)]
+        self._slots = [self._new_slot() for _ in range(num_actors)]
         self._episodes: dict[Any, _Episode] = {}
         self._keys = itertools.count()
         self._changed: asyncio.Condition | None = None
@@ -175,10 +203,10 @@ class RayEnvPool:
         kwargs.update(extra or {})
         return kwargs
 
-    def _new_actor(self) -> Any:
-        return self._actor_cls.options(num_cpus=self.num_cpus_per_actor, max_restarts=0).remote(
-            self.env_name, self.env_kwargs
-        )
+    def _new_slot(self) -> _Slot:
+        actor = self._actor_cls.options(num_cpus=self.num_cpus_per_actor, max_restarts=0,
+                                        scheduling_strategy=env_actor_strategy()).remote(self.env_name, self.env_kwargs)
+        return _Slot(actor, ready=actor.pid.remote())
 
     def _condition(self) -> asyncio.Condition:
         # An asyncio.Condition binds to one event loop: make one per loop that drives the pool.
@@ -199,21 +227,42 @@ class RayEnvPool:
             ray.kill(slot.actor, no_restart=True)
         except (RayActorError, ValueError) as exc:  # already gone
             logger.debug("ray.kill of dead actor %d: %s", slot_idx, exc)
-        slot.actor = self._new_actor()
+        fresh = self._new_slot()
+        slot.actor, slot.ready, slot.created_at, slot.started = fresh.actor, fresh.ready, fresh.created_at, False
         slot.generation += 1
         slot.load = 0  # the dead actor's episodes fail on their next call and free nothing here
         self.actors_replaced += 1
+
+    async def _await_start(self, slot_idx: int, slot: _Slot) -> None:
+        """Wait until the slot's actor runs, at most ``start_timeout_s`` after its creation.
+
+        Raises:
+            EnvNotStarted: it was not placed/constructed in time (names what it asks for).
+            ActorDied: it died while starting.
+        """
+        left = self.start_timeout_s - (time.monotonic() - slot.created_at)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(slot.ready.future()), max(left, 1e-3))
+        except (asyncio.TimeoutError, GetTimeoutError):
+            free = ray.available_resources().get("CPU", 0.0)
+            raise EnvNotStarted(
+                f"{self.env_name} env actor {slot_idx} not started within {self.start_timeout_s:g} s "
+                f"(it asks for {self.num_cpus_per_actor:g} CPU outside any placement group; the cluster has "
+                f"{free:g} CPU free)") from None
+        except RayActorError as exc:
+            raise ActorDied(f"{self.env_name} env actor {slot_idx} died while starting ({exc!r})") from exc
+        slot.started = True
 
     async def _call(self, episode_id: Any, ep: _Episode, method: str, *args: Any) -> Any:
         slot = self._slots[ep.slot]
         if slot.generation != ep.generation:
             raise ActorDied(f"episode {episode_id!r}: its env actor {ep.slot} died earlier")
-        ref = getattr(slot.actor, method).remote(ep.key, *args)
         try:
-            if self.call_timeout_s is None:
-                return await ref
+            if not slot.started:
+                await self._await_start(ep.slot, slot)
+            ref = getattr(slot.actor, method).remote(ep.key, *args)
             return await asyncio.wait_for(asyncio.wrap_future(ref.future()), self.call_timeout_s)
-        except (RayActorError, asyncio.TimeoutError, GetTimeoutError) as exc:
+        except (RayActorError, asyncio.TimeoutError, GetTimeoutError, ActorDied) as exc:
             self._replace_actor(ep.slot, ep.generation, type(exc).__name__)
             async with self._condition():
                 self._condition().notify_all()
@@ -222,7 +271,10 @@ class RayEnvPool:
             cause = exc.as_instanceof_cause()
             if isinstance(cause, ValueError):
                 raise cause from None
-            raise EnvFailure(f"episode {episode_id!r}: env raised in {method}: {exc.cause!r}") from exc
+            if isinstance(exc.cause, FileNotFoundError):
+                raise EnvDataMissing(f"{self.env_name} env data not found on its actor's node: {exc.cause}") from exc
+            kind = type(exc.cause) if isinstance(exc.cause, EnvFailure) else EnvFailure  # keep the env's own kind
+            raise kind(f"episode {episode_id!r}: env raised in {method}: {exc.cause}") from exc
 
     # ---- EnvPool protocol ------------------------------------------------------------------
     async def reset(
@@ -298,11 +350,11 @@ class RayEnvPool:
         if self._closed:
             return
         self._closed = True
-        refs = [s.actor.close.remote() for s in self._slots]
+        refs = [s.actor.close.remote() for s in self._slots if s.started]  # one never started has no env
         try:
-            await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), timeout=30)
+            await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), timeout=min(30.0, self.call_timeout_s))
         except asyncio.TimeoutError:
-            logger.warning("env actors did not close within 30 s; killing them")
+            logger.warning("env actors did not close within %g s; killing them", min(30.0, self.call_timeout_s))
         for s in self._slots:
             ray.kill(s.actor, no_restart=True)
         self._episodes.clear()
@@ -322,5 +374,21 @@ class RayEnvPool:
         return self._slots[ep.slot].actor
 
     def actor_pids(self) -> list[int]:
-        """Process ids of the current actors (starts them if needed; blocks)."""
-        return ray.get([s.actor.pid.remote() for s in self._slots])
+        """Process ids of the current actors (blocks, at most ``start_timeout_s + call_timeout_s``).
+
+        Raises:
+            ray.exceptions.GetTimeoutError: an actor did not answer in time.
+        """
+        return ray.get([s.actor.pid.remote() for s in self._slots],
+                       timeout=self.start_timeout_s + self.call_timeout_s)
+
+
+def env_actor_strategy() -> Any:
+    """Scheduling strategy of a new env actor: never inside the caller's placement group.
+
+    A soft affinity to the calling process's node (a vLLM engine actor's, the driver's): env actors
+    run beside their engine when that node has room, anywhere else otherwise. Ray captures a child
+    into its parent's placement group (``placement_group_capture_child_tasks``, as OpenRLHF places
+    its engines) only when the child gives no strategy or a placement-group one; this one is neither.
+    """
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)

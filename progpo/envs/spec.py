@@ -81,6 +81,9 @@ class EnvSpec:
         download: ``"module:function"``, ``(root, timeout_s, **options) -> path(s)``: fetches the env's
             data into ``root/<data_subdir>`` (``python -m progpo.cli.data download``); None: nothing to fetch.
         data_subdir: folder of its data under the data root (``progpo.paths.data_root``); None: no data.
+        data_check: ``"module:function"``, ``(data_dir: str | None) -> None`` raising ``FileNotFoundError``
+            (naming what is missing) when the env's data cannot be found from this machine; ``train_ray``
+            calls it at start-up, before any actor starts. None: nothing to check.
         pool: default ``--env.pool`` on the cluster path (``train_ray``): one of :data:`POOLS`.
         reports_score: ``info["score"]`` is a [0, 1] task score (WebShop's), logged as ``env/score_mean``.
         kwargs: extra constructor keyword arguments of every env instance.
@@ -98,12 +101,13 @@ class EnvSpec:
     summary: str | None = None
     download: str | None = None
     data_subdir: str | None = None
+    data_check: str | None = None
     pool: str = "local"
     reports_score: bool = False
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("entry_point", "template", "syntax", "expert", "service", "summary", "download"):
+        for name in ("entry_point", "template", "syntax", "expert", "service", "summary", "download", "data_check"):
             ref = getattr(self, name)
             if ref is not None and (not isinstance(ref, str) or ref.count(":") != 1):
                 raise ValueError(f"EnvSpec {self.id!r}: {name} must be a 'module:attribute' string, got {ref!r}")

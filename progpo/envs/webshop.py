@@ -34,7 +34,7 @@ from urllib.parse import unquote
 
 import requests
 
-from progpo.envs.base import EnvFailure, StepResult, normalize_action
+from progpo.envs.base import EnvFailure, EnvUnreachable, StepResult, normalize_action
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
@@ -91,11 +91,12 @@ class WebShopEnv:
 
     # ----- HTTP ----------------------------------------------------------------------------------
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        """One request; EnvFailure when the server is gone/broken, ValueError on a 4xx answer."""
+        """One request; EnvUnreachable when the server cannot be reached, EnvFailure when it is
+        broken, ValueError on a 4xx answer."""
         try:
             r = self._http.request(method, self._url(path), timeout=self.timeout_s, **kwargs)
         except requests.RequestException as e:
-            raise EnvFailure(f"WebShop server at {self.base_url} unreachable: {e}") from e
+            raise EnvUnreachable(f"WebShop server at {self.base_url} unreachable: {e}") from e
         return self._answer(path, r.status_code, r.text)
 
     def _url(self, path: str) -> str:

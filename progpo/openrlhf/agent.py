@@ -36,6 +36,7 @@ from typing import Any
 from openrlhf.utils.agent import AgentExecutorBase
 
 from progpo.agents.types import Episode, Generation, SamplingParams
+from progpo.envs.base import EnvRejected
 from progpo.run.settings import EnvSettings
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,20 @@ def parse_task(prompt: str) -> tuple[str, int]:
     return spec["split"], spec["index"]
 
 
+class EngineError(RuntimeError):
+    """The generation engine failed one request; it fails that episode only (kind ``engine_*``).
+
+    Attributes:
+        kind: ``engine_<finish reason>`` for a vLLM finish reason other than stop/length
+            (``engine_abort``, ``engine_error``), ``engine_rejected`` for a request the engine
+            raised on (e.g. a prompt longer than the model allows), ``engine_no_logprobs``.
+    """
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class EngineGenerate:
     """``GenerateFn`` over an OpenRLHF ``RolloutRayActor`` (or anything with its ``generate``).
 
@@ -121,8 +136,9 @@ class EngineGenerate:
     template carries ``top_k`` and ``min_tokens=1``), plus ``logprobs=1``.
 
     Raises:
-        ValueError: the engine returned no per-token logprobs, or a finish reason other than
-            ``stop``/``length`` (vLLM's ``abort`` would mean a cancelled request).
+        EngineError: the engine raised on the request (``engine_rejected``), returned no per-token
+            logprobs (``engine_no_logprobs``), or finished with a reason other than ``stop``/``length``
+            (``engine_abort`` for a cancelled request, ``engine_error``, ...).
     """
 
     def __init__(self, engine: Any, vllm_sampling_params: Any) -> None:
@@ -134,15 +150,48 @@ class EngineGenerate:
         for name, value in sampling.vllm_kwargs().items():
             setattr(params, name, value)
         params.logprobs = 1
-        output = (await self.engine.generate(list(prompt_ids), params)).outputs[0]
+        try:
+            output = (await self.engine.generate(list(prompt_ids), params)).outputs[0]
+        except Exception as exc:  # noqa: BLE001 - any refusal of one request fails that episode only
+            raise EngineError(f"the engine refused a request of {len(prompt_ids)} prompt tokens: {exc!r}",
+                              "engine_rejected") from exc
         ids = list(output.token_ids)
-        if output.logprobs is None or len(output.logprobs) != len(ids):
-            raise ValueError("the vLLM engine returned no per-token logprobs (logprobs=1 was requested)")
-        logprobs = [float(step[tok].logprob) for step, tok in zip(output.logprobs, ids)]
         reason = output.finish_reason
         if reason not in ("stop", "length"):
-            raise ValueError(f"the engine finished a request with finish_reason={reason!r} (expected stop or length)")
+            raise EngineError(f"the engine finished a request with finish_reason={reason!r} (expected stop or length)",
+                              f"engine_{reason}")
+        if output.logprobs is None or len(output.logprobs) != len(ids):
+            raise EngineError("the vLLM engine returned no per-token logprobs (logprobs=1 was requested)",
+                              "engine_no_logprobs")
+        logprobs = [float(step[tok].logprob) for step, tok in zip(output.logprobs, ids)]
         return Generation(token_ids=ids, logprobs=logprobs, text=output.text, finish_reason=reason)
+
+
+class RejectionsFail:
+    """``EnvPool`` wrapper: a ``ValueError`` from ``reset``/``step`` (the env refused the request: an
+    unknown split, a WebShop 4xx) becomes ``EnvRejected``, so the episode loop fails that episode
+    instead of raising through OpenRLHF's rollout gather and ending the job."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    async def reset(self, episode_id: Any, **kwargs: Any) -> Any:
+        try:
+            return await self.pool.reset(episode_id, **kwargs)
+        except ValueError as exc:
+            raise EnvRejected(str(exc)) from exc
+
+    async def step(self, episode_id: Any, action: str) -> Any:
+        try:
+            return await self.pool.step(episode_id, action)
+        except ValueError as exc:
+            raise EnvRejected(str(exc)) from exc
+
+    async def release(self, episode_id: Any) -> None:
+        await self.pool.release(episode_id)
+
+    async def close(self) -> None:
+        await self.pool.close()
 
 
 def make_env_pool(cfg: AgentConfig) -> Any:
@@ -153,7 +202,8 @@ def make_env_pool(cfg: AgentConfig) -> Any:
     env = cfg.env
     return make_pool(env.name, {"max_steps": env.max_steps, **cfg.env_kwargs}, env.pool, max_envs=cfg.max_envs,
                      num_env_actors=env.num_env_actors, num_cpus_per_actor=env.num_cpus_per_actor,
-                     episodes_per_actor=env.episodes_per_actor)
+                     episodes_per_actor=env.episodes_per_actor, call_timeout_s=env.call_timeout_s,
+                     start_timeout_s=env.start_timeout_s)
 
 
 class AgentExecutor(AgentExecutorBase):
@@ -195,7 +245,7 @@ class AgentExecutor(AgentExecutorBase):
             llm_engine: the vLLM engine actor (only its ``generate`` is used).
             images: must be None (text environments).
         """
-        from progpo.agents.episode import run_episodes
+        from progpo.agents.episode import mark_failed, run_episodes
 
         if images:
             raise ValueError("ProGPO environments are text-only; the dataset row carried images")
@@ -211,20 +261,25 @@ class AgentExecutor(AgentExecutorBase):
             seed=getattr(sampling_params, "seed", None),
         )
         self._traj_counter += 1
-        (episode,) = await run_episodes(
-            [(split, index)],
-            env_pool=await self._env_pool(),
-            generate=EngineGenerate(llm_engine, sampling_params),
-            tokenizer=hf_tokenizer,
-            env_name=cfg.env.name,
-            n_samples_per_task=1,
-            sampling=sampling,
-            max_steps=cfg.env.max_steps,
-            history_length=cfg.env.history_length,
-            max_prompt_tokens=cfg.max_prompt_tokens or (max_length - max_new),
-            invalid_penalty=cfg.env.invalid_penalty,
-            traj_id_start=self._traj_counter,
-        )
+        try:
+            (episode,) = await run_episodes(
+                [(split, index)],
+                env_pool=RejectionsFail(await self._env_pool()),
+                generate=EngineGenerate(llm_engine, sampling_params),
+                tokenizer=hf_tokenizer,
+                env_name=cfg.env.name,
+                n_samples_per_task=1,
+                sampling=sampling,
+                max_steps=cfg.env.max_steps,
+                history_length=cfg.env.history_length,
+                max_prompt_tokens=cfg.max_prompt_tokens or (max_length - max_new),
+                invalid_penalty=cfg.env.invalid_penalty,
+                traj_id_start=self._traj_counter,
+            )
+        except Exception as exc:  # noqa: BLE001 - one episode's error (engine refusal, ...) fails that episode
+            episode = Episode(uid=f"{split}:{index}", traj_id=self._traj_counter, split=split, task_index=index)
+            mark_failed(episode, exc, getattr(exc, "kind", None) or "rollout_error")
+            logger.warning("episode of task %s:%s failed (%s)", split, index, episode.failure_kind, exc_info=True)
         return transcript_response(episode, prompt=prompt, label=label, with_logprobs=sampling_params.logprobs)
 
 

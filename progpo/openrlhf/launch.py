@@ -15,7 +15,9 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,18 +204,70 @@ def apply_device(ns: dict[str, Any], args: RayArgs) -> None:
 # ---- folding our flags into OpenRLHF's namespace ---------------------------------------------------
 def remote_env_kwargs(env: EnvSettings) -> dict[str, Any]:
     """The env class's keyword arguments on the cluster, where train_ray starts no service: an env whose
-    spec has a service (WebShop's server) needs ``--env.url``; its service then only names that URL.
+    spec has a service (WebShop's server) needs ``--env.url``; its service then only names that URL. A
+    ``data_dir`` is made absolute (Ray actors run in other working directories), and the spec's
+    ``data_check`` runs here, before any actor starts.
 
     Raises:
-        FlagError: ``--env.url`` missing for an env with a service.
+        FlagError: ``--env.url`` missing for an env with a service; ``--env.data_dir`` when the env's
+            data cannot be found.
     """
     from progpo.run.env_setup import env_service
 
     if env.spec.service is not None and not env.url:
         raise FlagError("--env.url", f"required for {env.name} on train_ray (the base URL of its server, e.g. "
                                      "http://HEAD_IP:3000; examples/scripts start one)")
+    if env.spec.data_check is not None:
+        try:
+            env.spec.load("data_check")(env.data_dir)
+        except FileNotFoundError as exc:
+            raise FlagError("--env.data_dir", str(exc)) from exc
     with env_service(env) as kwargs:  # with --env.url nothing is started
-        return {k: v for k, v in kwargs.items() if k != "max_steps"}
+        out = {k: v for k, v in kwargs.items() if k != "max_steps"}
+    if out.get("data_dir") is not None:  # actors run in other working directories
+        out["data_dir"] = str(Path(out["data_dir"]).expanduser().resolve())
+    return out
+
+
+def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
+    """What per-step samples need of OpenRLHF's settings (any estimator), each refusal naming its flag.
+
+    Batch sizes that keep every data-parallel rank's collectives equal
+    (:func:`progpo.openrlhf.balance.check_batch_arithmetic`); no dynamic batching (its step count
+    assumes one sample per episode and would drop rows); for OpenRLHF's own estimators (episode
+    advantages on every step, ``progpo.openrlhf.experience``): no critic (``gae``), ``gamma = 1``, the
+    KL as a loss, no length penalties (they would apply to episodes, not steps).
+
+    Raises:
+        FlagError: naming the first flag that breaks one of these.
+    """
+    from progpo.openrlhf.balance import check_batch_arithmetic
+
+    dup = ns["ds.ring_attn_size"] * ns["ds.tensor_parallel_size"]
+    actor = ns["actor.num_nodes"] * ns["actor.num_gpus_per_node"] // dup
+    ref = ns["ref.num_nodes"] * ns["ref.num_gpus_per_node"] // dup if ns["algo.kl.init_coef"] > 0 else 1
+    try:
+        check_batch_arithmetic(train_batch=ns["train.batch_size"], train_micro=ns["train.micro_batch_size"],
+                               rollout_micro=ns["rollout.micro_batch_size"], actor_ranks=actor,
+                               forward_ranks=math.lcm(actor, ref))
+    except ValueError as exc:
+        flag = re.match(r"(--[\w.]+)", str(exc))
+        raise FlagError(flag.group(1) if flag else "--train.batch_size", str(exc)) from exc
+    if ns["train.dynamic_batch_enable"]:
+        raise FlagError("--train.dynamic_batch_enable", "is not supported with per-step samples (its step count "
+                                                        "assumes one sample per episode and would drop step rows)")
+    if estimator in ESTIMATORS:
+        return
+    why = f"with OpenRLHF's --advantage_estimator {estimator} on per-step samples (episode advantage on every step)"
+    if estimator == "gae":
+        raise FlagError("--advantage_estimator", f"gae needs a critic; ProGPO runs critic-free ({why})")
+    if ns["algo.advantage.gamma"] != 1:
+        raise FlagError("--algo.advantage.gamma", f"must be 1 {why}, got {ns['algo.advantage.gamma']}")
+    if ns["algo.kl.init_coef"] > 0 and not ns["algo.kl.use_loss"]:
+        raise FlagError("--algo.kl.use_loss", f"is required {why}: a KL reward penalty would be summed over a transcript")
+    for flag in ("reward.overlong_buffer_len", "reward.stop_properly_penalty_coef"):
+        if ns[flag] is not None:
+            raise FlagError(f"--{flag}", f"is not supported {why}: it would penalise episodes, not steps")
 
 
 def finalize(args: argparse.Namespace) -> argparse.Namespace:
@@ -246,6 +300,7 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         raise FlagError("--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
     if ours:
         check_group_size(estimator, ns["rollout.n_samples_per_prompt"])
+    per_step_checks(ns, estimator)
     agent = AgentConfig(env=env, env_kwargs=remote_env_kwargs(env), max_prompt_tokens=rargs.rollout.max_prompt_tokens,
                         max_new_tokens=ns["rollout.max_new_tokens"] or 512, max_envs=env.num_envs or 256)
     if ns["train.agent_func_path"] is None:
@@ -294,7 +349,8 @@ def _job_env_var_keys() -> set[str]:
 
 def ray_env_vars(agent_config_json: str) -> dict[str, str]:
     """Env vars every Ray worker needs: the agent config plus OpenRLHF's defaults and data/offline
-    settings of this shell, minus keys the Ray job already sets."""
+    settings of this shell (``PROGPO_DATA`` = this process's data root, absolute, when not set),
+    minus keys the Ray job already sets."""
     env_vars = {
         "PROGPO_AGENT_CONFIG": agent_config_json,
         "TOKENIZERS_PARALLELISM": os.environ.get("TOKENIZERS_PARALLELISM", "true"),
@@ -304,6 +360,10 @@ def ray_env_vars(agent_config_json: str) -> dict[str, str]:
     for key in ("PROGPO_DATA", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if key in os.environ:
             env_vars[key] = os.environ[key]
+    from progpo.paths import data_root
+
+    if "PROGPO_DATA" not in env_vars and data_root().is_dir():  # workers (other nodes, working dirs) find ours
+        env_vars["PROGPO_DATA"] = str(data_root().resolve())
     taken = _job_env_var_keys()
     return {k: v for k, v in env_vars.items() if k not in taken}
 

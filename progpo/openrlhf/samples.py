@@ -26,11 +26,13 @@ import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
 
-from progpo.advantages import ESTIMATORS
 from progpo.advantages.batch import StepBatch
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
 from progpo.agents.types import Episode
-from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY
+from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY, AgentConfig
+from progpo.run.settings import EnvSettings
+from progpo.openrlhf.balance import balance_for_ranks, data_parallel_ranks, rollout_multiple
+from progpo.run.failures import check_failures, failure_cause, failure_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -147,25 +149,27 @@ def _step_columns(row: dict[str, Any]) -> dict[str, Any]:
 class StepSamplesGenerator(SamplesGenerator):
     """OpenRLHF ``SamplesGenerator`` whose training batches hold one sample per episode step.
 
-    For our estimators (``progpo.advantages.ESTIMATORS``) each episode-level experience is expanded with
-    :func:`step_experiences`; the ``n_samples_per_prompt`` consecutive episodes of one prompt
-    share a ``uid``. Failed episodes (env died) are dropped and counted. Other estimators get
-    OpenRLHF's own one-sample-per-episode format unchanged. Evaluation is never expanded.
+    Each episode-level experience is expanded with :func:`step_experiences`, whatever the
+    estimator (OpenRLHF's own ones then get each episode's advantage on all its steps, see
+    ``progpo.openrlhf.experience``); the ``n_samples_per_prompt`` consecutive episodes of one prompt
+    share a ``uid``. Failed episodes are dropped and counted; a batch with too many of them stops
+    the job (:func:`progpo.run.failures.check_failures`, ``--env.max_failed_frac``). The step
+    samples are then padded and ordered for OpenRLHF's data-parallel ranks
+    (:func:`progpo.openrlhf.balance.balance_for_ranks`). Evaluation is never expanded.
 
     After each expansion ``last_stats`` holds the local loop's rollout metrics of the batch
     (:func:`progpo.agents.batching.rollout_metrics`: ``env/*``, ``rollout/*``, including
-    ``rollout/truncated_response_frac``) plus ``rollout/failed_episodes`` (count).
+    ``rollout/truncated_response_frac``) plus ``rollout/failed_episodes``, ``rollout/failed/<kind>``
+    (counts) and ``rollout/pad_rows``; ``last_episodes`` holds the batch's ``[E]`` episodes.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._batch_counter = 0
         self.last_stats: dict[str, float] = {}
-
-    @property
-    def expand_steps(self) -> bool:
-        """True when the configured estimator is one of ours (per-step samples)."""
-        return self.args.algo.advantage.estimator in ESTIMATORS
+        self.last_episodes: list[Episode] = []
+        text = getattr(self.args, "progpo_agent_config_json", None)
+        self.max_failed_frac = (AgentConfig.from_json(text).env if text else EnvSettings()).max_failed_frac
 
     def _process_response_into_experience(self, response: dict, **generate_kwargs: Any) -> Experience:
         experience = super()._process_response_into_experience(response, **generate_kwargs)
@@ -178,11 +182,26 @@ class StepSamplesGenerator(SamplesGenerator):
     def generate_samples(self, **generate_kwargs: Any):
         """OpenRLHF's ``generate_samples`` followed by the per-step expansion (see class doc)."""
         samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
-        if not self.expand_steps or not samples:
+        if not samples:
             return samples, pass_rate, consumed, exhausted
         n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
-        steps = self.expand(samples, n_samples_per_prompt=n, max_len=generate_kwargs.get("max_len", 2048))
+        steps = self.step_samples(samples, n_samples_per_prompt=n, max_len=generate_kwargs.get("max_len", 2048))
         return steps, pass_rate, consumed, exhausted
+
+    def step_samples(self, samples: list[Experience], *, n_samples_per_prompt: int, max_len: int) -> list[Experience]:
+        """The training batch of episode-level ``samples``: :meth:`expand`, then padded and ordered for
+        OpenRLHF's data-parallel ranks (:func:`~progpo.openrlhf.balance.balance_for_ranks`).
+
+        Raises:
+            ValueError, RolloutFailed: from :meth:`expand`; ValueError: from
+                :func:`~progpo.openrlhf.balance.rollout_multiple` (batch sizes that cannot stay rank-equal).
+        """
+        steps = self.expand(samples, n_samples_per_prompt=n_samples_per_prompt, max_len=max_len)
+        ranks, _ = data_parallel_ranks(self.args)
+        balanced = balance_for_ranks(steps, multiple=rollout_multiple(self.args), ranks=ranks,
+                                     pad_token_id=self.tokenizer.pad_token_id)
+        self.last_stats["rollout/pad_rows"] = float(len(balanced) - len(steps))
+        return balanced
 
     def expand(self, samples: list[Experience], *, n_samples_per_prompt: int, max_len: int) -> list[Experience]:
         """Expand episode-level experiences (blocks of ``n_samples_per_prompt`` per prompt).
@@ -190,6 +209,7 @@ class StepSamplesGenerator(SamplesGenerator):
         Raises:
             ValueError: the batch is not made of whole prompt groups, a group mixes prompts, or
                 an experience carries no episode (the agent executor is not ours).
+            RolloutFailed: more than ``--env.max_failed_frac`` of the episodes failed, or all did.
         """
         if len(samples) % n_samples_per_prompt:
             raise ValueError(
@@ -198,7 +218,6 @@ class StepSamplesGenerator(SamplesGenerator):
         with_logprobs = self.args.algo.advantage.is_correction_level != "off"
         out: list[Experience] = []
         episodes: list[Episode] = []
-        failed = 0
         self._batch_counter += 1
         for g in range(0, len(samples), n_samples_per_prompt):
             group = samples[g : g + n_samples_per_prompt]
@@ -215,7 +234,6 @@ class StepSamplesGenerator(SamplesGenerator):
                     )
                 episodes.append(episode)
                 if episode.failed or not episode.steps:
-                    failed += 1
                     continue
                 out.extend(
                     step_experiences(
@@ -228,7 +246,10 @@ class StepSamplesGenerator(SamplesGenerator):
                         with_logprobs=with_logprobs,
                     )
                 )
-        self.last_stats = {**rollout_metrics(episodes), "rollout/failed_episodes": float(failed)}
+        self.last_episodes = episodes
+        self.last_stats = {**rollout_metrics(episodes), **failure_metrics(episodes)}
+        check_failures(episodes, self.max_failed_frac, self._batch_counter)
+        failed = sum(ep.failed for ep in episodes)
         if failed:
-            logger.warning("dropped %d failed episodes of %d", failed, len(samples))
+            logger.warning("dropped %d failed episodes of %d: %s", failed, len(samples), failure_cause(episodes))
         return out

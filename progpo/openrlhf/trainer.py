@@ -6,13 +6,13 @@ replaces ``samples_generator`` and ``experience_maker`` with
 :class:`~progpo.openrlhf.samples.StepSamplesGenerator` and
 :class:`~progpo.openrlhf.experience.StepExperienceMaker`; every other stage (reference and
 actor forward passes, DeepSpeed ZeRO update, weight sync to the engines, checkpoints,
-TensorBoard/W&B) is OpenRLHF's. :class:`ProGPOPolicyModelActor` is OpenRLHF's policy actor plus
-the ``--debug.*`` aids (weight-sync check, replay-buffer dump).
+TensorBoard/W&B) is OpenRLHF's. The policy and reference actors are OpenRLHF's with padding-aware
+training metrics and the ``--debug.*`` aids (:mod:`progpo.openrlhf.actors`).
 
 :func:`run_openrlhf_main` runs OpenRLHF's ``cli/train_ppo_ray.py`` ``__main__`` block (its argument
 post-processing and checks, then its ``train``), with our classes in place of ``PPOTrainer`` and
-``PolicyModelActor``, for exactly the pinned version (:data:`OPENRLHF_VERSION`). In CPU mode the
-stand-ins of :mod:`progpo.openrlhf.cpu` apply as well.
+``PolicyModelActor`` / ``ReferenceModelActor``, for exactly the pinned version (:data:`OPENRLHF_VERSION`).
+In CPU mode the stand-ins of :mod:`progpo.openrlhf.cpu` apply as well.
 """
 
 from __future__ import annotations
@@ -28,87 +28,22 @@ import ray
 import torch
 from openrlhf.trainer import ppo_trainer as _ppo_trainer_module
 from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.trainer.ray import launcher as _launcher_module
 from openrlhf.trainer.ray import ppo_actor as _ppo_actor_module
-from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-from progpo.openrlhf.patching import patched
-from progpo.run.models import disable_dropout
-from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
+from progpo.openrlhf.actors import ProGPOPolicyModelActor, ProGPOReferenceModelActor
+from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import StepExperienceMaker, _write_json
+from progpo.openrlhf.patching import patched
 from progpo.openrlhf.samples import StepSamplesGenerator
+from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OPENRLHF_VERSION", "ProGPOPPOTrainer", "ProGPOPolicyModelActor", "check_openrlhf_version",
-           "openrlhf_parser", "run_openrlhf_main"]
+__all__ = ["OPENRLHF_VERSION", "ProGPOPPOTrainer", "ProGPOPolicyModelActor", "ProGPOReferenceModelActor",
+           "check_openrlhf_version", "openrlhf_parser", "run_openrlhf_main"]
 
 _TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
-
-
-@ray.remote(num_gpus=1)
-class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
-    """OpenRLHF's policy actor (DeepSpeed model, PPO loss, weight sync), dropout off, plus two debugging aids.
-
-    * :meth:`init_model_from_pretrained` switches every dropout of the model off
-      (:func:`progpo.run.models.disable_dropout`, the local backend's rule): OpenRLHF 0.11.2 scores the
-      old log-probs in eval mode but runs the update's forward in train mode, so a checkpoint with
-      ``attention_dropout > 0`` gave ratios != 1 and a KL > 0 to an equal reference. (Its reference
-      actor and the vLLM engines run in eval mode.)
-    * ``progpo_full_state()``: the actor's full parameters (ZeRO-3 gathered) on rank 0, for the
-      ``--debug.check_weight_sync`` comparison with the engines.
-    * With ``--debug.dump_dir``: before each ``fit``, the replay buffer it is about to train on
-      (per sample: rollout index, sequence, action mask, advantages) is written to
-      ``iter<NNN>_actor_rank<R>.json`` (see :meth:`fit`).
-    Training itself is OpenRLHF's, unchanged.
-    """
-
-    def init_model_from_pretrained(self, *args: Any, **kwargs: Any) -> None:
-        """OpenRLHF's model set-up, then every dropout of the trained model (and of its EMA copy) off."""
-        super().init_model_from_pretrained(*args, **kwargs)
-        for model in (self.actor, getattr(self, "ema_model", None)):
-            if model is not None:
-                disable_dropout(model)
-
-    def append(self, experience: Any) -> None:
-        """OpenRLHF's ``append``; records the rollout indices of the rows (lost in the buffer's split)."""
-        if self._dump_dir() and experience.index is not None:
-            self.__dict__.setdefault("_progpo_indices", []).extend(int(i) for i in experience.index)
-        super().append(experience)
-
-    def fit(self, kl_ctl: float = 0) -> dict:
-        """OpenRLHF's ``fit``, after writing the replay buffer to ``--debug.dump_dir`` when set.
-
-        Dump rows: ``index`` (position in the rollout batch = row of the step batch), ``sequences``
-        ``[T]``, ``action_mask`` ``[A]``, ``advantages`` ``[A]`` (``A = T - 1``), ``response_length``.
-        """
-        if self._dump_dir():
-            self._dump_replay_buffer()
-        return super().fit(kl_ctl)
-
-    def _dump_dir(self) -> str | None:
-        return getattr(self.strategy.args, "progpo_debug_dump_dir", None)
-
-    def _dump_replay_buffer(self) -> None:
-        items = self.trainer.replay_buffer.items
-        indices = self.__dict__.pop("_progpo_indices", [])
-        if len(indices) != len(items):
-            raise RuntimeError(f"replay buffer holds {len(items)} rows but {len(indices)} rollout indices were seen")
-        n = self.__dict__["_progpo_fits"] = self.__dict__.get("_progpo_fits", 0) + 1
-        rows = [{"index": i, "sequences": e.sequences.tolist(), "action_mask": e.action_mask.int().tolist(),
-                 "advantages": e.advantages.float().tolist(), "response_length": float(e.response_length)}
-                for i, e in zip(indices, items)]
-        rank = torch.distributed.get_rank()
-        _write_json(Path(self._dump_dir()) / f"iter{n:03d}_actor_rank{rank}.json", {"iteration": n, "rows": rows})
-
-    def progpo_full_state(self) -> dict[str, torch.Tensor] | None:
-        """Copies of every trainable parameter (name -> CPU tensor) on rank 0; None on other ranks."""
-        import deepspeed
-
-        model = self.actor.model.module
-        params = list(model.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=self.strategy.args.ds.zero_stage == 3):
-            state = {name: p.detach().clone().cpu() for name, p in model.named_parameters()}
-        return state if torch.distributed.get_rank() == 0 else None
 
 
 def max_weight_diff(actor_state: dict[str, torch.Tensor], engine_state: dict[str, torch.Tensor]) -> float:
@@ -149,16 +84,41 @@ class _ProGPOTrainerMixin:
             self.tokenizer,
             advantage_config=advantage_config,
             encoder=encoder,
+            episodes_source=lambda: self.samples_generator.last_episodes,
         )
 
     def train_step(self, rollout_samples: Any, global_step: int) -> tuple[dict, int]:
         """OpenRLHF's train step, plus episode (``env/``, ``rollout/``), estimator (``adv/``) and,
-        with ``--debug.check_weight_sync``, weight-sync (``sync/``) metrics."""
+        with ``--debug.check_weight_sync``, weight-sync (``sync/``) metrics. With
+        ``--debug.dump_dir``, every rank's counts of the step are written there (:meth:`_dump_rank_counts`)."""
         status, global_step = super().train_step(rollout_samples, global_step)
         status.update(self.samples_generator.last_stats)
         status.update(self.experience_maker.last_diagnostics)
         status.update(getattr(self, "_sync_stats", {}))
+        if getattr(self.strategy.args, "progpo_debug_dump_dir", None):
+            self._dump_rank_counts(global_step)
         return status, global_step
+
+    def _compute_rollout_stats(self, experiences: Any) -> dict:
+        """OpenRLHF's rollout statistics (``rollout/reward_mean`` ... ``rollout/num_samples``) over the
+        real step rows only (padding rows left out)."""
+        real = [real_rows(e) for e in experiences]
+        rewards = torch.cat([e.info["reward"][r] for e, r in zip(experiences, real)]).float()
+        lengths = torch.cat([e.response_length[r] for e, r in zip(experiences, real)]).float()
+        truncated = torch.cat([e.truncated[r] for e, r in zip(experiences, real)]).float()
+        return {"rollout/reward_mean": rewards.mean().item(),
+                "rollout/reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
+                "rollout/response_length_mean": lengths.mean().item(),
+                "rollout/truncated_rate": truncated.mean().item(),
+                "rollout/num_samples": float(len(rewards))}
+
+    def _dump_rank_counts(self, global_step: int) -> None:
+        """Write ``iter<NNN>_ranks.json``: every policy and reference rank's ``progpo_counts()`` of this step."""
+        groups = {"actor": self.actor_model_group, "ref": self.reference_model_group}
+        record = {"iteration": global_step,
+                  **{name: ray.get(g.async_run_method(method_name="progpo_counts")) for name, g in groups.items()
+                     if g is not None}}
+        _write_json(Path(self.strategy.args.progpo_debug_dump_dir) / f"iter{global_step:03d}_ranks.json", record)
 
     def broadcast_to_vllm(self) -> None:
         """OpenRLHF's weight sync; with ``--debug.check_weight_sync`` the largest actor-engine weight
@@ -225,7 +185,8 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
     Its post-processing and checks apply unchanged; its ``train`` then builds the Ray actor
     groups and engines and starts :class:`ProGPOPPOTrainer` in place of ``PPOTrainer`` and
     :class:`ProGPOPolicyModelActor` in place of ``PolicyModelActor`` (synchronous mode only;
-    ``--train.async_enable`` is refused earlier by ``train_ray``). With ``progpo_device == "cpu"``
+    ``--train.async_enable`` is refused earlier by ``train_ray``) and :class:`ProGPOReferenceModelActor`
+    in place of ``ReferenceModelActor``. With ``progpo_device == "cpu"``
     the driver-side CPU stand-ins of :func:`progpo.openrlhf.cpu.launch.launch_patches` apply too.
     """
     check_openrlhf_version()
@@ -237,6 +198,7 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
         stack.enter_context(patched(argparse.ArgumentParser, "parse_args", given))
         stack.enter_context(patched(_ppo_trainer_module, "PPOTrainer", ProGPOPPOTrainer))
         stack.enter_context(patched(_ppo_actor_module, "PolicyModelActor", ProGPOPolicyModelActor))
+        stack.enter_context(patched(_launcher_module, "ReferenceModelActor", ProGPOReferenceModelActor))
         if getattr(namespace, "progpo_device", "cuda") == "cpu":
             from progpo.openrlhf.cpu.launch import launch_patches
 

@@ -75,7 +75,8 @@ def env_service(settings: EnvSettings) -> contextlib.AbstractContextManager[dict
 
 
 def make_env_pool(name: str, env_kwargs: dict[str, Any], pool: str, *, max_envs: int, num_env_actors: int = 16,
-                  num_cpus_per_actor: float = 0.25, episodes_per_actor: int = 1) -> Any:
+                  num_cpus_per_actor: float = 0.25, episodes_per_actor: int = 1, call_timeout_s: float = 300.0,
+                  start_timeout_s: float = 600.0) -> Any:
     """The ``EnvPool`` of kind ``pool`` over envs ``make_env(name, **env_kwargs)`` (imports only what it needs).
 
     Args:
@@ -83,6 +84,7 @@ def make_env_pool(name: str, env_kwargs: dict[str, Any], pool: str, *, max_envs:
         pool: ``local`` (threads in this process), ``ray`` (one Ray actor per env) or ``http`` (WebShop
             over async HTTP). max_envs: envs alive at once (local/http).
         num_env_actors, num_cpus_per_actor, episodes_per_actor: the ray pool's actors.
+        call_timeout_s, start_timeout_s: the ray pool's patience per env call and per actor start, in seconds.
 
     Raises:
         ValueError: an unknown pool, or ``http`` for an env that does not speak it.
@@ -90,7 +92,8 @@ def make_env_pool(name: str, env_kwargs: dict[str, Any], pool: str, *, max_envs:
     if pool == "ray":
         from progpo.envs.ray_pool import RayEnvPool
 
-        return RayEnvPool(name, env_kwargs, num_env_actors, num_cpus_per_actor, episodes_per_actor=episodes_per_actor)
+        return RayEnvPool(name, env_kwargs, num_env_actors, num_cpus_per_actor, episodes_per_actor=episodes_per_actor,
+                          call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s)
     if pool == "http":
         from progpo.envs.http_pool import make_async_http_pool
 
@@ -137,7 +140,8 @@ def open_env_pool(settings: EnvSettings, max_envs: int) -> Iterator[EnvHandle]:
     with env_service(settings) as env_kwargs:
         pool = make_env_pool(settings.name, env_kwargs, settings.pool, max_envs=settings.num_envs or max_envs,
                              num_env_actors=settings.num_env_actors, num_cpus_per_actor=settings.num_cpus_per_actor,
-                             episodes_per_actor=settings.episodes_per_actor)
+                             episodes_per_actor=settings.episodes_per_actor, call_timeout_s=settings.call_timeout_s,
+                             start_timeout_s=settings.start_timeout_s)
         handle = EnvHandle(pool=pool, env_kwargs=env_kwargs, num_tasks=_num_tasks_fn(settings.name, env_kwargs),
                            info={k: v for k, v in env_kwargs.items() if k == "base_url"})
         try:

@@ -48,6 +48,12 @@ class EnvSettings:
     """ray pool: CPUs reserved per env actor"""
     episodes_per_actor: int = 1
     """ray pool: episodes one env actor hosts at once"""
+    call_timeout_s: float = 300.0
+    """ray pool: seconds one env actor call (reset/step) may take before the actor counts as dead"""
+    start_timeout_s: float = 600.0
+    """ray pool: seconds an env actor may take to be placed and started before its episodes fail"""
+    max_failed_frac: float = 0.5
+    """stop the job (exit 3, one line naming the cause) when more than this share of a batch's episodes failed; a batch where all failed always stops it"""
     train_split: str | None = None
     """split the training tasks come from (None: the env spec's first split, 'train')"""
     eval_split: str | None = None
@@ -79,6 +85,11 @@ class EnvSettings:
             raise ValueError(f"--env.invalid_penalty must be a finite number >= 0, got {self.invalid_penalty}")
         if not (math.isfinite(self.num_cpus_per_actor) and self.num_cpus_per_actor > 0):
             raise ValueError(f"--env.num_cpus_per_actor must be a finite number > 0, got {self.num_cpus_per_actor}")
+        for name in ("call_timeout_s", "start_timeout_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"--env.{name} must be a finite number of seconds > 0, got {getattr(self, name)}")
+        if not 0 <= self.max_failed_frac <= 1:
+            raise ValueError(f"--env.max_failed_frac must be in [0, 1], got {self.max_failed_frac}")
         if self.pool is not None and self.pool not in POOLS:
             raise ValueError(f"--env.pool must be one of {list(POOLS)}, got {self.pool!r}")
         if self.url is not None:

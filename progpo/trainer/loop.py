@@ -26,6 +26,7 @@ from progpo.run.checkpoint import CheckpointManager, check_run_dir
 from progpo.trainer.config import TrainConfig
 from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
+from progpo.run.failures import check_failures, failure_metrics
 from progpo.run.metrics import MetricsLogger
 from progpo.trainer.progress import RunProgress
 from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
@@ -288,8 +289,10 @@ class Trainer:
         sample = next((ep.steps[0] for ep in episodes if ep.steps), None)
         if sample is not None:
             logger.info("iteration %d sample response: %r -> action %r", it, sample.response_text[:300], sample.action[:80])
+        check_failures(episodes, cfg.env.max_failed_frac, it)
         metrics = rollout_metrics(episodes)
         metrics.update(signal_metrics(episodes))
+        metrics.update(failure_metrics(episodes))
         metrics["perf/generate_s"] = self.generator.stats["seconds"] - g0["seconds"]
         metrics["perf/gen_tokens"] = float(self.generator.stats["tokens"] - g0["tokens"])
         return RolloutResult(episodes, metrics)

@@ -117,7 +117,8 @@ def test_actor_dead_before_reset_is_replaced_and_reset_retried(pool: RayEnvPool)
 
 
 def test_unanswered_call_counts_as_dead_actor(pool: RayEnvPool) -> None:
-    before = pool.actors_replaced
+    before, timeout = pool.actors_replaced, pool.call_timeout_s
+    pool.actor_pids()  # every actor has started: only the call itself is timed below
     pool.call_timeout_s = 1e-3  # no reset answers within 1 ms: the actor counts as hung
 
     async def run() -> None:
@@ -127,6 +128,6 @@ def test_unanswered_call_counts_as_dead_actor(pool: RayEnvPool) -> None:
     try:
         asyncio.run(run())
     finally:
-        pool.call_timeout_s = None
+        pool.call_timeout_s = timeout
     assert pool.actors_replaced == before + 2  # the reset was retried once on a fresh actor
     assert asyncio.run(_expert_episode(pool, "after-timeout", "valid_seen", 2))["won"]

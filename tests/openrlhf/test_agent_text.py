@@ -20,6 +20,7 @@ from progpo.agents.episode import run_episodes
 from progpo.agents.types import Generation, SamplingParams
 from progpo.envs.base import StepResult
 from progpo.envs.local_pool import LocalEnvPool
+from progpo.run.settings import EnvSettings
 
 
 class RoomEnv:
@@ -87,7 +88,7 @@ def test_both_backends_record_the_same_text_and_prompts(cpu_compat, tok):
         from progpo.openrlhf import agent
 
         params = cpu_compat.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=32, logprobs=1)
-    executor = agent.AgentExecutor(agent.AgentConfig(env_name="alfworld", pool="local", max_steps=3),
+    executor = agent.AgentExecutor(agent.AgentConfig(env=EnvSettings(name="alfworld", pool="local", max_steps=3)),
                                    env_pool=LocalEnvPool(RoomEnv, max_envs=1))
     response = asyncio.run(executor.execute(json.dumps({"split": "train", "index": 0}), "train:0", params, 1024, tok,
                                             VllmStyleEngine(tok)))

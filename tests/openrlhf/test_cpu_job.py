@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -27,6 +28,7 @@ import pytest
 import torch
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
+from progpo.testing import PATIENCE_S
 
 pytestmark = pytest.mark.slow
 
@@ -86,29 +88,38 @@ def warm_started_tiny_model(out: Path, steps: int = 80, lr: float = 5e-3, seed: 
 
 
 def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, iters: int,
-                extra: list[str]) -> dict:
-    """Run the CPU launch script once; returns its paths, exit status, log and wall time."""
+                extra: list[str], script: Path = SCRIPT, timeout_s: float = 1500, **env_vars: str) -> dict:
+    """Run a CPU launch script once; returns its paths, exit status, log and wall time."""
     out, dump = root / "out", root / "dump"
-    ray_tmp = Path("/tmp") / f"pg_ray_{os.getpid()}_{estimator}"  # short: Ray's socket paths < 108 chars
+    ray_tmp = Path("/tmp") / f"pg_ray_{os.getpid()}_{estimator}_{root.name[-6:]}"  # short: Ray's socket paths < 108
     webshop_port = _free_port()
     env = dict(os.environ, ESTIMATOR=estimator, MODEL=str(model), TRAIN_ITERS=str(iters), MAX_NEW_TOKENS=str(MAX_NEW_TOKENS),
                MAX_PROMPT_TOKENS="1024", MAX_LEN="1100", LR="1e-3", OUTPUT_DIR=str(out), PROGPO_LOG_DIR=str(root / "logs"),
                WEBSHOP_DATA_DIR=str(shared_data / "webshop"), WEBSHOP_PORT=str(webshop_port), WEBSHOP_THREADS="4",
-               RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO))
+               RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **env_vars)
     t0 = time.monotonic()
+    proc = subprocess.Popen(["bash", str(script), "--debug.dump_dir", str(dump), *extra], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        res = subprocess.run(["bash", str(SCRIPT), "--debug.dump_dir", str(dump), *extra], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=1500)
-    finally:
-        wall = time.monotonic() - t0
-        leftover = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-        ray_sessions = list(ray_tmp.glob("ray/session_*"))  # the head really ran under our temp dir
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # SIGTERM its process group: the script's trap stops what it started
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        stderr += f"\n[test] killed after {timeout_s:.0f} s\n"
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    wall = time.monotonic() - t0
+    leftover = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    ray_sessions = [*ray_tmp.glob("ray/session_*"), *ray_tmp.glob("session_*")]  # ray.init / ray start layout
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     log = res.stdout + res.stderr
     (root / "job.log").write_text(log)
-    print(f"\n[cpu job {estimator} x{iters}] wall {wall:.0f} s, exit {res.returncode}, load {os.getloadavg()}")
-    return {"rc": res.returncode, "log": log, "wall": wall, "out": out, "dump": dump, "leftover": leftover,
-            "ray_tmp": str(ray_tmp), "ray_sessions": ray_sessions, "webshop_port": webshop_port}
+    print(f"\n[{script.name} {estimator} x{iters}] wall {wall:.0f} s, exit {res.returncode}, load {os.getloadavg()}")
+    return {"rc": res.returncode, "log": log, "stderr": res.stderr, "wall": wall, "out": out, "dump": dump,
+            "leftover": leftover, "ray_tmp": str(ray_tmp), "ray_sessions": ray_sessions, "webshop_port": webshop_port}
 
 
 def tensorboard_scalars(out: Path) -> dict[str, list[float]]:
@@ -123,12 +134,19 @@ def tensorboard_scalars(out: Path) -> dict[str, list[float]]:
 
 
 def dumped_iterations(dump: Path) -> list[tuple[dict, dict]]:
-    """``(step batch dump, actor replay-buffer dump)`` per iteration."""
+    """``(step batch dump, actor replay-buffer dump of all policy ranks)`` per iteration."""
     pairs = []
     for sb in sorted(dump.glob("iter*_step_batch.json")):
-        actor = dump / sb.name.replace("step_batch", "actor_rank0")
-        pairs.append((json.loads(sb.read_text()), json.loads(actor.read_text())))
+        ranks = sorted(dump.glob(sb.name.replace("step_batch", "actor_rank*")))
+        assert ranks, sb
+        rows = [row for r in ranks for row in json.loads(r.read_text())["rows"]]
+        pairs.append((json.loads(sb.read_text()), {"rows": rows, "ranks": len(ranks)}))
     return pairs
+
+
+def real(rows: list[dict]) -> list[dict]:
+    """The step rows of an actor dump (padding rows have no action tokens)."""
+    return [r for r in rows if any(r["action_mask"])]
 
 
 def expected_step_advantages(step_dump: dict) -> np.ndarray:
@@ -154,16 +172,20 @@ def assert_actor_trained_on_step_advantages(dump: Path, estimator: str, iters: i
     for step_dump, actor_dump in pairs:
         assert step_dump["config"]["estimator"] == estimator and step_dump["kl_coef"] == 0.0
         expected = expected_step_advantages(step_dump)
-        rows = actor_dump["rows"]
-        assert sorted(r["index"] for r in rows) == list(range(len(expected)))  # every step row, once
+        row_of = {index: k for k, index in enumerate(step_dump["rollout_index"])}  # rollout position -> step row
+        rows = real(actor_dump["rows"])
+        assert sorted(row_of[r["index"]] for r in rows) == list(range(len(expected)))  # every step row, once
         for r in rows:
             adv = np.asarray(r["advantages"], dtype=np.float64)
             mask = np.asarray(r["action_mask"], dtype=bool)
             n_resp = int(r["response_length"])
             # the action tokens are exactly the response: the last R of the T-1 shifted positions
             assert mask.tolist() == [False] * (len(r["sequences"]) - 1 - n_resp) + [True] * n_resp
-            np.testing.assert_allclose(adv[mask], expected[r["index"]], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(adv[mask], expected[row_of[r["index"]]], rtol=1e-6, atol=1e-6)
             assert not adv[~mask].any()
+        pads = [r for r in actor_dump["rows"] if r not in rows]
+        for r in pads:  # padding rows: two tokens, no action token, no advantage
+            assert len(r["sequences"]) == 2 and not any(r["advantages"]) and r["index"] not in row_of
         distinct = len(set(np.round(expected, 5).tolist()))
         assert distinct >= min_distinct, f"{distinct} distinct step advantages: the check could not tell rows apart"
 
@@ -238,10 +260,12 @@ def test_losses_finite_and_metrics_reach_tensorboard(progpo_job, start_model):
 
     eos = AutoTokenizer.from_pretrained(str(start_model)).eos_token_id
     for k, (_, actor_dump) in enumerate(dumped_iterations(progpo_job["dump"])):
-        cut = np.mean([r["sequences"][-1] != eos and r["response_length"] == MAX_NEW_TOKENS for r in actor_dump["rows"]])
+        rows = real(actor_dump["rows"])
+        cut = np.mean([r["sequences"][-1] != eos and r["response_length"] == MAX_NEW_TOKENS for r in rows])
         assert tb["train/rollout/truncated_response_frac"][k] == pytest.approx(cut)
-        assert tb["train/response_clip_ratio"][k] == pytest.approx(cut)
-        assert tb["train/rollout/num_steps"][k] == len(actor_dump["rows"])
+        assert tb["train/response_clip_ratio"][k] == pytest.approx(cut)  # padding rows left out of the metric
+        assert tb["train/rollout/num_steps"][k] == len(rows) == tb["train/rollout/num_samples"][k]
+        assert tb["train/rollout/pad_rows"][k] == len(actor_dump["rows"]) - len(rows)
 
 
 @pytest.mark.parametrize("estimator", ["gigpo", "grpo"])
@@ -265,3 +289,70 @@ def test_gigpo_and_grpo_run_the_same_job(estimator, tmp_path, shared_data, start
 def test_torch_is_cpu_only_here():
     """The job above ran without a GPU: CPU-only torch, no CUDA device."""
     assert not torch.cuda.is_available()
+
+
+CLUSTER_SCRIPT = REPO / "examples" / "scripts" / "dry_run_cluster_cpu.sh"
+
+
+@pytest.fixture(scope="module")
+def cluster_job(tmp_path_factory, shared_data, start_model):
+    """``dry_run_cluster_cpu.sh`` once: two Ray nodes with one GPU slot each, 2 policy + 2 reference ranks
+    (ZeRO-3 over gloo), 2 CPU engines building their ALFWorld env actors, colocated as on GPUs."""
+    return run_cpu_job(tmp_path_factory.mktemp("cluster"), shared_data, start_model, estimator="progpo", iters=2,
+                       extra=["--progpo.zero_signal", "off"], script=CLUSTER_SCRIPT, timeout_s=4 * PATIENCE_S,
+                       RAY_STOP_TIMEOUT="20")
+
+
+def test_cluster_run_ends_cleanly_within_its_patience(cluster_job):
+    assert cluster_job["rc"] == 0, cluster_job["log"][-6000:]
+    assert cluster_job["wall"] < 4 * PATIENCE_S  # 11 processes importing torch and 2 Ray nodes on 2 cores
+    assert "has 2 node(s)" in cluster_job["log"] and "--train.colocate_all" in cluster_job["log"]
+    assert cluster_job["ray_sessions"] and cluster_job["ray_tmp"] not in cluster_job["leftover"]
+
+
+def test_cluster_ranks_run_the_same_collectives_each_iteration(cluster_job):
+    """Per iteration, from every rank itself: the same forward passes (policy and reference), the same
+    micro-batches and optimizer steps, and no accumulation window left open (no gradient carried)."""
+    files = sorted(cluster_job["dump"].glob("iter*_ranks.json"))
+    assert len(files) == 2
+    for f in files:
+        counts = json.loads(f.read_text())
+        actor, ref = counts["actor"], counts["ref"]
+        assert sorted(c["rank"] for c in actor) == [0, 1] and sorted(c["rank"] for c in ref) == [0, 1]
+        assert len({c["node_id"] for c in actor}) == 2  # one policy rank on each Ray node
+        assert len({(c["forward"], c["micro_batches"], c["optimizer_steps"]) for c in actor}) == 1, actor
+        assert {c["forward"] for c in ref} == {actor[0]["forward"]} and actor[0]["forward"] >= 1
+        for c in actor:
+            assert c["pending_micro_steps"] == 0 and c["micro_steps"] == c["micro_batches"]
+            assert c["optimizer_steps"] == c["micro_batches"] // c["gas"] >= 1
+    for step_dump, actor_dump in dumped_iterations(cluster_job["dump"]):
+        assert actor_dump["ranks"] == 2
+        n_rows = len(actor_dump["rows"])
+        assert n_rows % 16 == 0 and len(step_dump["advantages"]) % 16 != 0  # padded: S is no multiple of 16
+
+
+def test_cluster_actor_moved_and_both_engines_hold_it(cluster_job, start_model):
+    from safetensors.torch import load_file
+
+    before = load_file(str(start_model / "model.safetensors"))
+    after = load_file(str(cluster_job["out"] / "final" / "model.safetensors"))
+    assert max(float((after[k].double() - before[k].double()).abs().max()) for k in before) > 1e-4
+    tb = tensorboard_scalars(cluster_job["out"])
+    assert len(tb["train/sync/max_abs_diff"]) == 2 and max(tb["train/sync/max_abs_diff"]) <= 1e-6  # max over engines
+    assert max(tb["train/sync/max_abs_diff_before"]) > 1e-6
+    assert tb["train/rollout/failed_episodes"] == [0.0, 0.0]  # every env actor started and answered
+    assert_actor_trained_on_step_advantages(cluster_job["dump"], "progpo", iters=2, min_distinct=2)
+
+
+def test_job_pointed_at_a_closed_port_stops_with_one_line(tmp_path, shared_data, start_model):
+    """All episodes fail (nothing listens at the WebShop URL): exit 3 and one line naming the URL, before
+    any update or checkpoint; OpenRLHF alone would have skipped the batch and saved the untrained model."""
+    url = f"http://127.0.0.1:{_free_port()}"
+    job = run_cpu_job(tmp_path, shared_data, start_model, estimator="progpo", iters=1,
+                      extra=["--algo.kl.init_coef", "0"], timeout_s=PATIENCE_S, WEBSHOP_URL=url)
+    assert job["rc"] == 3, job["log"][-4000:]
+    ours = [line for line in job["stderr"].splitlines() if line.startswith("python -m progpo.cli.train_ray: error:")]
+    assert len(ours) == 1 and job["stderr"].rstrip().splitlines()[-1] == ours[0]
+    assert "8 of 8 episodes failed" in ours[0] and "env_unreachable" in ours[0] and url in ours[0]
+    assert not (job["out"] / "final").exists()  # nothing saved
+    assert job["ray_tmp"] not in job["leftover"]

@@ -58,20 +58,23 @@ def synthetic_episodes(n_tasks=3, n_rollouts=4, seed=0) -> list[list[Episode]]:
     return groups
 
 
-def _args(estimator, n, kl_use_loss=True):
+def _args(estimator, n, kl_use_loss=True, ranks=1, train_batch=8, train_micro=2, rollout_micro=4):
     return SimpleNamespace(
-        rollout=SimpleNamespace(batch_size=3, n_samples_per_prompt=n, micro_batch_size=4, vllm_generate_batch_size=None),
-        algo=SimpleNamespace(dynamic_filtering_enable=False, kl=SimpleNamespace(use_loss=kl_use_loss),
+        rollout=SimpleNamespace(batch_size=3, n_samples_per_prompt=n, micro_batch_size=rollout_micro,
+                                vllm_generate_batch_size=None),
+        algo=SimpleNamespace(dynamic_filtering_enable=False, kl=SimpleNamespace(use_loss=kl_use_loss, init_coef=0.01),
                              advantage=SimpleNamespace(estimator=estimator, is_correction_level="off", gamma=1.0,
                                                        lambd=1.0, no_std_norm=False)),
-        train=SimpleNamespace(dynamic_batch_enable=False),
+        train=SimpleNamespace(dynamic_batch_enable=False, batch_size=train_batch, micro_batch_size=train_micro),
+        actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=ranks), ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=ranks),
+        ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
         reward=SimpleNamespace(clip_range=(-10, 10), stop_properly_penalty_coef=None, overlong_buffer_len=None),
         vllm=SimpleNamespace(enable_sleep=False),
     )
 
 
-def _rows(mods, groups, args, n):
-    """Expanded per-step samples, micro-batched by OpenRLHF's own split_rollout_samples, with a fake forward."""
+def _rows(mods, groups, args, n, max_len=64):
+    """The generator and the episode-level samples it receives from the engines (one transcript each)."""
     gen = mods.samples.StepSamplesGenerator(
         strategy=SimpleNamespace(args=args), prompts_dataloader=[], eval_dataloader=None,
         tokenizer=SimpleNamespace(eos_token_id=EOS, pad_token_id=0), vllm_engines=[])
@@ -80,14 +83,15 @@ def _rows(mods, groups, args, n):
         prompt = f'{{"split": "train", "index": {eps[0].task_index}}}'
         for ep in eps:
             r = mods.agent.transcript_response(ep, prompt=prompt, label=eps[0].uid, with_logprobs=None)
-            samples.append(gen._process_response_into_experience(r, max_len=64))
+            samples.append(gen._process_response_into_experience(r, max_len=max_len))
     return gen, samples
 
 
-def _maker(mods, args, cfg=None, kl=0.0):
+def _maker(mods, args, cfg=None, kl=0.0, gen=None):
     return mods.exp.StepExperienceMaker(
         None, None, None, None, mods.KL(kl), SimpleNamespace(args=args),
-        SimpleNamespace(pad_token_id=0), advantage_config=cfg)
+        SimpleNamespace(pad_token_id=0), advantage_config=cfg,
+        episodes_source=None if gen is None else (lambda: gen.last_episodes))
 
 
 def _forward(experiences, kl_value=0.0):
@@ -157,18 +161,101 @@ def test_kl_reward_penalty_adds_token_reward_to_go(mods):
     assert torch.allclose(e.advantages[b][m], torch.full((k,), float(expected[0])) + penalty, atol=1e-6)
 
 
-def test_other_estimators_fall_through_to_openrlhf(mods):
+def _transcript_advantages(mods, groups, args, n, max_len):
+    """OpenRLHF's own path: one transcript sample per episode, its estimator on them; ``[E]`` per-token values."""
+    _, samples = _rows(mods, groups, args, n, max_len=max_len)
+    theirs = mods.Parent(None, None, None, None, mods.KL(0.0), SimpleNamespace(args=args), SimpleNamespace(pad_token_id=0))
+    out = theirs.compute_advantages_and_returns(_forward(theirs.split_rollout_samples(samples)))
+    values = []
+    for e in out:
+        for b in range(e.sequences.size(0)):
+            vals = e.advantages[b][e.action_mask[b].bool()]
+            assert torch.allclose(vals, vals[0].expand_as(vals))  # gamma 1, KL as a loss: one value per transcript
+            values.append(float(vals[0]))
+    return values
+
+
+@pytest.mark.parametrize("estimator", ["group_norm", "reinforce_baseline", "dr_grpo", "reinforce", "flash_reinforce"])  # rloo: ours
+def test_openrlhf_estimators_put_the_transcripts_advantage_on_every_step(mods, estimator):
+    """Comparison mode: each step row carries exactly what OpenRLHF puts on its episode's transcript."""
     groups, n = synthetic_episodes(seed=2), 4
-    args = _args("group_norm", n)
+    args = _args(estimator, n)
+    expected = _transcript_advantages(mods, groups, args, n, max_len=64)  # short episodes: nothing cut
+    assert np.std(expected) > 0.1
     gen, samples = _rows(mods, groups, args, n)
-    ours, theirs = _maker(mods, args), mods.Parent(None, None, None, None, mods.KL(0.0), SimpleNamespace(args=args),
-                                                   SimpleNamespace(pad_token_id=0))
-    a = ours.compute_advantages_and_returns(_forward(ours.split_rollout_samples(samples)))
-    gen2, samples2 = _rows(mods, groups, args, n)
-    b = theirs.compute_advantages_and_returns(_forward(theirs.split_rollout_samples(samples2)))
-    assert len(a) == len(b) and sum(e.sequences.size(0) for e in a) == len(samples)
-    for x, y in zip(a, b):
-        assert torch.equal(x.advantages, y.advantages)
+    maker = _maker(mods, args, gen=gen)
+    out = maker.compute_advantages_and_returns(
+        _forward(maker.split_rollout_samples(gen.step_samples(samples, n_samples_per_prompt=n, max_len=64))))
+    n_steps = 0
+    for e in out:
+        traj = e.info.get("progpo/traj_id")
+        assert traj is None  # per-step keys removed before training
+        for b in range(e.sequences.size(0)):
+            m = e.action_mask[b].bool()
+            if not m.any():
+                continue  # padding row
+            n_steps += 1
+    assert n_steps == sum(len(ep.steps) for eps in groups for ep in eps)
+    rows = [(g * n + k) for g, eps in enumerate(groups) for k, ep in enumerate(eps) for _ in ep.steps]
+    got = [float(v) for e in out for b, v in enumerate(e.info["adv/step_advantage"]) if e.action_mask[b].any()]
+    np.testing.assert_allclose(got, [expected[r] for r in rows], rtol=1e-6, atol=1e-6)
+
+
+def test_comparison_mode_trains_on_every_step_at_realistic_prompt_lengths(mods):
+    """10 steps of 2,000-token prompts and 100-token responses, --data.max_len 2560 (the scripts' value):
+    OpenRLHF's transcript of an episode is 21,000 tokens and its action mask would reach step 0 only;
+    per-step rows put every response under the action mask, each with the episode's advantage."""
+    rng = random.Random(3)
+    n, max_len, groups = 4, 2560, []
+    for u in range(2):
+        eps = []
+        for k in range(n):
+            won = k % 2 == 0
+            steps = [StepRecord(prompt_ids=[rng.randrange(3, 900) for _ in range(2000)],
+                                response_ids=[rng.randrange(3, 900) for _ in range(99)] + [EOS],
+                                logprobs=[-1.0] * 100, response_text="a", action="look", invalid=False,
+                                env_reward=10.0 * (won and t == 9), reward=10.0 * (won and t == 9),
+                                terminated=won and t == 9, truncated=not won and t == 9, anchor_obs=f"o{t}",
+                                prefix_key=f"{u}{k}{t}") for t in range(10)]
+            eps.append(Episode(uid=f"u{u}", traj_id=u * n + k, split="train", task_index=u, steps=steps, won=won))
+        groups.append(eps)
+    args = _args("group_norm", n)
+    gen, samples = _rows(mods, groups, args, n, max_len=max_len)
+    transcript_mask = samples[0].action_mask[0]
+    assert int(transcript_mask.sum()) == 100  # what OpenRLHF alone would train on: step 0's response
+    maker = _maker(mods, args, gen=gen)
+    out = maker.compute_advantages_and_returns(
+        _forward(maker.split_rollout_samples(gen.step_samples(samples, n_samples_per_prompt=n, max_len=max_len))))
+    covered = []
+    for e in out:
+        for b in range(e.sequences.size(0)):
+            m = e.action_mask[b].bool()
+            if m.any():
+                covered.append(int(m.sum()))
+                vals = e.advantages[b][m]
+                assert torch.allclose(vals, vals[0].expand_as(vals)) and abs(float(vals[0])) > 0.5
+    assert covered == [100] * 80  # every step of every episode, its whole response
+
+
+def test_padding_rows_are_no_steps_and_get_no_advantage(mods):
+    groups, n = synthetic_episodes(n_tasks=3, n_rollouts=4, seed=4), 4
+    args = _args("progpo", n, ranks=2, train_batch=16, train_micro=2, rollout_micro=4)
+    cfg = AdvantageConfig(estimator="progpo", semantic_expansion=False, max_steps=5)
+    gen, samples = _rows(mods, groups, args, n)
+    steps = gen.step_samples(samples, n_samples_per_prompt=n, max_len=64)
+    n_real = sum(len(ep.steps) for eps in groups for ep in eps)
+    assert len(steps) % 16 == 0 and len(steps) - n_real == gen.last_stats["rollout/pad_rows"] > 0
+    half = len(steps) // 2  # each policy rank's share holds half the real rows (one more on rank 0 if odd)
+    real_per_rank = [sum(bool(s.action_mask.any()) for s in steps[r * half:(r + 1) * half]) for r in range(2)]
+    assert real_per_rank == [(n_real + 1) // 2, n_real // 2]
+    maker = _maker(mods, args, cfg)
+    out = maker.compute_advantages_and_returns(_forward(maker.split_rollout_samples(steps)))
+    expected = compute_advantages(_direct(groups), cfg).advantages  # the padding changed nothing
+    got = [float(v) for e in out for b, v in enumerate(e.info["adv/step_advantage"]) if e.action_mask[b].any()]
+    np.testing.assert_allclose(got, expected.astype(np.float32), rtol=1e-6, atol=1e-6)
+    for e in out:
+        pad = ~e.action_mask.bool().any(-1)
+        assert not e.advantages[pad].any() and not e.info["adv/step_advantage"][pad].any()
 
 
 def test_mismatched_config_and_missing_metadata_raise(mods):

@@ -44,11 +44,14 @@ def recorded_episodes() -> list[Episode]:
     return [win, loss]
 
 
-def _args(n=2, correction="off"):
+def _args(n=2, correction="off", train_batch=1):
     return SimpleNamespace(
-        rollout=SimpleNamespace(batch_size=1, n_samples_per_prompt=n, vllm_generate_batch_size=None),
+        rollout=SimpleNamespace(batch_size=1, n_samples_per_prompt=n, vllm_generate_batch_size=None, micro_batch_size=1),
         algo=SimpleNamespace(dynamic_filtering_enable=False, advantage=SimpleNamespace(
-            estimator="progpo", is_correction_level=correction)),
+            estimator="progpo", is_correction_level=correction), kl=SimpleNamespace(init_coef=0.0)),
+        train=SimpleNamespace(batch_size=train_batch, micro_batch_size=1),
+        actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1), ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
+        ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
         vllm=SimpleNamespace(enable_sleep=False),
     )
 
@@ -56,7 +59,7 @@ def _args(n=2, correction="off"):
 def _generator(mods, args, loader=()):
     return mods.samples.StepSamplesGenerator(
         strategy=SimpleNamespace(args=args), prompts_dataloader=list(loader), eval_dataloader=None,
-        tokenizer=SimpleNamespace(eos_token_id=EOS), vllm_engines=[],
+        tokenizer=SimpleNamespace(eos_token_id=EOS, pad_token_id=0), vllm_engines=[],
     )
 
 
@@ -132,6 +135,11 @@ def test_generate_samples_expands_after_openrlhf_batching(mods):
     rows, _, consumed, exhausted = gen.generate_samples(max_len=64)
     assert (len(rows), consumed, exhausted) == (5, 1, True)
     assert [e.info["progpo/step_index"].item() for e in rows] == [0, 1, 2, 0, 1]
+    gen = _generator(mods, _args(train_batch=4), loader=[0])  # batches of 4 step samples: 5 rows + 3 padding
+    gen._generate_vllm = fake_vllm
+    rows, *_ = gen.generate_samples(max_len=64)
+    assert len(rows) == 8 and gen.last_stats["rollout/pad_rows"] == 3
+    assert [e.action_mask.any().item() for e in rows] == [True] * 5 + [False] * 3
 
 
 def test_long_prompt_loses_oldest_tokens_and_failed_episodes_are_dropped(mods):
@@ -159,17 +167,18 @@ def test_groups_must_be_whole_and_single_prompt(mods):
         gen.expand([samples[0], other], n_samples_per_prompt=2, max_len=64)
 
 
-def test_openrlhf_estimators_keep_one_sample_per_episode(mods):
+def test_openrlhf_estimators_get_the_same_per_step_samples(mods):
+    """Comparison mode (``group_norm``, ...): the engines still send each episode's transcript (OpenRLHF's
+    multi-turn format, used by its evaluation), but training gets one sample per step, as for ours."""
     args = _args()
     args.algo.advantage.estimator = "group_norm"
     gen = _generator(mods, args, loader=[0])
     episodes = recorded_episodes()
-    gen._generate_vllm = lambda dataloader_iter, num_prompts, dynamic_filtering, **kw: (
-        [gen._process_response_into_experience(r, **kw) for r in _responses(mods, episodes)], 1, True)
-    rows, *_ = gen.generate_samples(max_len=64)
-    assert len(rows) == 2  # OpenRLHF's multi-turn format: the transcript of each episode
+    transcripts = [gen._process_response_into_experience(r, max_len=64) for r in _responses(mods, episodes)]
     tokens = [t for s in episodes[0].steps for t in s.prompt_ids + s.response_ids]
-    assert rows[0].sequences.tolist() == [tokens]
-    assert int(rows[0].action_mask.sum()) == sum(len(s.response_ids) for s in episodes[0].steps)
-    assert rows[0].rewards.item() == pytest.approx(episodes[0].episode_return)
-    assert torch.equal(rows[0].scores, torch.tensor([1.0]))
+    assert transcripts[0].sequences.tolist() == [tokens]
+    assert transcripts[0].rewards.item() == pytest.approx(episodes[0].episode_return)
+    gen._generate_vllm = lambda dataloader_iter, num_prompts, dynamic_filtering, **kw: (transcripts, 1, True)
+    rows, *_ = gen.generate_samples(max_len=64)
+    assert len(rows) == 5 and [e.info["progpo/step_index"].item() for e in rows] == [0, 1, 2, 0, 1]
+    assert gen.last_episodes == episodes

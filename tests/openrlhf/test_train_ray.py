@@ -72,6 +72,19 @@ def test_help_lists_openrlhf_and_our_flags(cli, capsys):
     (["--advantage_estimator", "group_norm", "--progpo.kappa", "2"], "--progpo.*"),
     (["--progpo.preset", "papr"], "--progpo.preset"),
     (["--advantage_estimator", "group_norm", "--progpo.preset", "paper"], "--progpo.*"),
+    (["--env.max_failed_frac", "1.5"], "--env.max_failed_frac"),
+    (["--env.call_timeout_s", "0"], "--env.call_timeout_s"),
+    (["--env.start_timeout_s", "inf"], "--env.start_timeout_s"),
+    (["--train.batch_size", "100"], "--train.batch_size"),  # not whole micro-batches x 8 ranks
+    (["--rollout.micro_batch_size", "32"], "--train.batch_size"),  # 128 is no multiple of 32 x 8
+    (["--train.dynamic_batch_enable"], "--train.dynamic_batch_enable"),
+    (["--advantage_estimator", "gae"], "--advantage_estimator"),
+    (["--advantage_estimator", "group_norm", "--algo.kl.use_loss", "--algo.advantage.gamma", "0.9"],
+     "--algo.advantage.gamma"),
+    (["--advantage_estimator", "group_norm", "--algo.kl.init_coef", "0.01"], "--algo.kl.use_loss"),
+    (["--advantage_estimator", "group_norm", "--algo.kl.use_loss", "--reward.overlong_buffer_len", "64"],
+     "--reward.overlong_buffer_len"),
+    (["--env.name", "alfworld", "--env.data_dir", "/no/such/alfworld"], "--env.data_dir"),
 ])
 def test_bad_values_exit_naming_the_flag(cli, capsys, tmp_path, argv, flag):
     with pytest.raises(SystemExit) as exc:

@@ -117,3 +117,39 @@ def test_learning_script_rejects_a_bad_setting_before_installing(tmp_path, name,
     assert f"run_local_learning.sh: {says.replace('{file}', str(blocker))}" in err
     assert "[install]" not in err and not (tmp_path / "out").exists()
     assert blocker.read_text() == "keep me"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    """``name -> version`` of the ``name==version`` lines of a requirements file (extras dropped)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            out[name.split("[")[0].strip().lower()] = version.strip()
+    return out
+
+
+def test_gpu_requirements_pin_what_openrlhf_pins_and_the_docs_say_what_they_need():
+    """requirements-gpu.txt: the GPU stack OpenRLHF 0.11.2's own metadata pins (its vllm extra included),
+    and the needs its header states (CUDA 13, driver >= 580, Python 3.10-3.12, flash-attn from source)
+    repeated in docs/distributed.md's install section, with every pinned version."""
+    pins = _pins(REPO / "requirements-gpu.txt")
+    theirs = {}
+    for req in md.requires("openrlhf"):
+        spec, _, marker = req.partition(";")
+        if "==" in spec and (not marker or 'extra == "vllm"' in marker):
+            name, version = spec.split("==")
+            theirs[name.split("[")[0].strip().lower()] = version.strip()
+    assert pins["openrlhf"] == md.version("openrlhf")
+    for name in ("deepspeed", "ray", "transformers", "vllm"):
+        assert pins[name] == theirs[name], name
+    header = (REPO / "requirements-gpu.txt").read_text()
+    assert f"flash-attn=={theirs['flash-attn']}" in header
+    docs = (REPO / "docs" / "distributed.md").read_text()
+    install = docs[docs.index("## Install"):docs.index("## Run")]
+    for name, version in {**pins, "flash-attn": theirs["flash-attn"]}.items():
+        if name in ("torch", "vllm", "openrlhf", "deepspeed", "ray", "transformers", "flash-attn"):
+            assert f"{name}" in install and version in install, (name, version)
+    for need in ("CUDA 13", ">= 580", "3.10", "3.12", "from source"):
+        assert need in header and need in install, need

@@ -9,11 +9,13 @@ never ``ray stop``, which would kill every Ray process on the machine).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -103,6 +105,83 @@ def test_train_script_flags_are_accepted_by_train_ray(tmp_path):
         ns = train_ray.finalize(parser, parser.parse_args(argv[3:]))
         assert ns.progpo_advantage_config.kappa == 4.0
         assert Path(getattr(ns, "data.prompt_dataset")).is_file() and Path(getattr(ns, "eval.dataset")).is_file()
+
+
+SLURM = SCRIPTS / "slurm_train_ray.sbatch"
+
+
+class _Reached(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def openrlhf_main():
+    """``run(ns)``: OpenRLHF 0.11.2's own ``train_ppo_ray`` main block (argument post-processing and
+    start-up assertions) on a finalized namespace, stopped where its ``train()`` would build the cluster."""
+    from progpo.openrlhf import cpu
+
+    with cpu.import_shims():
+        import openrlhf.utils
+        import ray
+
+        from progpo.cli import train_ray
+        from progpo.openrlhf import trainer
+
+        parser = train_ray.build_parser()
+
+    def run(ns):
+        def stop(args):
+            raise _Reached(args)
+
+        saved = ray.is_initialized, openrlhf.utils.get_strategy
+        ray.is_initialized, openrlhf.utils.get_strategy = (lambda: True), stop  # never start a cluster here
+        try:
+            trainer.run_openrlhf_main(ns)
+        except _Reached as reached:
+            return reached.args[0]
+        finally:
+            ray.is_initialized, openrlhf.utils.get_strategy = saved
+        raise AssertionError("OpenRLHF's main block did not reach train()")
+
+    return SimpleNamespace(parser=parser, train_ray=train_ray, run=run)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+def test_scripts_pass_openrlhf_start_up_checks_at_1_2_4_nodes(openrlhf_main, tmp_path, nodes):
+    """Each GPU script's and the SLURM script's arguments at ``nodes`` x 8 GPUs: our checks (finalize),
+    then OpenRLHF's own (its __main__ block, e.g. tasks x rollouts / rollout micro batch >= ranks, which
+    the SLURM defaults failed at 2 nodes), with the micro batches derived from the node count."""
+    ranks = nodes * 8
+    for script in [*GPU_TRAIN, SLURM]:
+        env = {"NUM_NODES": str(nodes), "GPUS_PER_NODE": "8", "OUTPUT_DIR": str(tmp_path / script.stem),
+               "PROGPO_REPO": str(REPO)}  # the SLURM script runs from the submit directory
+        argv = _dry_run(script, **env)
+        ns = openrlhf_main.train_ray.finalize(openrlhf_main.parser, openrlhf_main.parser.parse_args(argv[3:]))
+        args = openrlhf_main.run(ns)
+        assert (args.actor.num_nodes, args.actor.num_gpus_per_node, args.vllm.num_engines) == (nodes, 8, ranks)
+        episodes = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+        assert episodes // args.rollout.micro_batch_size >= ranks, script.name  # OpenRLHF's assertion, passed
+        cap = (8, 4) if "3b" in script.stem else (16, 8)
+        assert args.rollout.micro_batch_size == min(cap[0], episodes // ranks), script.name
+        assert args.train.micro_batch_size == min(cap[1], args.train.batch_size // ranks), script.name
+        assert args.train.batch_size % (args.train.micro_batch_size * ranks) == 0  # whole DeepSpeed steps
+
+
+def test_multi_node_runs_bind_webshop_where_other_nodes_reach_it_and_pass_the_data_folder(tmp_path):
+    one = SCRIPTS / "train_progpo_webshop.sh"
+    local = _flag(_dry_run(one), "--env.url")
+    assert local == "http://127.0.0.1:3000"  # a local cluster: loopback only
+    for env in ({"RAY_ADDRESS": "10.0.0.1:6379"}, {"NUM_NODES": "2"}):  # joining a cluster of several nodes
+        host = _flag(_dry_run(one, **env), "--env.url").split("//")[1].split(":")[0]
+        ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+        assert host not in ("127.0.0.1", "localhost") and host == (ip[0] if ip else host)
+    res = subprocess.run(["bash", str(SLURM)], capture_output=True, text=True, check=True, cwd=REPO,
+                         env={k: v for k, v in dict(os.environ, PROGPO_DRY_RUN="1", ENV_NAME="webshop").items()
+                              if k != "PROGPO_DATA"})
+    runtime = json.loads(res.stderr.split("runtime env: ", 1)[1].splitlines()[0])["env_vars"]
+    data = Path(runtime["PROGPO_DATA"])
+    assert data.is_absolute() and (data / "alfworld").is_dir()  # resolves from any working dir
+    assert _flag(res.stdout.splitlines(), "--env.url") == "http://HEAD_IP:3000"
 
 
 def _free_ports(n: int) -> list[int]:

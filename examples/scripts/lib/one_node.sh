@@ -3,7 +3,10 @@
 #
 # Starts the WebShop server here when ENV_NAME=webshop and WEBSHOP_URL is unset (stopped on exit),
 # then runs `python -m progpo.cli.train_ray` as the Ray driver: it joins the cluster in RAY_ADDRESS
-# or starts a local one (dashboard on 127.0.0.1:8265). PROGPO_DRY_RUN=1 prints the command instead.
+# or starts a local one (dashboard on 127.0.0.1:8265). The server listens on 127.0.0.1 for a local
+# cluster, and on this node's address (progpo_node_ip; WEBSHOP_HOST overrides) when the job joins a
+# cluster (RAY_ADDRESS set, or NUM_NODES > 1), whose engines on other nodes must reach it.
+# PROGPO_DRY_RUN=1 prints the command instead.
 
 PROGPO_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PROGPO_REPO=${PROGPO_REPO:-$(cd "$PROGPO_SCRIPTS/../.." && pwd)}
@@ -14,12 +17,18 @@ source "$PROGPO_SCRIPTS/lib/train_args.sh"
 
 progpo_one_node() {
   cd "$PROGPO_REPO" || return 1
+  local host=127.0.0.1
+  if [ -n "${WEBSHOP_HOST:-}" ]; then
+    host=$WEBSHOP_HOST
+  elif [ -n "${RAY_ADDRESS:-}" ] || [ "${NUM_NODES:-1}" -gt 1 ]; then
+    host=$(progpo_node_ip)
+  fi
   if [ "${PROGPO_DRY_RUN:-0}" = 1 ]; then
-    WEBSHOP_URL=${WEBSHOP_URL:-http://127.0.0.1:3000}
+    WEBSHOP_URL=${WEBSHOP_URL:-http://$host:${WEBSHOP_PORT:-3000}}
   elif [ "${ENV_NAME:-}" = webshop ] && [ -z "${WEBSHOP_URL:-}" ]; then
     mkdir -p "${PROGPO_LOG_DIR:-logs}"
     trap progpo_stop_webshop EXIT
-    progpo_start_webshop 127.0.0.1 "${WEBSHOP_PORT:-$(progpo_free_port)}" "${PROGPO_LOG_DIR:-logs}/webshop_server.log" \
+    progpo_start_webshop "$host" "${WEBSHOP_PORT:-$(progpo_free_port)}" "${PROGPO_LOG_DIR:-logs}/webshop_server.log" \
       ${WEBSHOP_DATA_DIR:+--data-dir "$WEBSHOP_DATA_DIR"} --threads "${WEBSHOP_THREADS:-32}"
   fi
   progpo_train_args

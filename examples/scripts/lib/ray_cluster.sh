@@ -9,6 +9,7 @@ if ! declare -p PROGPO_LAUNCH >/dev/null 2>&1; then
   PROGPO_LAUNCH=()
 fi
 RAY_HEAD_PID=""
+RAY_WORKER_PIDS=()
 WEBSHOP_PID=""
 
 progpo_log() { printf '[progpo %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -37,12 +38,46 @@ progpo_ray_start_head() {
   RAY_HEAD_PID=$!
 }
 
-# progpo_ray_start_worker GCS_ADDRESS [ray start args...]: join a worker node (background, --block).
+# progpo_ray_start_worker GCS_ADDRESS [ray start args...]: join a worker node (background, --block;
+# run here, it gets its own process group and its PID goes to RAY_WORKER_PIDS).
 progpo_ray_start_worker() {
   local address=$1
   shift
   progpo_log "starting Ray worker joining $address"
-  "${PROGPO_LAUNCH[@]}" ray start --address "$address" --block --disable-usage-stats "$@" &
+  if [ ${#PROGPO_LAUNCH[@]} -eq 0 ]; then
+    setsid ray start --address "$address" --block --disable-usage-stats "$@" &
+    RAY_WORKER_PIDS+=("$!")
+  else
+    "${PROGPO_LAUNCH[@]}" ray start --address "$address" --block --disable-usage-stats "$@" &
+  fi
+}
+
+# progpo_ray_stop_workers: stop the workers started here by progpo_ray_start_worker (only those).
+progpo_ray_stop_workers() {
+  local pid
+  for pid in ${RAY_WORKER_PIDS[@]+"${RAY_WORKER_PIDS[@]}"}; do
+    progpo_stop_pid "$pid" "${RAY_STOP_TIMEOUT:-90}"
+  done
+  RAY_WORKER_PIDS=()
+}
+
+# progpo_node_ip: this node's address as other nodes reach it (first of `hostname -I`).
+progpo_node_ip() {
+  local ip
+  ip=$(hostname -I 2>/dev/null | awk '{print $1}')
+  [ -n "$ip" ] || ip=$(hostname --ip-address 2>/dev/null | awk '{print $1}')
+  echo "${ip:-127.0.0.1}"
+}
+
+# progpo_free_ports N: print N TCP ports that the OS reports free right now, one per line.
+progpo_free_ports() {
+  python3 -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("", 0))
+print("\n".join(str(s.getsockname()[1]) for s in socks))
+for s in socks:
+    s.close()' "$1"
 }
 
 # progpo_ray_alive_nodes GCS_ADDRESS: print the number of alive nodes (0 when unreachable).

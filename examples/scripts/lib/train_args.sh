@@ -9,9 +9,17 @@
 #
 # Inputs: ESTIMATOR (progpo|gigpo|grpo|rloo|hgpo), ENV_NAME (webshop|alfworld), WEBSHOP_URL (webshop).
 #
+# Batch arithmetic, derived from the ranks (NUM_NODES x GPUS_PER_NODE) so that OpenRLHF's start-up
+# check (tasks x rollouts / rollout micro batch >= ranks) and ProGPO's rank-equal per-step batches
+# (docs/distributed.md) hold at any node count: train batch = 2 x tasks x rollouts (256) step samples,
+# rollout micro batch = min(16, tasks x rollouts / ranks), train micro batch = min(8, train batch /
+# ranks). ROLLOUT_MICRO_BATCH / TRAIN_MICRO_BATCH fix a value; MAX_ROLLOUT_MICRO_BATCH /
+# MAX_TRAIN_MICRO_BATCH change the caps (16 / 8).
+#
 # DEVICE=cpu switches to the CPU profile (`--device cpu`: a laptop dry run of the same job, see
 # docs/distributed.md): SmolLM2-135M-Instruct, 2 tasks x 4 rollouts, 3 steps, 64 response tokens,
-# 2 iterations, one actor / reference process and one engine, no colocation or sleep mode.
+# 2 iterations, caps 4 / 2, no colocation or sleep mode unless COLOCATE=1 (then the GPU scripts'
+# --train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode has no CPU path).
 
 progpo_train_args() {
   local env_name=${ENV_NAME:?set ENV_NAME to webshop or alfworld}
@@ -24,14 +32,19 @@ progpo_train_args() {
   local max_steps=15
   [ "$env_name" = alfworld ] && max_steps=50
   # the protocol's sizes; the CPU profile shrinks them (each still overridable)
-  local tasks=16 rollouts=8 iters=160 new_tokens=512 prompt_tokens=2048 max_len=2560 train_batch=256
-  local train_micro=8 rollout_micro=16 save_steps=20
+  local tasks=16 rollouts=8 iters=160 new_tokens=512 prompt_tokens=2048 max_len=2560
+  local max_train_micro=8 max_rollout_micro=16 save_steps=20
   if [ "$cpu" = 1 ]; then
     model=${MODEL:-smollm2-135m} gpus=${GPUS_PER_NODE:-1} max_steps=3
-    tasks=2 rollouts=4 iters=2 new_tokens=64 prompt_tokens=1024 max_len=1152 train_batch=8
-    train_micro=2 rollout_micro=4 save_steps=-1
+    tasks=2 rollouts=4 iters=2 new_tokens=64 prompt_tokens=1024 max_len=1152
+    max_train_micro=2 max_rollout_micro=4 save_steps=-1
   fi
-  local engines=${VLLM_NUM_ENGINES:-$((nodes * gpus))}
+  tasks=${TASKS_PER_ITER:-$tasks} rollouts=${ROLLOUTS_PER_TASK:-$rollouts}
+  local ranks=$((nodes * gpus)) episodes=$((tasks * rollouts))
+  local train_batch=${TRAIN_BATCH_SIZE:-$((2 * episodes))}
+  local rollout_micro=${ROLLOUT_MICRO_BATCH:-$(progpo_min "${MAX_ROLLOUT_MICRO_BATCH:-$max_rollout_micro}" $((episodes / ranks)))}
+  local train_micro=${TRAIN_MICRO_BATCH:-$(progpo_min "${MAX_TRAIN_MICRO_BATCH:-$max_train_micro}" $((train_batch / ranks)))}
+  local engines=${VLLM_NUM_ENGINES:-$ranks}
   local run=${RUN_NAME:-${estimator}_${env_name}_$(basename "$model")}
   local out=${OUTPUT_DIR:-$PWD/runs/$run}  # absolute: Ray actors may run in other working dirs
 
@@ -43,16 +56,17 @@ progpo_train_args() {
     --env.history_length "${HISTORY_LENGTH:-2}"
     --env.invalid_penalty 0.1
     --env.train_split train
-    --env.num_tasks "$(( ${TASKS_PER_ITER:-$tasks} * ${TRAIN_ITERS:-$iters} ))"
+    --env.num_tasks "$(( tasks * ${TRAIN_ITERS:-$iters} ))"
     --rollout.max_prompt_tokens "${MAX_PROMPT_TOKENS:-$prompt_tokens}"
-    --rollout.batch_size "${TASKS_PER_ITER:-$tasks}"
-    --rollout.n_samples_per_prompt "${ROLLOUTS_PER_TASK:-$rollouts}"
+    --env.max_failed_frac "${MAX_FAILED_FRAC:-0.5}"
+    --rollout.batch_size "$tasks"
+    --rollout.n_samples_per_prompt "$rollouts"
     --rollout.max_new_tokens "${MAX_NEW_TOKENS:-$new_tokens}"
     --rollout.temperature 1.0
-    --rollout.micro_batch_size "${ROLLOUT_MICRO_BATCH:-$rollout_micro}"
+    --rollout.micro_batch_size "$rollout_micro"
     --data.max_len "${MAX_LEN:-$max_len}"
-    --train.batch_size "${TRAIN_BATCH_SIZE:-$train_batch}"
-    --train.micro_batch_size "${TRAIN_MICRO_BATCH:-$train_micro}"
+    --train.batch_size "$train_batch"
+    --train.micro_batch_size "$train_micro"
     --train.num_episodes 1
     --actor.adam.lr "${LR:-1e-6}"
     --actor.lr_scheduler constant_with_warmup
@@ -78,6 +92,9 @@ progpo_train_args() {
   if [ "$cpu" = 1 ]; then
     # entropy logged (coefficient 0), the weight sync checked after every update
     PROGPO_ARGS+=(--device cpu --actor.entropy_coef 0 --debug.check_weight_sync)
+    if [ "${COLOCATE:-0}" = 1 ]; then
+      PROGPO_ARGS+=(--train.colocate_all --vllm.enable_sleep)
+    fi
   else
     PROGPO_ARGS+=(--actor.gradient_checkpointing_enable --vllm.gpu_memory_utilization "${VLLM_GPU_MEM:-0.5}"
       --vllm.enable_sleep --ds.enable_sleep --train.colocate_all)
@@ -101,4 +118,12 @@ progpo_train_args() {
     PROGPO_ARGS+=(--logger.wandb.key "$WANDB_API_KEY" --logger.wandb.project "${WANDB_PROJECT:-progpo}"
       --logger.wandb.run_name "$run")
   fi
+}
+
+# progpo_min A B: print the smaller of two integers, at least 1.
+progpo_min() {
+  local m=$1
+  [ "$2" -lt "$m" ] && m=$2
+  [ "$m" -lt 1 ] && m=1
+  echo "$m"
 }

@@ -230,12 +230,15 @@ def create_cpu_engines(num_engines: int, tensor_parallel_size: int, pretrain: st
                        max_model_len: int, shared_pg: Any = None, gpu_memory_utilization: Any = None,
                        vllm_enable_sleep: bool = False, logprobs_mode: Any = None, agent_func_path: str | None = None,
                        remote_rm_url: Any = None, max_images_per_prompt: int = 0, *, dtype: str = "bf16",
-                       max_batch_size: int = 32) -> list[Any]:
+                       max_batch_size: int = 32, gpu_slots: bool = False) -> list[Any]:
     """``openrlhf.trainer.ray.create_vllm_engines`` for CPU: ``num_engines`` :class:`CPURolloutActor`.
 
     Same positional signature (OpenRLHF's ``train()`` calls it unchanged); each engine takes one
-    CPU slot of a placement group (the shared one when colocated, 0.2 of a slot as OpenRLHF's
-    hybrid engine does). Prefix caching, eager mode and the GPU memory share have no meaning here.
+    slot of a placement group (the shared one when colocated, 0.2 of a slot as OpenRLHF's hybrid
+    engine does), created with ``placement_group_capture_child_tasks=True`` as OpenRLHF creates its
+    vLLM engines. A slot is one CPU, or with ``gpu_slots`` (a cluster declaring logical GPUs) one
+    GPU and one CPU exactly as OpenRLHF asks. Prefix caching, eager mode and the GPU memory share
+    have no meaning here.
 
     Raises:
         ValueError: tensor parallelism or images (not supported by the CPU engine).
@@ -250,13 +253,15 @@ def create_cpu_engines(num_engines: int, tensor_parallel_size: int, pretrain: st
         raise ValueError("the CPU engine is text-only (--data.max_images_per_prompt must be 0)")
     hybrid = shared_pg is not None
     if not hybrid:
-        shared_pg = placement_group(cpu_bundles([{"GPU": 1, "CPU": 1}] * num_engines), strategy="PACK")
+        bundles = [{"GPU": 1, "CPU": 1}] * num_engines
+        shared_pg = placement_group(bundles if gpu_slots else cpu_bundles(bundles), strategy="PACK")
         ray.get(shared_pg.ready())
+    share = 0.2 if hybrid else 1
     engines = []
     for i in range(num_engines):
         strategy = PlacementGroupSchedulingStrategy(placement_group=shared_pg, placement_group_capture_child_tasks=True,
                                                     placement_group_bundle_index=i)
-        engines.append(CPURolloutActor.options(num_cpus=0.2 if hybrid else 1, num_gpus=0,
+        engines.append(CPURolloutActor.options(num_cpus=share, num_gpus=share if gpu_slots else 0,
                                                scheduling_strategy=strategy).remote(
             pretrain, seed=seed + i, dtype=dtype, max_model_len=max_model_len, agent_func_path=agent_func_path,
             remote_rm_url=remote_rm_url, max_batch_size=max_batch_size))

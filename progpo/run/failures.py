@@ -1,0 +1,62 @@
+"""Failed episodes of a rollout batch: their metrics, and the threshold that stops the job loudly.
+
+An episode fails when its env died or could not be reached (``EnvFailure`` and its kinds), or, on
+the distributed path, when its engine or env refused one of its requests (``EngineError``,
+``EnvRejected``). A failed episode is dropped from training and counted. A batch in which more than
+``--env.max_failed_frac`` of the episodes failed (all of them, whatever the threshold) stops the
+job: :func:`check_failures` raises :class:`RolloutFailed` in OpenRLHF's trainer actor, and
+``python -m progpo.cli.train_ray`` turns it into one line on stderr and exit status
+:data:`EXIT_ROLLOUT_FAILED` (OpenRLHF itself would skip the empty batch and save the untrained model).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from progpo.agents.types import Episode
+
+EXIT_ROLLOUT_FAILED = 3
+"""Exit status of ``train_ray`` when a batch's failed episodes crossed the threshold."""
+
+
+class RolloutFailed(RuntimeError):
+    """Too many episodes of one rollout batch failed; the message is one line naming the cause."""
+
+
+def failure_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """``rollout/failed_episodes`` (count) and ``rollout/failed/<kind>`` (count per failure kind)."""
+    kinds = Counter(ep.failure_kind or "unknown" for ep in episodes if ep.failed)
+    return {"rollout/failed_episodes": float(sum(kinds.values())),
+            **{f"rollout/failed/{kind}": float(n) for kind, n in sorted(kinds.items())}}
+
+
+def failure_cause(episodes: Sequence[Episode]) -> str:
+    """The most frequent failure kind of ``episodes`` with one of its messages, on one line."""
+    failed = [ep for ep in episodes if ep.failed]
+    if not failed:
+        return "no episode failed"
+    (kind, n), = Counter(ep.failure_kind or "unknown" for ep in failed).most_common(1)
+    message = next(ep.failure_message for ep in failed if (ep.failure_kind or "unknown") == kind)
+    return f"{kind} ({n} of {len(failed)} failed): {message}"[:600]
+
+
+def check_failures(episodes: Sequence[Episode], max_failed_frac: float, batch: int) -> None:
+    """Raise :class:`RolloutFailed` when more than ``max_failed_frac`` of ``episodes`` failed, or all did.
+
+    Args:
+        episodes: ``[E]`` episodes of one rollout batch.
+        max_failed_frac: the largest share of failed episodes a batch may have (``--env.max_failed_frac``).
+        batch: the rollout batch's number (1-based), for the message.
+
+    Raises:
+        RolloutFailed: with one line: how many failed, the threshold, the main cause
+            (:func:`failure_cause`) and where to look.
+    """
+    n_failed = sum(ep.failed for ep in episodes)
+    if not episodes or n_failed == 0:
+        return
+    if n_failed == len(episodes) or n_failed > max_failed_frac * len(episodes):
+        raise RolloutFailed(
+            f"rollout batch {batch}: {n_failed} of {len(episodes)} episodes failed "
+            f"(--env.max_failed_frac {max_failed_frac:g}); cause: {failure_cause(episodes)}")
