@@ -49,6 +49,33 @@ register(
     pool="ray",
 )
 
+# The lab's synthetic task families (progpo.envs.synthetic) with the real envs' templates and answer syntax:
+# exact truth available (progpo.lab.oracle), nothing to download or start, a few microseconds per step.
+register(
+    id="alfworld_like",
+    entry_point="progpo.envs.synthetic.env:SyntheticEnv",
+    max_steps=30,
+    splits=("train", "test"),
+    eval_split="test",
+    template="progpo.agents.templates:ALFWORLD_TEMPLATE",
+    syntax="progpo.agents.parsing:alfworld_syntax_ok",
+    expert="progpo.envs.synthetic.env:synthetic_expert",
+    kwargs={"family": "alfworld"},
+)
+
+register(
+    id="webshop_like",
+    entry_point="progpo.envs.synthetic.env:SyntheticEnv",
+    max_steps=15,
+    splits=("train", "test"),
+    eval_split="test",
+    template="progpo.agents.templates:WEBSHOP_TEMPLATE",
+    syntax="progpo.agents.parsing:webshop_syntax_ok",
+    expert="progpo.envs.synthetic.env:synthetic_expert",
+    reports_score=True,
+    kwargs={"family": "webshop"},
+)
+
 
 def env_class(name: str) -> type:
     """The env class registered under ``name``; ValueError names the known ones."""

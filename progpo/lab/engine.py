@@ -1,6 +1,6 @@
 """Vectorised learner engine of the learning benchmark: compiled tasks, lock-step rollouts, exact truth.
 
-A task of any :class:`~progpo.lab.families.TaskFamily` is compiled once into integer arrays over its
+A task of any :class:`~progpo.envs.synthetic.families.TaskFamily` is compiled once into integer arrays over its
 reachable *learner nodes* ``(latent state, observation text)`` (the learner looks only at the
 observation, history ``K = 0``, so this pair process is Markov), its admissible ``(node, action)``
 pairs and their outcomes. Several compiled tasks are concatenated into one :class:`Graph`; on it

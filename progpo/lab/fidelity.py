@@ -1,6 +1,6 @@
 """``python -m progpo.cli.bench fidelity``: how close each estimator's step advantages are to the truth.
 
-Synthetic ALFWorld-like text MDPs (``progpo.lab.synthetic_mdp``) with a fixed history-dependent
+Synthetic ALFWorld-like text MDPs (``progpo.envs.synthetic.alfworld_like``) with a fixed history-dependent
 behaviour policy give the exact ``A*(h_t, a_t) = Q - V`` by dynamic programming
 (``progpo.lab.oracle``). Batches are sampled like training batches (16 tasks x N rollouts), every
 estimator and ProGPO ablation runs on them, and the table reports per estimator the sign agreement,
@@ -35,11 +35,11 @@ from progpo.lab.fidelity_core import (
     select_variants,
 )
 from progpo.lab.oracle import ExactOracle
-from progpo.lab.families import get_family, make_tasks
+from progpo.envs.synthetic.families import get_family, make_tasks
 
 ORACLE_ROW = "TD oracle (true V)"
 
-#: fragmentation sweep of the ALFWorld-like family (``progpo.lab.families.AlfworldFamily.sweep``).
+#: fragmentation sweep of the ALFWorld-like family (``progpo.envs.synthetic.families.AlfworldFamily.sweep``).
 SWEEP: dict[str, dict[str, object]] = get_family("alfworld").sweep
 
 

@@ -15,7 +15,7 @@ from scipy import stats
 
 from progpo.advantages import PRESETS, AdvantageConfig, StepBatch, compute_advantages
 from progpo.lab.oracle import ExactOracle
-from progpo.lab.synthetic_mdp import SyntheticTask
+from progpo.envs.synthetic.alfworld_like import SyntheticTask
 
 
 def prompt_key(task_text: str, t: int, pairs: Sequence[tuple[str, str]], obs: str, admissible: Sequence[str]) -> str:

@@ -13,7 +13,7 @@ rollouts`` episodes, as GRPO/GiGPO train). Regimes:
   shared features;
 * ``fresh``: every iteration draws ``tasks`` new tasks from a pool (by default ``iterations x tasks``
   tasks, so a run never sees a task twice), as real ALFWorld/WebShop training does; only the shared
-  features (:meth:`progpo.lab.families.TaskFamily.features`) can generalise, so the policy is theirs.
+  features (:meth:`progpo.envs.synthetic.families.TaskFamily.features`) can generalise, so the policy is theirs.
 
 Every ``probe_every`` iterations the run compares the row's advantages of the batch with the exact
 advantage ``A*`` of the learner's *current* policy (backward induction, :func:`engine.exact_values`):
@@ -37,7 +37,7 @@ import numpy as np
 
 from progpo.advantages import compute_advantages
 from progpo.lab import engine
-from progpo.lab.families import TaskFamily, task_seeds
+from progpo.envs.synthetic.families import TaskFamily, task_seeds
 from progpo.lab.fidelity_core import Variant, config_base, fidelity_metrics
 
 PROBE_METRICS = ("sign", "spearman", "pearson", "nmse", "cosine", "spearman_zero", "cosine_zero", "zero_share",

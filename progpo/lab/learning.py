@@ -1,7 +1,7 @@
 """``python -m progpo.cli.bench learning``: does better credit assignment learn faster? (no LLM)
 
 A log-linear softmax policy over the admissible actions of a task family
-(:mod:`progpo.lab.families`: ``alfworld``-like rooms or ``webshop``-like search and select) is
+(:mod:`progpo.envs.synthetic.families`: ``alfworld``-like rooms or ``webshop``-like search and select) is
 trained from scratch with each estimator row's step advantages by the same REINFORCE update, on the
 same tasks, seeds and budget (:mod:`progpo.lab.learner`, vectorised in :mod:`progpo.lab.engine`).
 Rows are named estimators or specs ``ESTIMATOR [preset=NAME] [field=value ...]`` over
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from progpo.lab import learning_report as lr_report
 from progpo.lab import report
-from progpo.lab.families import AlfworldFamily, family_config, get_family, make_tasks
+from progpo.envs.synthetic.families import AlfworldFamily, family_config, get_family, make_tasks
 from progpo.lab.fidelity_core import ORACLE_ROW, CachedEncoder, oracle_variant, select_variants
 from progpo.lab.learner import RunSpec, build_source, make_context, run_all
 from progpo.lab.survival import COLLAPSE_RATIO, FINAL_WINDOW, MIN_DROP, PEAK_WINDOW

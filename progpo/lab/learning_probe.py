@@ -29,8 +29,8 @@ from scipy.stats import spearmanr
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
 from progpo.lab.fidelity_core import config_base, prompt_key
 from progpo.lab.oracle import ExactOracle
-from progpo.lab.families import AlfworldFamily
-from progpo.lab.synthetic_mdp import SyntheticTask, make_tasks
+from progpo.envs.synthetic.families import AlfworldFamily
+from progpo.envs.synthetic.alfworld_like import SyntheticTask, make_tasks
 
 LEARN_CFG = AlfworldFamily.learn_cfg  #: the learning benchmark's ALFWorld-like tasks
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from progpo.lab import engine
-from progpo.lab.families import FAMILIES, make_tasks
+from progpo.envs.synthetic.families import FAMILIES, make_tasks
 from progpo.lab.learning_probe import LEARN_CFG, LearnerMDP, LogLinearPolicy
 from progpo.lab.oracle import ExactOracle
-from progpo.lab.synthetic_mdp import make_tasks as alf_tasks
+from progpo.envs.synthetic.alfworld_like import make_tasks as alf_tasks
 
 
 def _tabular(n_tasks=3, seed=1):

@@ -8,7 +8,7 @@ import pytest
 from progpo.lab import fidelity, report
 from progpo.lab.fidelity_core import fidelity_metrics, mean_ci, peer_fragmentation, sample_truth_batch
 from progpo.lab.oracle import ExactOracle
-from progpo.lab.synthetic_mdp import MDPConfig, make_tasks
+from progpo.envs.synthetic.alfworld_like import MDPConfig, make_tasks
 
 
 def test_truth_batch_is_a_valid_training_batch():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from progpo.lab import learning
-from progpo.lab.families import FAMILIES
+from progpo.envs.synthetic.families import FAMILIES
 from progpo.lab.fidelity_core import parse_row, select_variants
 from progpo.lab.learner import RunSpec, build_source, make_context, train_run
 from progpo.lab.learning_probe import LogLinearPolicy

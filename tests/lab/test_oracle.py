@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from progpo.lab.oracle import ExactOracle, Outcome
-from progpo.lab.synthetic_mdp import MDPConfig, SyntheticTask
+from progpo.envs.synthetic.alfworld_like import MDPConfig, SyntheticTask
 
 
 class HandMDP:

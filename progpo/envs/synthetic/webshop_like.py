@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from progpo.lab.behaviour import ExpertSoftmaxPolicy, PolicyConfig
-from progpo.lab.oracle import Outcome
+from progpo.envs.synthetic.behaviour import ExpertSoftmaxPolicy, PolicyConfig
+from progpo.envs.synthetic.mdp import Outcome
 
 CATEGORIES = ("backpack", "t-shirt", "sneakers", "hoodie", "jeans", "sandals", "jacket", "dress", "wallet",
               "sunglasses", "headphones", "water bottle")
@@ -68,7 +68,7 @@ class ShopConfig(PolicyConfig):
         search_noise: probability that a query's ranking is the shuffled one (target lower), in [0, 1).
         horizon: max steps H. history: K, past actions the behaviour policy and the prompt see.
         invalid_prob / expert_bias / prior_scale / obs_scale / repeat_penalty: behaviour policy, as
-            :class:`progpo.lab.synthetic_mdp.MDPConfig`.
+            :class:`progpo.envs.synthetic.alfworld_like.MDPConfig`.
         success_reward: reward of a perfect purchase (reward units). invalid_penalty: >= 0.
         gamma: discount of the returns whose true advantages are computed.
     """
@@ -115,7 +115,7 @@ class Item:
 
 
 class ShopTask(ExpertSoftmaxPolicy):
-    """One seeded WebShop-like task (a :class:`progpo.lab.oracle.TextMDP` with its behaviour policy).
+    """One seeded WebShop-like task (a :class:`progpo.envs.synthetic.mdp.TextMDP` with its behaviour policy).
 
     Args:
         cfg: generator and policy settings; seed: equal seeds give identical tasks.

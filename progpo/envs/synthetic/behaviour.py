@@ -48,7 +48,7 @@ class PolicyConfig:
 
 
 class ExpertSoftmaxPolicy:
-    """Mixin: ``policy`` of :class:`progpo.lab.oracle.TextMDP` for a task that defines ``cfg`` (with
+    """Mixin: ``policy`` of :class:`progpo.envs.synthetic.mdp.TextMDP` for a task that defines ``cfg`` (with
     ``expert_bias``, ``obs_scale``, ``repeat_penalty``, ``invalid_prob``), ``seed``, ``prior`` (action ->
     logit), ``invalid_actions``, ``admissible(state)`` and ``expert_action(state)``, and sets
     ``self._logit_cache = {}`` and ``self._obs_noise = {}`` in its constructor."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from progpo.lab import engine
-from progpo.lab.families import FAMILIES, family_config, get_family, make_tasks
+from progpo.envs.synthetic.families import FAMILIES, family_config, get_family, make_tasks
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

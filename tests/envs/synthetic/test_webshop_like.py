@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from progpo.lab.oracle import ExactOracle
-from progpo.lab.webshop_mdp import ShopConfig, ShopTask
+from progpo.envs.synthetic.webshop_like import ShopConfig, ShopTask
 
 
 def _task(**kw) -> ShopTask:

@@ -1,7 +1,7 @@
-"""Task families of the fidelity and learning benchmarks, behind one interface (add a third here).
+"""Task families of the fidelity and learning benchmarks and of the synthetic envs, behind one interface.
 
 A family generates seeded tasks that are finite text MDPs with exact truth
-(:class:`progpo.lab.oracle.TextMDP`: ``initial``, ``outcomes``, a behaviour ``policy``) plus what the
+(:class:`progpo.envs.synthetic.mdp.TextMDP`: ``initial``, ``outcomes``, a behaviour ``policy``) plus what the
 benchmarks need around them (:class:`Task`): the admissible actions, the state-extra text that
 ``state_key = obs_inventory`` appends, the goal text, and ``cfg.success_reward``. The family also
 defines the learner's **shared features** (:meth:`TaskFamily.features`): functions of the goal text,
@@ -10,8 +10,8 @@ generalise across tasks in the fresh-task regime. They describe the observation 
 and the relation of both to the goal (e.g. "arrived at the goal receptacle", "go to the appliance the
 goal needs", "click an option value named in the instruction"), never a task id or a latent state.
 
-Families: ``alfworld`` (:mod:`progpo.lab.synthetic_mdp`, rooms with receptacles, pick/process/place)
-and ``webshop`` (:mod:`progpo.lab.webshop_mdp`, search, results, item pages, options, buy).
+Families: ``alfworld`` (:mod:`progpo.envs.synthetic.alfworld_like`, rooms with receptacles, pick/process/place)
+and ``webshop`` (:mod:`progpo.envs.synthetic.webshop_like`, search, results, item pages, options, buy).
 To add one: write the task class (the :class:`Task` members), a :class:`TaskFamily` with its two
 configs and features, and register it in :data:`FAMILIES`.
 """
@@ -24,13 +24,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from progpo.lab import synthetic_mdp as alf
-from progpo.lab import webshop_mdp as shop
-from progpo.lab.oracle import Outcome
+from progpo.envs.synthetic import alfworld_like as alf
+from progpo.envs.synthetic import webshop_like as shop
+from progpo.envs.synthetic.mdp import Outcome
 
 
 class Task(Protocol):
-    """One seeded task: a :class:`~progpo.lab.oracle.TextMDP` plus the benchmark's needs."""
+    """One seeded task: a :class:`~progpo.envs.synthetic.mdp.TextMDP` plus the benchmark's needs."""
 
     seed: int
     horizon: int
@@ -101,7 +101,7 @@ _ALF_GOAL = re.compile(r"put a (?:(clean|heat|cool) )?(\S+) in (.+)$")
 
 
 class AlfworldFamily:
-    """ALFWorld-like rooms (:mod:`progpo.lab.synthetic_mdp`)."""
+    """ALFWorld-like rooms (:mod:`progpo.envs.synthetic.alfworld_like`)."""
 
     name = "alfworld"
     learn_cfg = alf.MDPConfig(n_locations=4, horizon=30)
@@ -119,7 +119,7 @@ class AlfworldFamily:
     }
 
     def make_task(self, cfg: alf.MDPConfig, seed: int) -> alf.SyntheticTask:
-        """One seeded room (:class:`progpo.lab.synthetic_mdp.SyntheticTask`)."""
+        """One seeded room (:class:`progpo.envs.synthetic.alfworld_like.SyntheticTask`)."""
         return alf.SyntheticTask(cfg, seed)
 
     def features(self, goal: str, obs: str, action: str) -> tuple[str, ...]:
@@ -187,7 +187,7 @@ def _shop_page(obs: str) -> tuple[str, dict[str, str]]:
 
 
 class WebshopFamily:
-    """WebShop-like search and select (:mod:`progpo.lab.webshop_mdp`)."""
+    """WebShop-like search and select (:mod:`progpo.envs.synthetic.webshop_like`)."""
 
     name = "webshop"
     learn_cfg = shop.ShopConfig()
@@ -203,7 +203,7 @@ class WebshopFamily:
     }
 
     def make_task(self, cfg: shop.ShopConfig, seed: int) -> shop.ShopTask:
-        """One seeded shopping task (:class:`progpo.lab.webshop_mdp.ShopTask`)."""
+        """One seeded shopping task (:class:`progpo.envs.synthetic.webshop_like.ShopTask`)."""
         return shop.ShopTask(cfg, seed)
 
     def features(self, goal: str, obs: str, action: str) -> tuple[str, ...]:
@@ -270,7 +270,7 @@ def task_seeds(n_tasks: int, seed: int) -> list[int]:
 
 def make_tasks(family: TaskFamily, cfg: Any, n_tasks: int, seed: int) -> list[Task]:
     """``n_tasks`` tasks of ``family`` (seeds from :func:`task_seeds`; the ALFWorld-like ones equal
-    :func:`progpo.lab.synthetic_mdp.make_tasks`)."""
+    :func:`progpo.envs.synthetic.alfworld_like.make_tasks`)."""
     return [family.make_task(cfg, s) for s in task_seeds(n_tasks, seed)]
 
 

@@ -14,7 +14,7 @@ The behaviour policy is a softmax over the admissible actions (plus a small chan
 one) whose logits add a per-task prior, an observation-text-dependent perturbation (an LLM reacts
 to wording), a bonus for the expert's next subgoal action, and a penalty for each repetition of the
 action among the last ``history`` actions, so history matters. :class:`SyntheticTask` implements
-:class:`progpo.lab.oracle.TextMDP`; the exact advantages come from :class:`~progpo.lab.oracle.ExactOracle`.
+:class:`progpo.envs.synthetic.mdp.TextMDP`; the exact advantages come from :class:`~progpo.lab.oracle.ExactOracle`.
 
 State ``s = (loc, opened, hold)``: ``loc`` in ``-1`` (middle of the room) or ``0..L-1``; ``opened``
 whether the object's receptacle has been opened; ``hold``: 0 object at its origin, 1 held (raw), 2 held
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from progpo.lab.behaviour import ExpertSoftmaxPolicy, PolicyConfig
-from progpo.lab.oracle import Outcome
+from progpo.envs.synthetic.behaviour import ExpertSoftmaxPolicy, PolicyConfig
+from progpo.envs.synthetic.mdp import Outcome
 
 RECEPTACLES = ("cabinet", "drawer", "countertop", "shelf", "diningtable", "sidetable", "dresser",
                "desk", "coffeetable", "sofa", "bed", "armchair", "garbagecan", "safe", "ottoman")
@@ -122,7 +122,7 @@ class MDPConfig(PolicyConfig):
 
 
 class SyntheticTask(ExpertSoftmaxPolicy):
-    """One seeded ALFWorld-like task with its behaviour policy (a :class:`~progpo.lab.oracle.TextMDP`).
+    """One seeded ALFWorld-like task with its behaviour policy (a :class:`~progpo.envs.synthetic.mdp.TextMDP`).
 
     Args:
         cfg: generator and policy settings.
