@@ -79,7 +79,19 @@ def alfworld_syntax_ok(action: str) -> bool:
     return ALFWORLD_COMMAND.fullmatch(action) is not None
 
 
-__all__ = ["ALFWORLD_COMMAND", "ALFWORLD_COMMANDS", "WEBSHOP_ACTION", "alfworld_syntax_ok", "normalize_action",
+ALFWORLD_LIKE_PUT = re.compile(f"put (?:{ALFWORLD_NAME}) in/on (?:{ALFWORLD_NAME})")
+"""The one command of the synthetic ALFWorld-like family outside :data:`ALFWORLD_COMMANDS`: its placing
+action keeps the wording of earlier ALFWorld releases (``put mug 1 in/on shelf 2``), which the lab's
+figures were measured with."""
+
+
+def alfworld_like_syntax_ok(action: str) -> bool:
+    """The ``alfworld_like`` spec's ``syntax``: ALFWorld's grammar (:func:`alfworld_syntax_ok`) plus
+    :data:`ALFWORLD_LIKE_PUT`."""
+    return alfworld_syntax_ok(action) or ALFWORLD_LIKE_PUT.fullmatch(action) is not None
+
+
+__all__ = ["ALFWORLD_COMMAND", "ALFWORLD_COMMANDS", "ALFWORLD_LIKE_PUT", "alfworld_like_syntax_ok", "WEBSHOP_ACTION", "alfworld_syntax_ok", "normalize_action",
            "parse_action", "parse_actions", "syntax_check", "webshop_syntax_ok"]
 
 

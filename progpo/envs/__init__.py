@@ -58,7 +58,7 @@ register(
     splits=("train", "test"),
     eval_split="test",
     template="progpo.agents.templates:ALFWORLD_TEMPLATE",
-    syntax="progpo.agents.parsing:alfworld_syntax_ok",
+    syntax="progpo.agents.parsing:alfworld_like_syntax_ok",
     expert="progpo.envs.synthetic.env:synthetic_expert",
     kwargs={"family": "alfworld"},
 )

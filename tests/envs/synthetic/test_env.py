@@ -26,7 +26,12 @@ def test_both_families_are_registered_through_the_spec():
         assert env_class(name) is SyntheticEnv and s.expert and s.service is None
         real = {"alfworld": "alfworld", "webshop": "webshop"}[make_env(name).family.name]
         assert get_template(name) is get_template(real)  # the real env's template object itself
-        assert s.syntax == spec(real).syntax
+        real_ok, own_ok = spec(real).load("syntax"), s.load("syntax")
+        for action in ("go to shelf 2", "take mug 1 from desk 1", "search[red mug]", "click[buy now]", "fly"):
+            assert own_ok(action) == real_ok(action), action  # the real grammar, ...
+    # ... plus the family's placing command, the one command the real ALFWorld games spell "move .. to .."
+    assert spec("alfworld_like").load("syntax")("put mug 1 in/on shelf 2")
+    assert not spec("alfworld").load("syntax")("put mug 1 in/on shelf 2")
 
 
 @pytest.mark.parametrize("name", NAMES)
