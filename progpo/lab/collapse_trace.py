@@ -9,7 +9,7 @@ each estimator made of it:
   the row's advantages and of the ``--compare`` rows' advantages *on the same batch*, the norm of the
   row's parameter update ``lr / n_episodes * sum A grad log pi``, its cosine with the update the exact
   advantage ``A*`` of the same policy would make (n/a when either is 0), and the three most taken action kinds
-  (the shared-feature action kind of :meth:`progpo.lab.families.TaskFamily.features`; the first word of
+  (the shared-feature action kind of :meth:`progpo.envs.synthetic.families.TaskFamily.features`; the first word of
   the action with the tabular policy);
 * **escape** (``--escape-at k``): from the row's parameters after ``k`` iterations, every
   ``--escape-with`` row (or ``oracle``: the exact advantage, :func:`progpo.lab.learner.oracle_advantages`)
@@ -34,7 +34,7 @@ import numpy as np
 
 from progpo.advantages import compute_advantages
 from progpo.lab import engine, report
-from progpo.lab.families import family_config, get_family
+from progpo.envs.synthetic.families import family_config, get_family
 from progpo.lab.fidelity_core import ORACLE_ROW, select_variants
 from progpo.lab.learner import Context, TaskSource, build_source, make_context, oracle_advantages
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from progpo.lab import collapse_trace
-from progpo.lab.families import FAMILIES
+from progpo.envs.synthetic.families import FAMILIES
 from progpo.lab.fidelity_core import select_variants
 from progpo.lab.learner import RunSpec, build_source, make_context, train_run
 
