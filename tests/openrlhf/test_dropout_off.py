@@ -34,11 +34,11 @@ def dropout_model(tmp_path_factory):
 def mods(cpu_compat):
     with cpu_compat.import_shims():
         from openrlhf.models import Actor
-        from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
+        from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
 
         from progpo.openrlhf import trainer
 
-        return SimpleNamespace(Actor=Actor, parent=PolicyModelActor.__ray_actor_class__,
+        return SimpleNamespace(Actor=Actor, ActorPPOTrainer=ActorPPOTrainer, parent=PolicyModelActor.__ray_actor_class__,
                                ours=trainer.ProGPOPolicyModelActor.__ray_actor_class__)
 
 
@@ -55,6 +55,7 @@ def test_policy_actor_update_forward_is_deterministic(mods, monkeypatch, dropout
     def parent_setup(self, strategy, pretrain, max_steps=None, vllm_engines=None):  # OpenRLHF's, minus DeepSpeed
         self.actor = mods.Actor(pretrain, attn_implementation="eager", param_dtype="bf16")
         self.ema_model = None
+        self.trainer = mods.ActorPPOTrainer.__new__(mods.ActorPPOTrainer)  # the class OpenRLHF builds
 
     monkeypatch.setattr(mods.parent, "init_model_from_pretrained", parent_setup)
     plain = mods.parent.__new__(mods.parent)
