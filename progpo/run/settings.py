@@ -120,11 +120,17 @@ class RolloutSettings:
     """train: most requests per transformers generate call"""
     backend: Literal["hf", "vllm"] = "hf"
     """train: generation engine, hf (transformers generate on the actor's own weights) or vllm"""
+    dynamic_sampling: bool = False
+    """drop groups whose rollouts all got the same return (no learning signal) from the update and draw new tasks until --rollout.batch_size groups carry signal or --rollout.dynamic_sampling_max_rounds extra rounds were played (DAPO's dynamic sampling; beside OpenRLHF's --algo.dynamic_filtering_*)"""
+    dynamic_sampling_max_rounds: int = 2
+    """most extra rollout rounds per iteration under --rollout.dynamic_sampling, each drawing as many new tasks as groups are missing (0: only drop)"""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "n_samples_per_prompt", "max_new_tokens", "gen_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dynamic_sampling_max_rounds < 0:
+            raise ValueError(f"--rollout.dynamic_sampling_max_rounds must be >= 0, got {self.dynamic_sampling_max_rounds}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"--rollout.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if not (math.isfinite(self.temperature) and self.temperature > 0):
