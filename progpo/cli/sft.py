@@ -28,7 +28,7 @@ from progpo.run import flags
 from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.trainer.config import DEPRECATED as TRAIN_DEPRECATED
 from progpo.trainer.config import (ActorSettings, AdamSettings, CkptSettings, DeepSpeedSettings, LoggerSettings,
-                                   TrainSettings)
+                                   TrainSettings, lora_fields)
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,8 @@ def _actor_config(args: SFTArgs):
                        weight_decay=args.actor.adam.weight_decay, betas=args.actor.adam.betas,
                        grad_clip=args.actor.max_norm, zero_stage=args.ds.zero_stage, bf16=args.ds.param_dtype == "bf16",
                        micro_batch_size=args.train.micro_batch_size,
-                       gradient_checkpointing=args.actor.gradient_checkpointing_enable, use_ref=False)
+                       gradient_checkpointing=args.actor.gradient_checkpointing_enable, use_ref=False,
+                       seed=args.train.seed, **lora_fields(args.ds.lora))
 
 
 def collect(env, tokenizer, *, num_tasks: int, seed: int, max_prompt_tokens: int, max_new_tokens: int,

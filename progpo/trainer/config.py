@@ -84,6 +84,30 @@ class ActorSettings:
 
 
 @dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters through peft (``--ds.lora.*``, OpenRLHF 0.11.2's flags; ``progpo.run.lora``)."""
+
+    rank: int = 0
+    """LoRA rank r (0: no adapter, every weight is trained; > 0: only the adapter is trained, and the KL reference is the base model with the adapter disabled)"""
+    alpha: int = 16
+    """LoRA alpha: the adapter's update is scaled by alpha / rank"""
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """modules that get an adapter (peft names, e.g. q_proj v_proj; all-linear: every linear layer but the output head)"""
+    dropout: float = 0.0
+    """dropout on the adapter's input"""
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"--ds.lora.rank must be >= 0, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"--ds.lora.alpha must be > 0, got {self.alpha}")
+        if not self.target_modules or not all(m.strip() for m in self.target_modules):
+            raise ValueError(f"--ds.lora.target_modules must name at least one module, got {self.target_modules!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--ds.lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
 class DeepSpeedSettings:
     """DeepSpeed (``--ds.*``)."""
 
@@ -91,6 +115,7 @@ class DeepSpeedSettings:
     """ZeRO stage 0-3"""
     param_dtype: Literal["bf16", "fp32"] = "fp32"
     """training dtype of the actor (and reference)"""
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -168,6 +193,12 @@ class LoggerSettings:
     """show a progress bar of each iteration's stages"""
 
 
+def lora_fields(lora: LoraSettings) -> dict[str, Any]:
+    """``ActorConfig`` keyword arguments of the ``--ds.lora.*`` settings."""
+    return {"lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_target_modules": tuple(lora.target_modules),
+            "lora_dropout": lora.dropout}
+
+
 def _train_rollout() -> RolloutSettings:
     return RolloutSettings(max_prompt_tokens=2048)
 
@@ -212,7 +243,8 @@ class TrainConfig:
             pretrain=self.actor.model_name_or_path, lr=self.actor.adam.lr, weight_decay=self.actor.adam.weight_decay,
             betas=self.actor.adam.betas, grad_clip=self.actor.max_norm, zero_stage=self.ds.zero_stage,
             bf16=self.ds.param_dtype == "bf16", micro_batch_size=self.train.micro_batch_size,
-            gradient_checkpointing=self.actor.gradient_checkpointing_enable, use_ref=self.algo.kl.init_coef > 0)
+            gradient_checkpointing=self.actor.gradient_checkpointing_enable, use_ref=self.algo.kl.init_coef > 0,
+            seed=self.train.seed, **lora_fields(self.ds.lora))
 
     def update_config(self) -> UpdateConfig:
         """The PPO update's runtime settings (``progpo.trainer.update``)."""

@@ -92,7 +92,7 @@ def prepare(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig) -> list
     samples = sorted(samples, key=TrainSample.key)
     pairs = [(s.prompt_ids, s.response_ids) for s in samples]
     old = actor.logprobs(pairs, cfg.temperature)
-    ref = actor.logprobs(pairs, cfg.temperature, reference=True) if cfg.kl_coef > 0 and actor.ref is not None else None
+    ref = actor.logprobs(pairs, cfg.temperature, reference=True) if cfg.kl_coef > 0 and actor.has_reference else None
     for k, s in enumerate(samples):
         s.old_logprobs = old[k]
         s.ref_logprobs = None if ref is None else ref[k]
