@@ -193,6 +193,31 @@ class LoggerSettings:
     """show a progress bar of each iteration's stages"""
 
 
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """Behaviour-cloning warm start before RL (``--warm_start.*``; ``progpo.trainer.warm_start``)."""
+
+    num_tasks: int = 0
+    """expert episodes to clone before RL (seeded random tasks of --env.train_split; 0: no warm start). The run's own env and rollout settings are used, and the cloned model is cached under --warm_start.cache_dir, keyed by everything that shapes it"""
+    epochs: int = 2
+    """passes over the expert steps"""
+    lr: float = 5e-5
+    """AdamW learning rate of the behaviour cloning"""
+    batch_size: int = 8
+    """expert steps per optimizer step (micro-batches of --train.micro_batch_size)"""
+    cache_dir: str | None = None
+    """where cloned models are kept (None: ~/.cache/progpo/warm_start)"""
+
+    def __post_init__(self) -> None:
+        if self.num_tasks < 0:
+            raise ValueError(f"--warm_start.num_tasks must be >= 0, got {self.num_tasks}")
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--warm_start.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"--warm_start.lr must be > 0, got {self.lr}")
+
+
 def lora_fields(lora: LoraSettings) -> dict[str, Any]:
     """``ActorConfig`` keyword arguments of the ``--ds.lora.*`` settings."""
     return {"lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_target_modules": tuple(lora.target_modules),
@@ -217,6 +242,7 @@ class TrainConfig:
     train: TrainSettings = field(default_factory=TrainSettings)
     ckpt: CkptSettings = field(default_factory=CkptSettings)
     logger: LoggerSettings = field(default_factory=LoggerSettings)
+    warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)
     progpo: AdvantageConfig | None = field(default=None, metadata={"flag": False})
     """the estimator's settings, built from --advantage_estimator, --progpo.preset and --progpo.<field> (None: the estimator's defaults with the env's step limit)"""
 

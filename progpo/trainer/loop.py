@@ -203,7 +203,14 @@ class Trainer:
                              "pass --ckpt.load_enable to start that run over (its records are replaced), or choose "
                              "another --ckpt.path")
         check_run_dir(self.save_path)
-        actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(cfg.actor.model_name_or_path))
+        pretrain = cfg.actor.model_name_or_path
+        if cfg.warm_start.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
+            from progpo.trainer.progress import TqdmWriter
+            from progpo.trainer.warm_start import warm_start
+
+            pretrain = str(warm_start(cfg, envs, out=TqdmWriter()))
+            self.warm_start_path = pretrain
+        actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(pretrain))
         self.actor = Actor(actor_cfg)
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
