@@ -402,18 +402,21 @@ class Trainer:
             self.last_samples = samples
             return {"loss/update_skipped": 1.0, "loss/optimizer_steps": 0.0, "perf/logprobs_s": 0.0}
         t0 = time.perf_counter()
-        samples = prepare(self.actor, samples, self.update_cfg)
+        samples = prepare(self.actor, samples, self.update_cfg, policy_is_reference=self.policy_is_reference)
         t1 = time.perf_counter()
-        metrics = ppo_update(self.actor, samples, self.update_cfg, self.rng, on_micro_batch=self.progress.advance)
+        metrics = ppo_update(self.actor, samples, self.update_cfg, self.rng, on_micro_batch=self.progress.advance,
+                             ref_follows_old=self.policy_is_reference)
+        metrics["perf/logprobs_s"] += t1 - t0
         metrics["loss/update_skipped"] = 0.0
         if metrics.get("loss/optimizer_steps", 0.0) > 0:
             self.policy_is_reference = False
         self.last_samples = samples
         sync = getattr(self.generator, "load_weights", None)  # engines holding their own weight copy (vLLM)
         if sync is not None:
+            from progpo.run.lora import iter_merged  # an engine's model has no adapter: merged weights
+
             with self.actor.generation_context():
-                sync(list(self.actor.model.named_parameters()))
-        metrics["perf/logprobs_s"] = t1 - t0
+                sync(list(iter_merged(self.actor.model, parameters_only=True)))
         return metrics
 
     def log(self, it: int, metrics: dict[str, float]) -> None:
