@@ -145,6 +145,8 @@ class EvalSettings:
 
     num_tasks: int | None = None
     """tasks 0..N-1 of --env.eval_split (None: the whole split; train_ray: 0 = no evaluation)"""
+    task_offset: int = 0
+    """evaluate: first task index (tasks task_offset..task_offset+N-1)"""
     n_samples: int = 1
     """episodes per task"""
     seed: int = 0
@@ -155,6 +157,8 @@ class EvalSettings:
             raise ValueError(f"--eval.num_tasks must be >= 0, got {self.num_tasks}")
         if self.n_samples < 1:
             raise ValueError(f"--eval.n_samples must be >= 1, got {self.n_samples}")
+        if self.task_offset < 0:
+            raise ValueError(f"--eval.task_offset must be >= 0, got {self.task_offset}")
 
 
 def check_group_size(estimator: str, n_samples_per_prompt: int) -> None:

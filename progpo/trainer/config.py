@@ -205,6 +205,8 @@ class WarmStartSettings:
     """AdamW learning rate of the behaviour cloning"""
     batch_size: int = 8
     """expert steps per optimizer step (micro-batches of --train.micro_batch_size)"""
+    keep_failed: bool = False
+    """also clone the episodes the expert did not win (e.g. walkthroughs cut by a short --env.max_steps)"""
     cache_dir: str | None = None
     """where cloned models are kept (None: ~/.cache/progpo/warm_start)"""
 

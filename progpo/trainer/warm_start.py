@@ -240,7 +240,7 @@ def sft_args(cfg) -> SFTArgs:
                             seed=cfg.train.seed),
         ckpt=CkptSettings(max_num=1),
         logger=LoggerSettings(tensorboard=False, progress_bar=cfg.logger.progress_bar),
-        sft=SFTSettings(num_tasks=w.num_tasks),
+        sft=SFTSettings(num_tasks=w.num_tasks, keep_failed=w.keep_failed),
     )
 
 
