@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "alfworld": ("progpo.bench.alfworld", "ALFWorld reset/step latency, Ray pool throughput"),
     "webshop": ("progpo.bench.webshop", "WebShop server start time, RSS, step latency"),
     "train": ("progpo.bench.train", "one training iteration's time split per estimator"),
+    "roofline": ("progpo.bench.roofline", "main job's generation and update throughput vs this machine's bound"),
 }
 
 

@@ -29,7 +29,8 @@ def tables() -> dict[str, str]:
         from progpo.cli import train_ray
 
         ray = train_ray.build_parser()
-    ours = ("advantage_estimator", "progpo", "env.", "rollout.max_prompt_tokens", "eval.num_tasks", "device",
+    ours = ("advantage_estimator", "progpo", "env.", "rollout.max_prompt_tokens", "rollout.dynamic_sampling",
+            "eval.num_tasks", "device",
             "cpu.", "debug.")
     return {"train": markdown_table(config.build_parser()), "sft": markdown_table(sft.build_parser()),
             "evaluate": markdown_table(evaluate.build_parser()), "train_ray": markdown_table(ray, only=ours)}

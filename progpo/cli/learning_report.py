@@ -5,13 +5,16 @@ Reads the run folder ``OUT`` written by that script:
 * ``eval_base_train.json``, ``eval_sft_train.json``: ``progpo.cli.evaluate`` on train-split tasks
   (before / after SFT, sampled at the RL rollout temperature);
 * ``rl/metrics.jsonl``: one record per RL iteration (its rollouts are on the train split);
+* ``eval_sft_rltasks.json``, ``eval_rl_rltasks.json``: the train tasks RL trained on, before / after RL
+  (several episodes per task, sampled at the rollout temperature);
 * ``eval_sft_test.json``, ``eval_rl_test.json``: the held-out test split before / after RL;
 * ``sft/sft_summary.json``: the expert's success rate and the SFT losses.
 
 Writes ``OUT/learning.png`` (valid-format share and WebShop score per stage: train split as a line,
-test split as points with 95% intervals) and ``OUT/learning.json`` (the same figures), and prints
-them as a Markdown table. Intervals: Wilson for shares, normal for the mean score
-(``progpo.run.evaluation``); the RL iterations' train points have none (8 episodes each).
+RL tasks and test split as points with 95% intervals) and ``OUT/learning.json`` (the same figures), and
+prints them as a Markdown table plus whether the RL tasks' score after RL lies above the 95% interval
+of its start. Intervals: Wilson for shares, normal for the mean score (``progpo.run.evaluation``); the
+RL iterations' rollout points have none (one batch each).
 """
 
 from __future__ import annotations
@@ -84,22 +87,36 @@ def collect(out: Path) -> dict[str, Any]:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"{metrics}: not readable JSON lines ({e})") from None
         train += _read(metrics, "the metrics of progpo.cli.train", lambda: [_rl_point(r) for r in records])
-    test = []
+    test, rl_tasks = [], []
     for name, label in (("eval_base_test.json", "base"), ("eval_sft_test.json", "before RL (SFT)"),
                         ("eval_rl_test.json", "after RL")):
         ev = _load(out / name)
         if ev is not None:
             test.append(_read(out / name, evaluation, lambda: _eval_point(label, ev)))
+    for name, label in (("eval_sft_rltasks.json", "before RL (SFT)"), ("eval_rl_rltasks.json", "after RL")):
+        ev = _load(out / name)
+        if ev is not None:
+            rl_tasks.append(_read(out / name, evaluation, lambda: _eval_point(label, ev)))
     summary = out / "sft" / "sft_summary.json"
     sft = _load(summary)
-    if not train and not test and sft is None:
+    if not train and not test and not rl_tasks and sft is None:
         raise FileNotFoundError(f"{out} holds no evaluation, RL metrics or SFT summary (run examples/scripts/run_local_learning.sh)")
     expert = None
     if sft is not None:
         expert = _read(summary, "an sft summary of progpo.cli.sft", lambda: {
             "success": sft["expert_success"], "score_mean": sft.get("expert_score_mean"),
             "samples": sft["samples"], "epochs": [e["loss/sft_nll"] for e in sft["epochs"]]})
-    return {"train": train, "test": test, "expert": expert}
+    return {"train": train, "rl_tasks": rl_tasks, "test": test, "expert": expert, "verdict": verdict(rl_tasks)}
+
+
+def verdict(rl_tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Whether the RL tasks' mean score after RL lies above the 95% interval of the score before RL."""
+    if len(rl_tasks) < 2 or any(p.get("score") is None for p in rl_tasks):
+        return None
+    before, after = rl_tasks[0], rl_tasks[-1]
+    high = before.get("score_high")
+    return {"before": before["score"], "before_high": high, "after": after["score"],
+            "above_start_interval": bool(high is not None and after["score"] > high)}
 
 
 def _rl_point(r: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +135,9 @@ def plot(figures: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    train, test = figures["train"], figures["test"]
+    train = figures["train"]
+    test = [{**p, "stage": f"RL tasks, {p['stage']}"} for p in figures.get("rl_tasks", [])] + [
+        {**p, "stage": f"test, {p['stage']}"} for p in figures["test"]]
     xs = list(range(len(train)))
     for ax, key, title in ((axes[0], "valid", "valid-format share"), (axes[1], "score", "WebShop score (mean)")):
         ys = [p.get(key) for p in train]
@@ -133,9 +152,9 @@ def plot(figures: dict[str, Any], path: Path) -> Path:
             err = None if lo is None or hi is None else [[max(y - lo, 0.0)], [max(hi - y, 0.0)]]
             x = len(train) + k
             ax.errorbar([x], [y], yerr=err, fmt="s", capsize=4, color=f"C{k + 1}",
-                        label=f"test split, {p['stage']} (95% interval)")
+                        label=f"{p['stage']} (95% interval)")
         ax.set_xticks(list(range(len(train) + len(test))))
-        ax.set_xticklabels([p["stage"] for p in train] + [f"test:\n{p['stage']}" for p in test], fontsize=8)
+        ax.set_xticklabels([p["stage"] for p in train] + [p["stage"].replace(", ", ":\n") for p in test], fontsize=7)
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -160,9 +179,9 @@ def _fmt(p: dict[str, Any], key: str) -> str:
 def table(figures: dict[str, Any]) -> str:
     """The figures as a Markdown table (one row per stage; split in the first column)."""
     rows = ["| split | stage | episodes | valid-format share | WebShop score | success |", "| --- | --- | --- | --- | --- | --- |"]
-    for split in ("train", "test"):
-        for p in figures[split]:
-            rows.append(f"| {split} | {p['stage']} | {p.get('episodes')} | {_fmt(p, 'valid')} | {_fmt(p, 'score')} | "
+    for split in ("train", "rl_tasks", "test"):
+        for p in figures.get(split, []):
+            rows.append(f"| {split.replace('rl_tasks', 'RL tasks')} | {p['stage']} | {p.get('episodes')} | {_fmt(p, 'valid')} | {_fmt(p, 'score')} | "
                         f"{_fmt(p, 'success')} |")
     return "\n".join(rows)
 
@@ -186,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"expert: won {s['wins']}/{s['n']} ({s['rate']:.3f}, 95% {s['low']:.3f}-{s['high']:.3f}); "
               f"SFT on {e['samples']} steps, NLL per epoch {', '.join(f'{v:.3f}' for v in e['epochs'])}")
     print(table(figures))
+    v = figures["verdict"]
+    if v is not None:
+        where = "above" if v["above_start_interval"] else "not above"
+        print(f"RL tasks: WebShop score {v['before']:.3f} before RL (95% interval up to {v['before_high']:.3f}) -> "
+              f"{v['after']:.3f} after RL: {where} the start's interval")
     print(f"wrote {png} and {out / 'learning.json'}")
     return 0
 

@@ -19,6 +19,7 @@ import ray
 import torch
 from openrlhf.trainer.ray.launcher import ReferenceModelActor
 from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer, PolicyModelActor
+from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
 
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import _write_json
@@ -78,6 +79,72 @@ class StepActorPPOTrainer(ActorPPOTrainer):
         return status if bool(real.all()) else pad_free_status(status, real)
 
 
+def broadcast_merged_to_engines(trainer: Any) -> None:
+    """OpenRLHF's ``ActorPPOTrainer.broadcast_to_vllm`` for an actor with a LoRA adapter (``--ds.lora.rank``).
+
+    OpenRLHF 0.11.2 sends ``model.named_parameters()`` as they are: with peft that is
+    ``base_model.model....q_proj.base_layer.weight`` and the adapter's ``lora_A`` / ``lora_B``, which an
+    engine's model (no adapter) does not have. Here every engine receives instead the weights the
+    adapter stands for, ``W + (alpha / r) B A`` (:func:`progpo.run.lora.iter_merged`), under the base
+    model's own parameter names, one tensor at a time (ZeRO-3 gathers per tensor), over OpenRLHF's
+    own transport: its weight-sync group (``--vllm.sync_backend``; Ray collective with
+    ``--vllm.sync_with_ray``) or CUDA IPC when colocated, exactly as its ``_broadcast_param`` /
+    ``_handle_cuda_ipc`` do.
+    """
+    import deepspeed
+
+    from progpo.run.lora import iter_merged, merged_parameter_names
+
+    args = trainer.strategy.args
+    model = trainer.actor.model.module
+    rank0 = torch.distributed.get_rank() == 0
+    resets = []
+    if getattr(args.vllm, "enable_prefix_caching", False) and rank0:
+        resets = [engine.reset_prefix_cache.remote() for engine in trainer.vllm_engines]
+    torch.cuda.empty_cache()
+    zero3 = args.ds.zero_stage == 3
+
+    def gather(params: Any) -> Any:
+        return deepspeed.zero.GatheredParameters(list(params), enabled=zero3)
+
+    total = len(merged_parameter_names(model))
+    for count, (name, weight) in enumerate(iter_merged(model, parameters_only=True, gather=gather), start=1):
+        weight = weight.to(torch.cuda.current_device())
+        if trainer.use_cuda_ipc:
+            _send_cuda_ipc(trainer, name, weight, count == total)
+            continue
+        if not rank0:
+            continue
+        refs = [engine.update_weight.remote(name, dtype=weight.dtype, shape=weight.shape, empty_cache=count == total)
+                for engine in trainer.vllm_engines]
+        if getattr(args.vllm, "sync_with_ray", False):
+            import ray.util.collective as collective
+
+            collective.broadcast(weight, 0, group_name=trainer._model_update_group)  # noqa: SLF001
+        else:
+            trainer._model_update_group.broadcast(weight, src=0, stream=torch.cuda.current_stream())  # noqa: SLF001
+        ray.get(refs)
+    if resets:
+        ray.get(resets)
+    torch.cuda.empty_cache()
+    torch_dist_barrier_and_cuda_sync()
+
+
+def _send_cuda_ipc(trainer: Any, name: str, weight: torch.Tensor, last: bool) -> None:
+    """One merged tensor over CUDA IPC (OpenRLHF 0.11.2's ``_handle_cuda_ipc``, colocated engines)."""
+    from openrlhf.trainer.ray.utils import get_physical_gpu_id
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    handle = {get_physical_gpu_id(): reduce_tensor(weight.clone())}
+    handles: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(handles, handle)
+    if torch.distributed.get_rank() == 0:
+        merged = {k: v for d in handles for k, v in d.items()}
+        ray.get([engine.update_weight_cuda_ipc.remote(name, dtype=weight.dtype, shape=weight.shape, ipc_handles=merged,
+                                                      empty_cache=last) for engine in trainer.vllm_engines])
+    torch_dist_barrier_and_cuda_sync()
+
+
 @ray.remote(num_gpus=1)
 class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
     """OpenRLHF's policy actor (DeepSpeed model, PPO loss, weight sync) with :class:`StepActorPPOTrainer`
@@ -92,13 +159,15 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
     Debugging aids:
 
     * ``progpo_full_state()``: the actor's full parameters (ZeRO-3 gathered) on rank 0, for the
-      ``--debug.check_weight_sync`` comparison with the engines.
+      ``--debug.check_weight_sync`` comparison with the engines (with LoRA: the merged weights
+      under the base model's names, which is what the engines hold).
     * With ``--debug.dump_dir``: before each ``fit``, the replay buffer it is about to train on
       (per sample: rollout index, sequence, action mask, advantages) is written to
       ``iter<NNN>_actor_rank<R>.json`` (see :meth:`fit`).
     * ``progpo_counts()``: this rank's forward passes, training micro-batches and optimizer steps
       since the last call (read by the trainer with ``--debug.dump_dir``).
-    Training itself is OpenRLHF's, unchanged.
+    Training itself is OpenRLHF's, unchanged; with a LoRA adapter the weight sync sends merged
+    weights (:func:`broadcast_merged_to_engines`) and the final save adds the merged model.
     """
 
     def init_model_from_pretrained(self, *args: Any, **kwargs: Any) -> None:
@@ -126,6 +195,38 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         """OpenRLHF's forward (log-probs of a rollout chunk), counted."""
         self.__dict__["_progpo_forwards"] = self.__dict__.get("_progpo_forwards", 0) + 1
         return super().forward(*args, **kwargs)
+
+    def broadcast_to_vllm(self) -> None:
+        """OpenRLHF's weight sync, or with a LoRA adapter :func:`broadcast_merged_to_engines`."""
+        from progpo.run.lora import is_lora
+
+        if is_lora(self.actor.model.module):
+            return broadcast_merged_to_engines(self.trainer)
+        return super().broadcast_to_vllm()
+
+    def save_model(self) -> None:
+        """OpenRLHF's final save (``--ckpt.output_dir``); with a LoRA adapter, which OpenRLHF saves alone,
+        also the merged model as a Hugging Face folder in ``<ckpt.output_dir>/merged`` (what ``evaluate``
+        and ``train --actor.model_name_or_path`` take)."""
+        import deepspeed
+
+        from progpo.run.lora import base_model, is_lora, iter_merged
+
+        super().save_model()
+        model = self.actor.model.module
+        args = self.strategy.args
+        if not is_lora(model) or args.train.enable_ema:
+            return
+
+        def gather(params: Any) -> Any:
+            return deepspeed.zero.GatheredParameters(list(params), enabled=args.ds.zero_stage == 3)
+
+        state = {name: t.cpu() for name, t in iter_merged(model, gather=gather)}
+        if torch.distributed.get_rank() == 0:
+            out = Path(args.ckpt.output_dir) / "merged"
+            base_model(model).save_pretrained(out, state_dict=state)
+            self.tokenizer.save_pretrained(out)
+        torch_dist_barrier_and_cuda_sync()
 
     def append(self, experience: Any) -> None:
         """OpenRLHF's ``append``; records the rollout indices of the rows (lost in the buffer's split)."""
@@ -188,10 +289,12 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         """Copies of every trainable parameter (name -> CPU tensor) on rank 0; None on other ranks."""
         import deepspeed
 
+        from progpo.run.lora import iter_merged
+
         model = self.actor.model.module
         params = list(model.parameters())
         with deepspeed.zero.GatheredParameters(params, enabled=self.strategy.args.ds.zero_stage == 3):
-            state = {name: p.detach().clone().cpu() for name, p in model.named_parameters()}
+            state = {name: p.cpu() for name, p in iter_merged(model, parameters_only=True)}
         return state if torch.distributed.get_rank() == 0 else None
 
 

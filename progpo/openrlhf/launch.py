@@ -76,7 +76,8 @@ class RayArgs:
     """Our flags of ``train_ray`` (OpenRLHF's parser holds the rest)."""
 
     env: EnvSettings = field(default_factory=EnvSettings, metadata={"skip": ()})
-    rollout: RolloutSettings = field(default_factory=RolloutSettings, metadata={"flags": ("max_prompt_tokens",)})
+    rollout: RolloutSettings = field(default_factory=RolloutSettings, metadata={
+        "flags": ("max_prompt_tokens", "dynamic_sampling", "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
     device: Literal["cuda", "cpu"] = "cuda"
     """cuda: OpenRLHF as shipped (vLLM, flash-attn, NCCL; GPU nodes). cpu: the same job on CPU for a laptop dry run (local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engine; see docs/distributed.md)"""
@@ -312,6 +313,12 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         _folder("--debug.dump_dir", Path(rargs.debug.dump_dir))
     ns["progpo_debug_dump_dir"] = rargs.debug.dump_dir and str(Path(rargs.debug.dump_dir).resolve())
     ns["progpo_debug_check_weight_sync"] = rargs.debug.check_weight_sync
+    ns["progpo_dynamic_sampling_max_rounds"] = (rargs.rollout.dynamic_sampling_max_rounds
+                                                if rargs.rollout.dynamic_sampling else None)
+    if rargs.rollout.dynamic_sampling and not ours:
+        raise FlagError("--rollout.dynamic_sampling", f"applies to --advantage_estimator in "
+                        f"{[e.value for e in ESTIMATORS]} (per-step samples); OpenRLHF's own estimators have "
+                        "--algo.dynamic_filtering_enable")
     for key in [k for k in ns if k in ours_keys or k.startswith("progpo.")]:
         ns.pop(key)
     ns.pop("progpo_preset", None)

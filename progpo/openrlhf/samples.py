@@ -24,15 +24,16 @@ from typing import Any
 
 import torch
 from openrlhf.trainer.ppo_utils.experience import Experience
-from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, batch_vllm_engine_call
 
 from progpo.advantages.batch import StepBatch
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
 from progpo.agents.types import Episode
 from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY, AgentConfig
-from progpo.run.settings import EnvSettings
 from progpo.openrlhf.balance import balance_for_ranks, data_parallel_ranks, rollout_multiple
+from progpo.run.dynamic_sampling import DynamicSamplingStats, has_signal
 from progpo.run.failures import check_failures, failure_cause, failure_metrics
+from progpo.run.settings import EnvSettings
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,13 @@ class StepSamplesGenerator(SamplesGenerator):
     (:func:`progpo.agents.batching.rollout_metrics`: ``env/*``, ``rollout/*``, including
     ``rollout/truncated_response_frac``) plus ``rollout/failed_episodes``, ``rollout/failed/<kind>``
     (counts) and ``rollout/pad_rows``; ``last_episodes`` holds the batch's ``[E]`` episodes.
+
+    With ``--rollout.dynamic_sampling`` (``args.progpo_dynamic_sampling_max_rounds`` set) the groups
+    without a return signal are dropped before the expansion and up to that many extra rounds draw
+    as many new prompts as groups are missing (:meth:`dynamic_sampling`, the local loop's criterion
+    :func:`progpo.run.dynamic_sampling.has_signal`); ``last_stats`` then also holds the
+    ``rollout/dynamic_*`` metrics. A batch left without any group is returned empty, which
+    OpenRLHF's trainer answers with no update and a new draw.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -185,7 +193,23 @@ class StepSamplesGenerator(SamplesGenerator):
         if not samples:
             return samples, pass_rate, consumed, exhausted
         n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
+        stats = None
+        max_rounds = getattr(self.args, "progpo_dynamic_sampling_max_rounds", None)
+        if max_rounds is not None:
+            # the failure threshold sees the whole draw: dropping the groups of failed episodes as
+            # signal-free must not turn an all-failed batch into a silent skip
+            drawn = [getattr(e, EPISODE_ATTR, None) for e in samples]
+            check_failures([ep for ep in drawn if ep is not None], self.max_failed_frac, self._batch_counter + 1)
+            samples, extra_consumed, stats = self.dynamic_sampling(samples, n, max_rounds, **generate_kwargs)
+            consumed += extra_consumed
+            exhausted = self._dataloader_iter is None and not self._sample_buffer
+            if not samples:
+                logger.warning("dynamic sampling: no group with a return signal after %d extra round(s); no update "
+                               "for this batch", stats.rounds)
+                return samples, pass_rate, consumed, exhausted
         steps = self.step_samples(samples, n_samples_per_prompt=n, max_len=generate_kwargs.get("max_len", 2048))
+        if stats is not None:
+            self.last_stats.update(stats.metrics())
         return steps, pass_rate, consumed, exhausted
 
     def step_samples(self, samples: list[Experience], *, n_samples_per_prompt: int, max_len: int) -> list[Experience]:
@@ -202,6 +226,51 @@ class StepSamplesGenerator(SamplesGenerator):
                                      pad_token_id=self.tokenizer.pad_token_id)
         self.last_stats["rollout/pad_rows"] = float(len(balanced) - len(steps))
         return balanced
+
+    def dynamic_sampling(self, samples: list[Experience], n_samples_per_prompt: int, max_rounds: int,
+                         **generate_kwargs: Any) -> tuple[list[Experience], int, DynamicSamplingStats]:
+        """Keep the groups (blocks of ``n_samples_per_prompt`` episode experiences) with a return signal
+        and draw new prompts for the missing ones, at most ``max_rounds`` times (fewer when the prompt
+        dataloader runs out). Returns ``(kept experiences, extra prompts consumed, stats)``."""
+        want = self.args.rollout.batch_size
+        stats = DynamicSamplingStats()
+        kept = self._signal_blocks(samples, n_samples_per_prompt, stats)
+        consumed = 0
+        while len(kept) < want * n_samples_per_prompt and stats.rounds < max_rounds and self._dataloader_iter is not None:
+            stats.rounds += 1
+            missing = want - len(kept) // n_samples_per_prompt
+            if self.args.vllm.enable_sleep:
+                batch_vllm_engine_call(self.vllm_engines, "wake_up")
+            more, used, dl_exhausted = self._generate_vllm(
+                dataloader_iter=self._dataloader_iter, num_prompts=missing,
+                dynamic_filtering=self.args.algo.dynamic_filtering_enable, **generate_kwargs)
+            if self.args.vllm.enable_sleep:
+                batch_vllm_engine_call(self.vllm_engines, "sleep")
+            consumed += used
+            stats.extra_groups += used
+            if dl_exhausted:
+                self._dataloader_iter = None
+            kept += self._signal_blocks(more, n_samples_per_prompt, stats)[: missing * n_samples_per_prompt]
+        return kept, consumed, stats
+
+    @staticmethod
+    def _signal_blocks(samples: list[Experience], n: int, stats: DynamicSamplingStats) -> list[Experience]:
+        """The experiences of the groups with a return signal; counts drawn and dropped groups into ``stats``."""
+        if len(samples) % n:
+            raise ValueError(f"{len(samples)} episodes is not a multiple of --rollout.n_samples_per_prompt={n}")
+        kept: list[Experience] = []
+        for g in range(0, len(samples), n):
+            block = samples[g : g + n]
+            episodes = [getattr(e, EPISODE_ATTR, None) for e in block]
+            if any(ep is None for ep in episodes):
+                raise ValueError("an experience carries no ProGPO episode: --train.agent_func_path must point to "
+                                 "progpo/openrlhf/agent.py for per-step estimators")
+            stats.drawn_groups += 1
+            if has_signal([ep for ep in episodes if ep.steps]):
+                kept.extend(block)
+            else:
+                stats.dropped_groups += 1
+        return kept
 
     def expand(self, samples: list[Experience], *, n_samples_per_prompt: int, max_len: int) -> list[Experience]:
         """Expand episode-level experiences (blocks of ``n_samples_per_prompt`` per prompt).

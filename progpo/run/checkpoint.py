@@ -3,8 +3,11 @@
 Layout under ``<save_path>/checkpoints/``::
 
     iter_000002/
-        hf/                 the actor as a Hugging Face folder (config, weights, tokenizer)
-        ds/                 DeepSpeed ``save_checkpoint`` (module + optimizer state)
+        hf/                 the actor as a Hugging Face folder (config, weights, tokenizer); with LoRA
+                            the adapter merged in (``progpo.run.lora``), so any HF loader takes it
+        adapter/            with LoRA only: the peft adapter (``adapter_config.json`` + weights)
+        ds/                 DeepSpeed ``save_checkpoint`` (module + optimizer state; with LoRA the
+                            trainable adapter only, the frozen base comes from the pretrained model)
         trainer_state.json  {"iteration": 2, "sampler": {...}, "seed": ...}
         rng.pt              python / numpy / torch RNG states and the run's numpy Generator state
     latest                  name of the newest complete checkpoint
@@ -76,12 +79,21 @@ def restore_rng(state: dict[str, Any], generator: np.random.Generator) -> None:
 
 
 def save_hf(actor, out_dir: Path) -> None:
-    """Write the actor as a Hugging Face folder (ZeRO-3 parameters are gathered first)."""
+    """Write the actor as a Hugging Face folder (ZeRO-3 parameters are gathered first); with a LoRA
+    adapter, the base model's folder with the adapter merged in (:func:`progpo.run.lora.iter_merged`)."""
+    from progpo.run.lora import base_model, merged_state_dict
+
     model = actor.model
     with actor.generation_context():
-        state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    model.save_pretrained(out_dir, state_dict=state)
+        state = {k: v.cpu() for k, v in merged_state_dict(model).items()}
+    base_model(model).save_pretrained(out_dir, state_dict=state)
     actor.tokenizer.save_pretrained(out_dir)
+
+
+def save_adapter(actor, out_dir: Path) -> None:
+    """Write the actor's peft adapter (``adapter_config.json`` + adapter weights) to ``out_dir``."""
+    with actor.generation_context():
+        actor.model.save_pretrained(out_dir)
 
 
 class CheckpointManager:
@@ -117,6 +129,8 @@ class CheckpointManager:
 
     def save(self, actor, iteration: int, trainer_state: dict[str, Any], generator: np.random.Generator) -> Path:
         """Write checkpoint ``iter_<iteration>`` atomically; returns its final path."""
+        from progpo.run.lora import ADAPTER_DIR, is_lora
+
         self.root.mkdir(parents=True, exist_ok=True)
         for stale in self.root.glob(".tmp-iter_*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -125,7 +139,10 @@ class CheckpointManager:
         final = self.root / name
         tmp.mkdir()
         save_hf(actor, tmp / "hf")
-        actor.engine.save_checkpoint(str(tmp / "ds"), tag="state")
+        lora = is_lora(actor.model)
+        if lora:
+            save_adapter(actor, tmp / ADAPTER_DIR)
+        actor.engine.save_checkpoint(str(tmp / "ds"), tag="state", exclude_frozen_parameters=lora)
         torch.save(rng_state(generator), tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({**trainer_state, "iteration": iteration}, indent=2))
         if final.exists():
@@ -140,8 +157,11 @@ class CheckpointManager:
     @staticmethod
     def load(actor, path: Path, generator: np.random.Generator) -> dict[str, Any]:
         """Load engine (module + optimizer) and RNG states from ``path``; returns the trainer state."""
+        from progpo.run.lora import is_lora
+
         load_path, _ = actor.engine.load_checkpoint(str(path / "ds"), tag="state", load_optimizer_states=True,
-                                                    load_lr_scheduler_states=False)
+                                                    load_lr_scheduler_states=False,
+                                                    load_module_strict=not is_lora(actor.model))
         if load_path is None:
             raise FileNotFoundError(f"DeepSpeed state missing or unreadable in {path / 'ds'}")
         restore_rng(torch.load(path / "rng.pt", weights_only=False), generator)

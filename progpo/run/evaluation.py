@@ -73,13 +73,17 @@ def summarize(env_name: str, episodes: list[Episode]) -> dict[str, Any]:
 
 def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | None, n_samples: int,
                sampling, max_prompt_tokens: int, invalid_penalty: float = 0.1, gen_batch_size: int = 64,
-               history_length: int = 2, progress: bool = True) -> tuple[list[Episode], int]:
-    """Play tasks ``0..num_tasks-1`` of ``split`` (all when None) ``n_samples`` times each.
+               history_length: int = 2, progress: bool = True, task_offset: int = 0) -> tuple[list[Episode], int]:
+    """Play tasks ``task_offset..task_offset+num_tasks-1`` of ``split`` (to its end when None) ``n_samples``
+    times each.
 
     A progress bar (stderr, finished episodes with an ETA) runs unless ``progress`` is False.
 
     Returns:
         ``(episodes, tasks_in_split)``.
+
+    Raises:
+        ValueError: ``task_offset`` beyond the split (names ``--eval.task_offset``).
     """
     import sys
 
@@ -98,8 +102,10 @@ def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | No
     gen = HFGenerator(model, tok, max_batch_size=gen_batch_size, seed=sampling.seed or 0)
     with open_env_pool(env_settings, max_envs=64) as envs:
         total = envs.num_tasks(split)
-        n = total if num_tasks is None else min(num_tasks, total)
-        tasks = [TaskSpec(split, i) for i in range(n)]
+        if not 0 <= task_offset < total:
+            raise ValueError(f"--eval.task_offset must be in [0, {total}) for split {split!r}, got {task_offset}")
+        n = total - task_offset if num_tasks is None else min(num_tasks, total - task_offset)
+        tasks = [TaskSpec(split, task_offset + i) for i in range(n)]
         bar = tqdm(total=n * n_samples, desc=f"evaluate {split}", unit="ep", disable=not progress, file=sys.stderr)
         try:
             episodes = asyncio.run(run_episodes(

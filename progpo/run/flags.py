@@ -16,7 +16,8 @@ Help text sits beside each field, as an attribute docstring (cleanrl's ``Args`` 
 
 Field types with a flag mapping: ``bool`` (``--x`` alone means true; ``--x false`` also parses),
 ``int``, ``float``, ``str``, ``Literal[...]`` and ``enum.Enum`` (choices), ``X | None`` (the type of
-``X``; the value ``none`` gives None), ``tuple[float, float]``-like fixed tuples (``nargs``).
+``X``; the value ``none`` gives None), ``tuple[float, float]``-like fixed tuples (``nargs``) and
+``tuple[str, ...]``-like variable ones (one or more values).
 Section fields may carry ``metadata={"flags": (...)}`` (expose only these fields) or
 ``metadata={"skip": (...)}``; a leaf field may carry ``metadata={"choices": values or a function
 returning them}`` (e.g. the env registry's ids) and ``metadata={"flag": False}`` (no flag).
@@ -241,6 +242,11 @@ def argparse_kwargs(flag: Flag) -> dict[str, Any]:
         if len(set(items)) != 1 or items[0] not in (int, float, str):
             raise TypeError(f"{flag.dest}: no command-line mapping for {flag.hint!r}")
         kwargs.update(type=items[0], nargs=len(items), metavar={int: "N", float: "X", str: "TEXT"}[items[0]])
+    elif typing.get_origin(inner) is tuple and typing.get_args(inner)[1:] == (Ellipsis,):
+        item = typing.get_args(inner)[0]
+        if item not in (int, float, str):
+            raise TypeError(f"{flag.dest}: no command-line mapping for {flag.hint!r}")
+        kwargs.update(type=item, nargs="+", metavar={int: "N", float: "X", str: "TEXT"}[item])
     else:
         raise TypeError(f"{flag.dest}: no command-line mapping for type {flag.hint!r}")
     if flag.choices is not None:

@@ -25,6 +25,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -125,6 +126,18 @@ def request_seed(iteration_seed: int, prompt_ids: list[int], occurrence: int) ->
     return int.from_bytes(h.digest(), "little") >> 1
 
 
+DECODE_STATS = ("prefill_s", "prefill_cpu_s", "decode_cpu_s", "prefill_rows", "prefill_tokens", "prefill_sq_tokens",
+                "prompt_tokens", "decode_steps", "decode_rows", "decode_ctx_tokens")
+"""Work counters of :meth:`HFGenerator._decode` in ``HFGenerator.stats`` (for ``bench roofline``): prefill
+wall seconds; process CPU seconds (all threads) of the prefill and decode passes; rows, padded tokens
+(``n * width``) and ``n * width**2`` of the prefill passes; real prompt tokens prefilled; decode forward
+passes, their rows, and their rows times context length."""
+
+
+def _cpu_s() -> float:
+    return time.process_time()
+
+
 class HFGenerator:
     """``GenerateFn`` over a transformers causal LM (CPU or one GPU).
 
@@ -133,16 +146,19 @@ class HFGenerator:
         tokenizer: its tokenizer (pad and eos ids are taken from it).
         max_batch_size: most requests per ``generate`` call.
         seed: iteration seed used for requests that carry no ``sampling.seed`` (see ``set_seed``).
+        share_prefill: prefill identical prompts of one batch once (the N rollouts of a task start from
+            the same prompt) and copy the KV cache to their rows; False prefills every row.
 
     Call ``await gen(prompt_ids, sampling)`` from any number of concurrent coroutines.
     """
 
-    def __init__(self, model, tokenizer, *, max_batch_size: int = 32, seed: int = 0) -> None:
+    def __init__(self, model, tokenizer, *, max_batch_size: int = 32, seed: int = 0, share_prefill: bool = True) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.share_prefill = share_prefill
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = model.generation_config.eos_token_id
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
@@ -157,7 +173,7 @@ class HFGenerator:
         self._worker: asyncio.Task | None = None
         self._seen: dict[bytes, int] = defaultdict(int)
         self.iteration_seed = seed
-        self.stats = {"calls": 0, "requests": 0, "tokens": 0, "seconds": 0.0}
+        self.stats = {"calls": 0, "requests": 0, "tokens": 0, "seconds": 0.0, **{k: 0.0 for k in DECODE_STATS}}
 
     def set_seed(self, seed: int) -> None:
         """Start a new rollout: seeds of unseeded requests derive from ``seed`` from now on."""
@@ -207,8 +223,6 @@ class HFGenerator:
             ``n`` ``Generation``s; each stops at its first EOS (kept; ``finish_reason`` "stop") or at
             its ``max_new_tokens`` (``finish_reason`` "length").
         """
-        import time
-
         t0 = time.perf_counter()
         sampler = _GumbelSampler([s.temperature for s in samplings], [s.top_p for s in samplings], seeds)
         limits = [s.max_new_tokens for s in samplings]
@@ -239,7 +253,8 @@ class HFGenerator:
         """Token-by-token decode: the model's forward pass, our sampler, nothing else (``[n][<= max(limits)]``).
 
         Every row is sampled at every step (its generator advances the same however the batch is
-        made up); rows past their EOS or limit are fed the pad token and later cut.
+        made up); rows past their EOS or limit are fed the pad token and later cut. Rows with the same
+        prompt share one prefill (``share_prefill``): its KV cache and logits are copied to each row.
 
         Raises:
             GenerationStopped: :func:`request_stop` was called (checked before every token).
@@ -254,7 +269,26 @@ class HFGenerator:
             attn[k, width - len(p):] = 1
         ids, attn = ids.to(device), attn.to(device)
         pos = (attn.cumsum(-1) - 1).clamp_min(0)  # left padding: positions count real tokens only
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+        # identical prompts (a task's N rollouts at step 0) are prefilled once, their KV cache copied per row
+        owner = {}
+        first = [owner.setdefault(tuple(p), k) for k, p in enumerate(prompts)]
+        rows = sorted(set(first)) if self.share_prefill else list(range(n))
+        t0, c0 = time.perf_counter(), _cpu_s()
+        out = self.model(input_ids=ids[rows], attention_mask=attn[rows], position_ids=pos[rows], use_cache=True,
+                         logits_to_keep=1)
+        logits, cache = out.logits[:, -1, :], out.past_key_values
+        if len(rows) < n:
+            back = torch.tensor([rows.index(f) for f in first], device=device)
+            cache.batch_select_indices(back)
+            logits = logits[back]
+        st = self.stats
+        st["prefill_s"] += time.perf_counter() - t0
+        c1 = _cpu_s()
+        st["prefill_cpu_s"] += c1 - c0
+        st["prefill_rows"] += len(rows)
+        st["prefill_tokens"] += len(rows) * width
+        st["prefill_sq_tokens"] += len(rows) * width * width
+        st["prompt_tokens"] += sum(len(prompts[k]) for k in rows)
         eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
         limit = torch.tensor(limits, device=device)
         done = torch.zeros(n, dtype=torch.bool, device=device)
@@ -262,7 +296,7 @@ class HFGenerator:
         for t in range(max(limits)):
             if _STOP.is_set():
                 raise GenerationStopped(f"decode stopped after {t} of up to {max(limits)} tokens: stop requested")
-            choice = sampler(out.logits[:, -1, :])
+            choice = sampler(logits)
             choice = torch.where(done, torch.full_like(choice, self.pad_id), choice)
             steps.append(choice)
             done = done | torch.isin(choice, eos) | (limit <= t + 1)
@@ -271,5 +305,10 @@ class HFGenerator:
             attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)
             pos = pos[:, -1:] + 1
             out = self.model(input_ids=choice[:, None], attention_mask=attn, position_ids=pos,
-                             past_key_values=out.past_key_values, use_cache=True)
+                             past_key_values=cache, use_cache=True)
+            logits, cache = out.logits[:, -1, :], out.past_key_values
+            st["decode_steps"] += 1
+            st["decode_rows"] += n
+            st["decode_ctx_tokens"] += n * attn.shape[1]
+        st["decode_cpu_s"] += _cpu_s() - c1
         return torch.stack(steps, dim=1).cpu().tolist()

@@ -21,12 +21,14 @@ SUMMARY_KEYS = (
     ("env/score_mean", "score", "{:.3f}"),
     ("env/return_mean", "return", "{:+.3f}"),
     ("env/episode_length_mean", "len", "{:.1f}"),
-    ("rollout/invalid_format_frac", "invalid", "{:.2f}"),
+    ("rollout/invalid_format_frac", "valid", "{:.2f}"),  # shown as the valid-format share, 1 - invalid
     ("rollout/truncated_response_frac", "cut", "{:.2f}"),
     ("loss/policy", "pg", "{:+.4f}"),
     ("loss/kl", "kl", "{:.4f}"),
     ("adv/std", "adv_std", "{:.3f}"),
     ("rollout/flat_group_frac", "flat", "{:.2f}"),
+    ("rollout/dynamic_dropped_frac", "dropped", "{:.2f}"),
+    ("rollout/dynamic_extra_groups", "extra", "{:.0f}"),
     ("perf/steps_per_s", "steps/s", "{:.2f}"),
     ("perf/generate_s", "gen_s", "{:.1f}"),
     ("perf/env_s", "env_s", "{:.1f}"),
@@ -38,17 +40,25 @@ SUMMARY_KEYS = (
 def format_metrics(it: int, metrics: dict[str, float]) -> str:
     """One human-readable line of the main metrics of an iteration.
 
-    ``flat`` is ``rollout/flat_group_frac`` (share of tasks whose rollouts all got the same return).
-    When every task is flat the batch carries no learning signal, and the line says so (with the
-    advantages' spread, which should then be zero).
+    ``valid`` is the share of answers in the ``<think>/<action>`` format (``1 -
+    rollout/invalid_format_frac``); ``flat`` is ``rollout/flat_group_frac`` (share of tasks whose
+    rollouts all got the same return); ``dropped`` / ``extra`` are dynamic sampling's dropped share
+    and extra groups. When every task is flat the batch carries no learning signal, and the line
+    says so (with the advantages' spread, which should then be zero); a skipped update
+    (``loss/update_skipped``) is said too.
     """
     parts = [f"iter {it}"]
     for key, label, fmt in SUMMARY_KEYS:
         if key in metrics:
-            parts.append(f"{label}={fmt.format(metrics[key])}")
+            value = 1.0 - metrics[key] if key == "rollout/invalid_format_frac" else metrics[key]
+            parts.append(f"{label}={fmt.format(value)}")
     line = " ".join(parts)
     if metrics.get("rollout/flat_group_frac") == 1.0:
         line += " | no signal: every task's rollouts got the same return"
+    if metrics.get("loss/update_skipped") == 1.0:
+        line += (" | update skipped: every advantage is 0 and the policy equals the reference or the KL term is off"
+                 if metrics.get("rollout/num_steps", 1.0) > 0 and "adv/std" in metrics else
+                 " | update skipped: no group with a return signal")
     return line
 
 

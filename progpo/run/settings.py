@@ -131,11 +131,17 @@ class RolloutSettings:
     """train: most requests per transformers generate call"""
     backend: Literal["hf", "vllm"] = "hf"
     """train: generation engine, hf (transformers generate on the actor's own weights) or vllm"""
+    dynamic_sampling: bool = False
+    """drop groups whose rollouts all got the same return (no learning signal) from the update and draw new tasks until --rollout.batch_size groups carry signal or --rollout.dynamic_sampling_max_rounds extra rounds were played (DAPO's dynamic sampling; beside OpenRLHF's --algo.dynamic_filtering_*)"""
+    dynamic_sampling_max_rounds: int = 2
+    """most extra rollout rounds per iteration under --rollout.dynamic_sampling, each drawing as many new tasks as groups are missing (0: only drop)"""
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "n_samples_per_prompt", "max_new_tokens", "gen_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dynamic_sampling_max_rounds < 0:
+            raise ValueError(f"--rollout.dynamic_sampling_max_rounds must be >= 0, got {self.dynamic_sampling_max_rounds}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"--rollout.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -150,6 +156,8 @@ class EvalSettings:
 
     num_tasks: int | None = None
     """tasks 0..N-1 of --env.eval_split (None: the whole split; train_ray: 0 = no evaluation)"""
+    task_offset: int = 0
+    """evaluate: first task index (tasks task_offset..task_offset+N-1)"""
     n_samples: int = 1
     """episodes per task"""
     seed: int = 0
@@ -160,6 +168,8 @@ class EvalSettings:
             raise ValueError(f"--eval.num_tasks must be >= 0, got {self.num_tasks}")
         if self.n_samples < 1:
             raise ValueError(f"--eval.n_samples must be >= 1, got {self.n_samples}")
+        if self.task_offset < 0:
+            raise ValueError(f"--eval.task_offset must be >= 0, got {self.task_offset}")
 
 
 def check_group_size(estimator: str, n_samples_per_prompt: int) -> None:

@@ -43,7 +43,11 @@ class ActorConfig:
         bf16: train in bfloat16 (``--ds.param_dtype bf16``); fp32 otherwise.
         micro_batch_size: samples per forward/backward (``--train.micro_batch_size``).
         gradient_checkpointing: recompute activations in backward (``--actor.gradient_checkpointing_enable``).
-        use_ref: keep a frozen reference model (needed when the KL coefficient is > 0).
+        use_ref: keep a frozen reference model (needed when the KL coefficient is > 0); with LoRA
+            the reference is the base model with the adapter disabled (no second copy).
+        lora_rank, lora_alpha, lora_target_modules, lora_dropout: a LoRA adapter through peft
+            (``--ds.lora.*``; rank 0 = none, every weight trained; ``progpo.run.lora``).
+        seed: seeds the adapter's random start (``--train.seed``).
     """
 
     pretrain: str
@@ -56,6 +60,11 @@ class ActorConfig:
     micro_batch_size: int = 4
     gradient_checkpointing: bool = False
     use_ref: bool = True
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    lora_target_modules: tuple[str, ...] = ("all-linear",)
+    lora_dropout: float = 0.0
+    seed: int = 42
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -171,8 +180,9 @@ class Actor:
     """DeepSpeed-wrapped policy + frozen reference.
 
     Attributes:
-        engine: the ``DeepSpeedEngine`` (``engine.module`` is the HF model).
-        ref: the frozen reference model (eval mode, no grad) or None.
+        engine: the ``DeepSpeedEngine`` (``engine.module`` is the HF model, or its peft wrapper with LoRA).
+        ref: the frozen reference model (eval mode, no grad), or None (no KL term, or LoRA: the
+            reference is ``engine.module`` with its adapter disabled, see :attr:`has_reference`).
         tokenizer: the model's tokenizer.
         init_seconds: wall time of ``deepspeed.initialize`` (incl. distributed init).
     """
@@ -193,11 +203,19 @@ class Actor:
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.ref = None
-        if cfg.use_ref:
+        if cfg.lora_rank > 0:
+            from progpo.run.lora import add_lora
+
+            if cfg.gradient_checkpointing:
+                model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grads
+            model = add_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules,
+                             dropout=cfg.lora_dropout, seed=cfg.seed)
+        elif cfg.use_ref:
             self.ref = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=dtype).eval()
             disable_dropout(self.ref)
             self.ref.requires_grad_(False)
-        optim = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optim = torch.optim.AdamW(trainable, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optim, config=ds_config(cfg))
         self.device = self.engine.device
         if self.ref is not None:
@@ -206,8 +224,13 @@ class Actor:
 
     @property
     def model(self):
-        """The HF model inside the engine."""
+        """The HF model inside the engine (its peft wrapper with LoRA)."""
         return self.engine.module
+
+    @property
+    def has_reference(self) -> bool:
+        """A KL reference exists: the frozen copy, or with LoRA the adapter-disabled model."""
+        return self.ref is not None or (self.cfg.lora_rank > 0 and self.cfg.use_ref)
 
     def generation_context(self):
         """Context in which ``self.model`` holds full parameters (ZeRO-3 gathers them)."""
@@ -220,10 +243,22 @@ class Actor:
     @torch.no_grad()
     def logprobs(self, samples: list[tuple[list[int], list[int]]], temperature: float = 1.0,
                  *, reference: bool = False) -> list[torch.Tensor]:
-        """Per-token log-probs of each sample's response tokens (``[R_k]`` each), in micro-batches."""
-        model = self.ref if reference else self.engine
-        if model is None:
+        """Per-token log-probs of each sample's response tokens (``[R_k]`` each), in micro-batches.
+
+        ``reference``: under the KL reference (the frozen copy, or with LoRA the adapter disabled).
+
+        Raises:
+            ValueError: ``reference`` without a reference (built with ``use_ref=False``).
+        """
+        if reference and not self.has_reference:
             raise ValueError("no reference model: built with use_ref=False")
+        from progpo.run.lora import reference_context
+
+        model = self.ref if reference and self.ref is not None else self.engine
+        with reference_context(self.model) if reference and self.ref is None else contextlib.nullcontext():
+            return self._logprobs(model, samples, temperature)
+
+    def _logprobs(self, model, samples: list[tuple[list[int], list[int]]], temperature: float) -> list[torch.Tensor]:
         out = []
         mb = self.cfg.micro_batch_size
         for start in range(0, len(samples), mb):

@@ -84,6 +84,30 @@ class ActorSettings:
 
 
 @dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters through peft (``--ds.lora.*``, OpenRLHF 0.11.2's flags; ``progpo.run.lora``)."""
+
+    rank: int = 0
+    """LoRA rank r (0: no adapter, every weight is trained; > 0: only the adapter is trained, and the KL reference is the base model with the adapter disabled)"""
+    alpha: int = 16
+    """LoRA alpha: the adapter's update is scaled by alpha / rank"""
+    target_modules: tuple[str, ...] = ("all-linear",)
+    """modules that get an adapter (peft names, e.g. q_proj v_proj; all-linear: every linear layer but the output head)"""
+    dropout: float = 0.0
+    """dropout on the adapter's input"""
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"--ds.lora.rank must be >= 0, got {self.rank}")
+        if self.alpha <= 0:
+            raise ValueError(f"--ds.lora.alpha must be > 0, got {self.alpha}")
+        if not self.target_modules or not all(m.strip() for m in self.target_modules):
+            raise ValueError(f"--ds.lora.target_modules must name at least one module, got {self.target_modules!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--ds.lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
 class DeepSpeedSettings:
     """DeepSpeed (``--ds.*``)."""
 
@@ -91,6 +115,7 @@ class DeepSpeedSettings:
     """ZeRO stage 0-3"""
     param_dtype: Literal["bf16", "fp32"] = "fp32"
     """training dtype of the actor (and reference)"""
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -168,6 +193,39 @@ class LoggerSettings:
     """show a progress bar of each iteration's stages"""
 
 
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """Behaviour-cloning warm start before RL (``--warm_start.*``; ``progpo.trainer.warm_start``)."""
+
+    num_tasks: int = 0
+    """expert episodes to clone before RL (seeded random tasks of --env.train_split; 0: no warm start). The run's own env and rollout settings are used, and the cloned model is cached under --warm_start.cache_dir, keyed by everything that shapes it"""
+    epochs: int = 2
+    """passes over the expert steps"""
+    lr: float = 5e-5
+    """AdamW learning rate of the behaviour cloning"""
+    batch_size: int = 8
+    """expert steps per optimizer step (micro-batches of --train.micro_batch_size)"""
+    keep_failed: bool = False
+    """also clone the episodes the expert did not win (e.g. walkthroughs cut by a short --env.max_steps)"""
+    cache_dir: str | None = None
+    """where cloned models are kept (None: ~/.cache/progpo/warm_start)"""
+
+    def __post_init__(self) -> None:
+        if self.num_tasks < 0:
+            raise ValueError(f"--warm_start.num_tasks must be >= 0, got {self.num_tasks}")
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--warm_start.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"--warm_start.lr must be > 0, got {self.lr}")
+
+
+def lora_fields(lora: LoraSettings) -> dict[str, Any]:
+    """``ActorConfig`` keyword arguments of the ``--ds.lora.*`` settings."""
+    return {"lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_target_modules": tuple(lora.target_modules),
+            "lora_dropout": lora.dropout}
+
+
 def _train_rollout() -> RolloutSettings:
     return RolloutSettings(max_prompt_tokens=2048)
 
@@ -186,6 +244,7 @@ class TrainConfig:
     train: TrainSettings = field(default_factory=TrainSettings)
     ckpt: CkptSettings = field(default_factory=CkptSettings)
     logger: LoggerSettings = field(default_factory=LoggerSettings)
+    warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)
     progpo: AdvantageConfig | None = field(default=None, metadata={"flag": False})
     """the estimator's settings, built from --advantage_estimator, --progpo.preset and --progpo.<field> (None: the estimator's defaults with the env's step limit)"""
 
@@ -212,7 +271,8 @@ class TrainConfig:
             pretrain=self.actor.model_name_or_path, lr=self.actor.adam.lr, weight_decay=self.actor.adam.weight_decay,
             betas=self.actor.adam.betas, grad_clip=self.actor.max_norm, zero_stage=self.ds.zero_stage,
             bf16=self.ds.param_dtype == "bf16", micro_batch_size=self.train.micro_batch_size,
-            gradient_checkpointing=self.actor.gradient_checkpointing_enable, use_ref=self.algo.kl.init_coef > 0)
+            gradient_checkpointing=self.actor.gradient_checkpointing_enable, use_ref=self.algo.kl.init_coef > 0,
+            seed=self.train.seed, **lora_fields(self.ds.lora))
 
     def update_config(self) -> UpdateConfig:
         """The PPO update's runtime settings (``progpo.trainer.update``)."""

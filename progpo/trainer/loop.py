@@ -23,6 +23,7 @@ from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, trai
 from progpo.agents.episode import TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
 from progpo.run.checkpoint import CheckpointManager, check_run_dir
+from progpo.run.dynamic_sampling import DynamicSamplingStats, equal_returns, group_returns, keep_signal_groups
 from progpo.trainer.config import TrainConfig
 from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
@@ -108,19 +109,18 @@ def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
 
     Returns:
         ``rollout/flat_group_frac``: share of groups (tasks, by ``uid``, with >= 1 finished episode)
-        whose episode returns are all equal (within 1e-9): such a group has no episode-level signal,
-        and when every group is flat the batch carries none at all. A group left with one finished
+        whose episode returns are all equal (:func:`progpo.run.dynamic_sampling.equal_returns`, the
+        criterion dynamic sampling drops groups by): such a group has no episode-level signal, and
+        when every group is flat the batch carries none at all. A group left with one finished
         episode (the others failed) is flat: there is nothing to compare its return with.
         ``env/score_mean``: mean of the episodes' ``info["score"]`` (WebShop's [0, 1] score), when the
         env reports one.
     """
     done = [ep for ep in episodes if not ep.failed]
-    groups: dict[str, list[float]] = {}
-    for ep in done:
-        groups.setdefault(ep.uid, []).append(ep.episode_return)
+    groups = [r for r in group_returns(done).values() if r]
     out: dict[str, float] = {}
     if groups:
-        out["rollout/flat_group_frac"] = float(np.mean([np.ptp(r) <= 1e-9 for r in groups.values()]))
+        out["rollout/flat_group_frac"] = float(np.mean([equal_returns(r) for r in groups]))
     scores = [float(ep.info["score"]) for ep in done if "score" in ep.info]
     if scores:
         out["env/score_mean"] = float(np.mean(scores))
@@ -141,10 +141,23 @@ class _CountingGenerate:
 
 @dataclass
 class RolloutResult:
-    """What the rollout stage hands on: the episodes and its metrics."""
+    """What the rollout stage hands on.
+
+    Attributes:
+        episodes: every episode played this iteration (the metrics describe these).
+        metrics: rollout, env and ``perf/generate_s`` / ``perf/gen_tokens`` metrics.
+        train_episodes: the episodes the update trains on: all of ``episodes``, or under
+            ``--rollout.dynamic_sampling`` only the groups with a return signal (None: all).
+    """
 
     episodes: list[Episode]
     metrics: dict[str, float] = field(default_factory=dict)
+    train_episodes: list[Episode] | None = None
+
+    @property
+    def training(self) -> list[Episode]:
+        """The episodes the update trains on."""
+        return self.episodes if self.train_episodes is None else self.train_episodes
 
 
 class Trainer:
@@ -155,7 +168,8 @@ class Trainer:
         on_iteration: called with ``(iteration, metrics)`` after each iteration is logged.
 
     Attributes (after ``fit``): ``history`` (metrics per iteration), ``last_samples`` (the last
-    update's ``TrainSample``s, for inspection), ``actor``.
+    update's ``TrainSample``s, for inspection), ``actor``, ``policy_is_reference`` (no optimizer
+    step has changed the policy since it was loaded: it still equals the KL reference).
     """
 
     def __init__(self, cfg: TrainConfig, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> None:
@@ -170,6 +184,7 @@ class Trainer:
         self.actor = None
         self.update_cfg = cfg.update_config()
         self.progress = RunProgress(cfg.train.num_iterations, enabled=False)
+        self.policy_is_reference = True
 
     # ---- setup -------------------------------------------------------------------------------
     def _build(self, envs) -> int:
@@ -191,7 +206,14 @@ class Trainer:
                              "pass --ckpt.load_enable to start that run over (its records are replaced), or choose "
                              "another --ckpt.path")
         check_run_dir(self.save_path)
-        actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(cfg.actor.model_name_or_path))
+        pretrain = cfg.actor.model_name_or_path
+        if cfg.warm_start.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
+            from progpo.trainer.progress import TqdmWriter
+            from progpo.trainer.warm_start import warm_start
+
+            pretrain = str(warm_start(cfg, envs, out=TqdmWriter()))
+            self.warm_start_path = pretrain
+        actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(pretrain))
         self.actor = Actor(actor_cfg)
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
@@ -204,6 +226,7 @@ class Trainer:
                 state = self.ckpt.load(self.actor, latest, self.rng)
                 self.sampler.load_state_dict(state["sampler"])
                 start = int(state["iteration"])
+                self.policy_is_reference = bool(state.get("policy_is_reference", False))
                 logger.info("resumed from %s (iteration %d)", latest, start)
             else:
                 logger.warning("--ckpt.load_enable: no checkpoint in %s, starting from scratch", self.save_path)
@@ -243,7 +266,7 @@ class Trainer:
         roll = self.rollout(it, loop)
         t1 = time.perf_counter()
         self.progress.stage("advantages")
-        samples, adv_metrics = self.advantages(roll.episodes)
+        samples, adv_metrics = self.advantages(roll.training) if roll.training else ([], {})
         t2 = time.perf_counter()
         self.progress.stage("update", num_micro_batches(len(samples), self.update_cfg, self.actor.cfg.micro_batch_size))
         upd_metrics = self.update(samples)
@@ -269,23 +292,35 @@ class Trainer:
         return metrics
 
     def rollout(self, it: int, loop: asyncio.AbstractEventLoop) -> RolloutResult:
-        """Stage 1: play ``rollout.batch_size`` tasks x ``n_samples_per_prompt`` episodes with the current policy."""
+        """Stage 1: play ``rollout.batch_size`` tasks x ``n_samples_per_prompt`` episodes with the current policy.
+
+        Under ``--rollout.dynamic_sampling`` the groups without a return signal are set aside and up
+        to ``--rollout.dynamic_sampling_max_rounds`` extra rounds draw as many new tasks as groups are
+        missing (``progpo.run.dynamic_sampling``); ``RolloutResult.train_episodes`` then holds the kept
+        groups only, and ``rollout/dynamic_*`` metrics say what was dropped and drawn.
+        """
         cfg = self.cfg
         seed = iteration_seed(cfg.train.seed, it)
-        tasks = [TaskSpec(cfg.env.train_split, i) for i in self.sampler.next(cfg.rollout.batch_size)]
         sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                                   max_new_tokens=cfg.rollout.max_new_tokens, seed=seed)
         self.generator.set_seed(seed)
         g0 = dict(self.generator.stats)
-        with self.actor.generation_context():
-            episodes = loop.run_until_complete(run_episodes(
-                tasks, env_pool=self.envs.pool, generate=_CountingGenerate(self.generator, self.progress.advance),
-                tokenizer=self.actor.tokenizer,
-                env_name=cfg.env.name, n_samples_per_task=cfg.rollout.n_samples_per_prompt, sampling=sampling,
-                max_steps=cfg.env.max_steps, history_length=cfg.env.history_length,
-                max_prompt_tokens=cfg.rollout.max_prompt_tokens, invalid_penalty=cfg.env.invalid_penalty,
-                on_episode_end=lambda ep: self.progress.advance(cfg.env.max_steps - len(ep.steps)),
-            ))
+        tasks = [TaskSpec(cfg.env.train_split, i) for i in self.sampler.next(cfg.rollout.batch_size)]
+        episodes = self._play(tasks, sampling, 0, loop)
+        kept = None
+        stats = None
+        if cfg.rollout.dynamic_sampling:
+            stats = DynamicSamplingStats()
+            kept = self._keep_signal(episodes, stats)
+            while len({ep.uid for ep in kept}) < cfg.rollout.batch_size and stats.rounds < cfg.rollout.dynamic_sampling_max_rounds:
+                stats.rounds += 1
+                missing = cfg.rollout.batch_size - len({ep.uid for ep in kept})
+                extra = [TaskSpec(cfg.env.train_split, i, uid=f"{cfg.env.train_split}:{i}@{stats.rounds}")
+                         for i in self.sampler.next(missing)]
+                stats.extra_groups += len(extra)
+                more = self._play(extra, sampling, len(episodes), loop)
+                episodes += more
+                kept += self._keep_signal(more, stats, want=missing)
         sample = next((ep.steps[0] for ep in episodes if ep.steps), None)
         if sample is not None:
             logger.info("iteration %d sample response: %r -> action %r", it, sample.response_text[:300], sample.action[:80])
@@ -293,9 +328,33 @@ class Trainer:
         metrics = rollout_metrics(episodes)
         metrics.update(signal_metrics(episodes))
         metrics.update(failure_metrics(episodes))
+        if stats is not None:
+            metrics.update(stats.metrics())
         metrics["perf/generate_s"] = self.generator.stats["seconds"] - g0["seconds"]
         metrics["perf/gen_tokens"] = float(self.generator.stats["tokens"] - g0["tokens"])
-        return RolloutResult(episodes, metrics)
+        return RolloutResult(episodes, metrics, train_episodes=kept)
+
+    def _play(self, tasks: list[TaskSpec], sampling: SamplingParams, traj_id_start: int,
+              loop: asyncio.AbstractEventLoop) -> list[Episode]:
+        """``n_samples_per_prompt`` episodes of every task (trajectory ids from ``traj_id_start``)."""
+        cfg = self.cfg
+        with self.actor.generation_context():
+            return loop.run_until_complete(run_episodes(
+                tasks, env_pool=self.envs.pool, generate=_CountingGenerate(self.generator, self.progress.advance),
+                tokenizer=self.actor.tokenizer,
+                env_name=cfg.env.name, n_samples_per_task=cfg.rollout.n_samples_per_prompt, sampling=sampling,
+                max_steps=cfg.env.max_steps, history_length=cfg.env.history_length,
+                max_prompt_tokens=cfg.rollout.max_prompt_tokens, invalid_penalty=cfg.env.invalid_penalty,
+                traj_id_start=traj_id_start,
+                on_episode_end=lambda ep: self.progress.advance(cfg.env.max_steps - len(ep.steps)),
+            ))
+
+    def _keep_signal(self, episodes: list[Episode], stats: DynamicSamplingStats, want: int | None = None) -> list[Episode]:
+        """The groups of ``episodes`` with a return signal (at most ``want``); counts drawn and dropped groups."""
+        kept, kept_uids, no_signal = keep_signal_groups(episodes, self.cfg.rollout.batch_size if want is None else want)
+        stats.drawn_groups += len({ep.uid for ep in episodes})
+        stats.dropped_groups += no_signal
+        return kept
 
     def advantages(self, episodes: list[Episode]) -> tuple[list[TrainSample], dict[str, float]]:
         """Stage 2: one ``StepBatch`` row per step -> the configured estimator -> one sample per step."""
@@ -315,18 +374,54 @@ class Trainer:
         metrics["perf/encoder_s"] = self.encoder.seconds - enc0
         return samples, metrics
 
+    def skip_reason(self, samples: list[TrainSample]) -> str | None:
+        """Why the update of ``samples`` would change nothing (so it is skipped), or None.
+
+        An update moves the policy only through a non-zero loss gradient or the optimizer's own
+        terms. With every advantage exactly 0 the policy-gradient term is exactly 0; the KL term is
+        0 with its gradient when the KL is off or the policy still equals the reference; the entropy
+        bonus and AdamW's weight decay would still move it, so with either on nothing is skipped.
+        (A skipped update also skips AdamW's momentum step: zero gradients would still move the
+        weights by the moments of earlier steps.)
+        """
+        if not samples:
+            return "no training samples"
+        u = self.update_cfg
+        if any(s.advantage != 0.0 for s in samples) or u.entropy_coef > 0 or self.actor.cfg.weight_decay > 0:
+            return None
+        if u.kl_coef == 0:
+            return "every advantage is 0 and the KL term is off"
+        if self.policy_is_reference:
+            return "every advantage is 0 and the policy equals the reference"
+        return None
+
     def update(self, samples: list[TrainSample]) -> dict[str, float]:
-        """Stage 3: recompute behaviour/reference log-probs, then PPO epochs through DeepSpeed."""
+        """Stage 3: recompute behaviour/reference log-probs, then PPO epochs through DeepSpeed.
+
+        Skipped (``loss/update_skipped`` = 1, no forward pass at all) when :meth:`skip_reason` finds
+        that it could not change the policy.
+        """
+        reason = self.skip_reason(samples)
+        if reason is not None:
+            logger.info("update skipped: %s", reason)
+            self.last_samples = samples
+            return {"loss/update_skipped": 1.0, "loss/optimizer_steps": 0.0, "perf/logprobs_s": 0.0}
         t0 = time.perf_counter()
-        samples = prepare(self.actor, samples, self.update_cfg)
+        samples = prepare(self.actor, samples, self.update_cfg, policy_is_reference=self.policy_is_reference)
         t1 = time.perf_counter()
-        metrics = ppo_update(self.actor, samples, self.update_cfg, self.rng, on_micro_batch=self.progress.advance)
+        metrics = ppo_update(self.actor, samples, self.update_cfg, self.rng, on_micro_batch=self.progress.advance,
+                             ref_follows_old=self.policy_is_reference)
+        metrics["perf/logprobs_s"] += t1 - t0
+        metrics["loss/update_skipped"] = 0.0
+        if metrics.get("loss/optimizer_steps", 0.0) > 0:
+            self.policy_is_reference = False
         self.last_samples = samples
         sync = getattr(self.generator, "load_weights", None)  # engines holding their own weight copy (vLLM)
         if sync is not None:
+            from progpo.run.lora import iter_merged  # an engine's model has no adapter: merged weights
+
             with self.actor.generation_context():
-                sync(list(self.actor.model.named_parameters()))
-        metrics["perf/logprobs_s"] = t1 - t0
+                sync(list(iter_merged(self.actor.model, parameters_only=True)))
         return metrics
 
     def log(self, it: int, metrics: dict[str, float]) -> None:
@@ -341,5 +436,6 @@ class Trainer:
         cfg = self.cfg
         if it % cfg.ckpt.save_steps and it != cfg.train.num_iterations:
             return None
-        state = {"sampler": self.sampler.state_dict(), "seed": cfg.train.seed}
+        state = {"sampler": self.sampler.state_dict(), "seed": cfg.train.seed,
+                 "policy_is_reference": self.policy_is_reference}
         return self.ckpt.save(self.actor, it, state, self.rng)

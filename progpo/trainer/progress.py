@@ -29,6 +29,25 @@ def write(line: str) -> None:
     sys.stdout.flush()
 
 
+class TqdmWriter:
+    """A text stream whose lines go through :func:`write` (above any active progress bar)."""
+
+    def __init__(self) -> None:
+        self._buf = ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            write(line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._buf:
+            write(self._buf)
+            self._buf = ""
+
+
 class RunProgress:
     """Progress of a training run (a no-op object when ``enabled`` is False).
 

@@ -28,8 +28,9 @@ class TrainSample:
         prompt_ids: ``[P]`` prompt tokens (masked out of the loss).
         response_ids: ``[R]`` action tokens (the loss is on these only).
         advantage: the step's advantage (broadcast to its ``R`` tokens).
-        old_logprobs: ``[R]`` behaviour log-probs (recomputed by the actor before the update).
-        ref_logprobs: ``[R]`` reference log-probs, or None without a KL term.
+        old_logprobs: ``[R]`` behaviour log-probs of the update (None until :func:`prepare` or, for the
+            samples of the first optimizer step, :func:`ppo_update` fills them).
+        ref_logprobs: ``[R]`` reference log-probs, or None without a KL term (or until filled).
     """
 
     prompt_ids: list[int]
@@ -87,15 +88,46 @@ class UpdateConfig:
             raise ValueError(f"--actor.entropy_coef must be >= 0, got {self.entropy_coef}")
 
 
-def prepare(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig) -> list[TrainSample]:
-    """Canonical order, then fill ``old_logprobs`` (actor) and ``ref_logprobs`` (reference, if KL)."""
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a training-mode forward of ``model`` is random: a dropout layer with ``p > 0`` (LoRA's
+    ``--ds.lora.dropout`` included) or a config ``attention_dropout`` / ``hidden_dropout`` > 0."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    configs = [getattr(m, "config", None) for m in model.modules()]
+    return any(float(getattr(c, k, 0.0) or 0.0) > 0 for c in configs if c is not None
+               for k in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop"))
+
+
+def prepare(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, *, defer_behaviour: bool = True,
+            policy_is_reference: bool = False) -> list[TrainSample]:
+    """Canonical order, then the log-probs the loss compares with: ``old_logprobs`` and, with a KL term,
+    ``ref_logprobs``.
+
+    Args:
+        actor: the policy. samples: the step samples. cfg: the update settings (temperature, KL).
+        defer_behaviour: leave ``old_logprobs`` to :func:`ppo_update`, which computes them only for
+            the samples after its first optimizer step and takes the others from that step's own forward
+            pass (before any step they *are* the current policy's log-probs: one forward pass of
+            ``batch_size`` samples saved, exactly). False, or a model with active dropout (its training
+            forward pass is not the behaviour policy's): computed here for every sample.
+        policy_is_reference: the policy still equals the KL reference, so ``ref_logprobs`` are the
+            behaviour log-probs (no reference pass; filled with them, here or in :func:`ppo_update`).
+    """
     samples = sorted(samples, key=TrainSample.key)
+    for s in samples:
+        s.old_logprobs = s.ref_logprobs = None
     pairs = [(s.prompt_ids, s.response_ids) for s in samples]
-    old = actor.logprobs(pairs, cfg.temperature)
-    ref = actor.logprobs(pairs, cfg.temperature, reference=True) if cfg.kl_coef > 0 and actor.ref is not None else None
-    for k, s in enumerate(samples):
-        s.old_logprobs = old[k]
-        s.ref_logprobs = None if ref is None else ref[k]
+    if not defer_behaviour or has_dropout(actor.model):  # a training forward with dropout is not the behaviour policy
+        defer_behaviour = False
+        for s, lp in zip(samples, actor.logprobs(pairs, cfg.temperature)):
+            s.old_logprobs = lp
+    if cfg.kl_coef > 0 and actor.has_reference:
+        if policy_is_reference:
+            for s in samples:
+                s.ref_logprobs = s.old_logprobs  # None when deferred: ppo_update copies them when known
+        else:
+            for s, lp in zip(samples, actor.logprobs(pairs, cfg.temperature, reference=True)):
+                s.ref_logprobs = lp
     return samples
 
 
@@ -107,7 +139,8 @@ def _micro_tensors(chunk: list[TrainSample], pad_id: int) -> dict[str, torch.Ten
     adv = torch.zeros(shape)
     for k, s in enumerate(chunk):
         a, b = len(s.prompt_ids), len(s.prompt_ids) + len(s.response_ids)
-        old[k, a:b] = s.old_logprobs.cpu()
+        if s.old_logprobs is not None:
+            old[k, a:b] = s.old_logprobs.cpu()
         if s.ref_logprobs is not None:
             ref[k, a:b] = s.ref_logprobs.cpu()
         adv[k, a:b] = float(s.advantage)
@@ -123,26 +156,50 @@ def num_micro_batches(n_samples: int, cfg: UpdateConfig, micro_batch_size: int) 
 
 
 def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng: np.random.Generator,
-               on_micro_batch: Callable[[], None] | None = None) -> dict[str, float]:
+               on_micro_batch: Callable[[], None] | None = None, *, ref_follows_old: bool = False) -> dict[str, float]:
     """Run ``cfg.epochs`` PPO epochs over ``samples`` (already ``prepare``d).
+
+    Behaviour log-probs that :func:`prepare` deferred (``old_logprobs`` None): before the first optimizer
+    step the policy is the behaviour policy, so the samples of the first mini-batch take them from their
+    own forward pass (detached; the ratio is exactly 1 there), and the others are computed up front,
+    before that step. With ``ref_follows_old`` (the policy still equals the reference) the deferred
+    samples' ``ref_logprobs`` are the same values.
 
     Args:
         actor: the DeepSpeed actor. samples: the rollout's step samples.
         cfg: update settings. rng: the run's generator (shuffles the mini-batches).
         on_micro_batch: called after each micro-batch's backward pass (progress; see :func:`num_micro_batches`).
+        ref_follows_old: ``prepare(..., policy_is_reference=True)`` was used.
 
     Returns:
         Mean ``loss/*`` metrics over optimizer steps (policy, kl, entropy, clip_frac, ratio,
-        grad_norm, total) and ``loss/optimizer_steps``.
+        grad_norm, total), ``loss/optimizer_steps`` and ``perf/logprobs_s`` (seconds of the up-front
+        behaviour pass).
+
+    Raises:
+        RuntimeError: a sample without behaviour log-probs after the first optimizer step (a bug).
     """
+    import time
+
     engine = actor.engine
     engine.train()
-    use_ref = cfg.kl_coef > 0 and all(s.ref_logprobs is not None for s in samples)
+    use_ref = cfg.kl_coef > 0 and all(s.ref_logprobs is not None or (ref_follows_old and s.old_logprobs is None)
+                                      for s in samples)
     sums: dict[str, float] = defaultdict(float)
     n_steps = 0
     mb = actor.cfg.micro_batch_size
-    for _ in range(cfg.epochs):
+    logprobs_s = 0.0
+    for epoch in range(cfg.epochs):
         order = rng.permutation(len(samples))
+        if epoch == 0:  # behaviour log-probs of the samples after the first step, before it is taken
+            t0 = time.perf_counter()
+            later = [samples[i] for i in order[cfg.batch_size:] if samples[i].old_logprobs is None]
+            for s, lp in zip(later, actor.logprobs([(s.prompt_ids, s.response_ids) for s in later], cfg.temperature)
+                             if later else []):
+                s.old_logprobs = lp
+                if ref_follows_old:
+                    s.ref_logprobs = lp
+            logprobs_s = time.perf_counter() - t0
         for start in range(0, len(order), cfg.batch_size):
             mini = [samples[i] for i in order[start:start + cfg.batch_size]]
             num_tokens = float(sum(len(s.response_ids) for s in mini))
@@ -155,6 +212,16 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
                 lp, ent = sequence_logprobs(engine, t["input_ids"], t["attention_mask"], cfg.temperature,
                                             with_entropy=cfg.entropy_coef > 0,
                                             start=min(len(s.prompt_ids) for s in chunk))
+                for k, s in enumerate(chunk):  # deferred behaviour log-probs: this very forward pass
+                    if s.old_logprobs is None:
+                        if n_steps:
+                            raise RuntimeError("a sample reached a later optimizer step without behaviour log-probs")
+                        a, b = len(s.prompt_ids), len(s.prompt_ids) + len(s.response_ids)
+                        s.old_logprobs = lp[k, a:b].detach().float().cpu()
+                        t["old"][k, a:b] = lp[k, a:b].detach()
+                        if ref_follows_old:
+                            s.ref_logprobs = s.old_logprobs
+                            t["ref"][k, a:b] = lp[k, a:b].detach()
                 terms = ppo_kl_loss(lp, t["old"], t["adv"], t["action_mask"], num_tokens,
                                     ref_logprobs=t["ref"] if use_ref else None, kl_coef=cfg.kl_coef,
                                     entropy=ent, entropy_coef=cfg.entropy_coef,
@@ -172,4 +239,5 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
                 sums["grad_norm"] += float(norm)
     out = {f"loss/{k if k != 'loss' else 'total'}": v / max(n_steps, 1) for k, v in sums.items()}
     out["loss/optimizer_steps"] = float(n_steps)
+    out["perf/logprobs_s"] = logprobs_s
     return out

@@ -96,6 +96,9 @@ def test_install_names_a_python_that_does_not_run(tmp_path):
     ("HISTORY_LENGTH", "-1", "HISTORY_LENGTH must be an integer >= 0, got '-1'"),
     ("SFT_LR", "-1e-5", "SFT_LR must be a number > 0, got '-1e-5'"),
     ("RL_LR", "0.0", "RL_LR must be a number > 0, got '0.0'"),
+    ("RL_ROLLOUTS", "1", "RL_ROLLOUTS must be an integer >= 2, got '1'"),
+    ("RL_OFFSET", "-3", "RL_OFFSET must be an integer >= 0, got '-3'"),
+    ("DYNAMIC_SAMPLING", "yes", "DYNAMIC_SAMPLING must be true or false, got 'yes'"),
     ("OUT", "{file}", "OUT must be a folder, got the file '{file}'"),
 ])
 def test_learning_script_rejects_a_bad_setting_before_installing(tmp_path, name, value, says):

@@ -151,5 +151,5 @@ def test_evaluate_stops_its_webshop_server_on_sigterm(tmp_path, tiny_model):
 def test_metrics_line_shows_cut_responses():
     from progpo.run.metrics import format_metrics
 
-    line = format_metrics(3, {"rollout/invalid_format_frac": 0.5, "rollout/truncated_response_frac": 0.25})
-    assert line == "iter 3 invalid=0.50 cut=0.25"
+    line = format_metrics(3, {"rollout/invalid_format_frac": 0.2, "rollout/truncated_response_frac": 0.25})
+    assert line == "iter 3 valid=0.80 cut=0.25"  # the valid-format share, 1 - invalid

@@ -73,3 +73,22 @@ def test_report_on_a_file_says_it_is_not_a_folder(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert learning_report.main([str(tmp_path / "f")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_report_judges_the_rl_tasks_against_the_start_interval(tmp_path, capsys):
+    out = tmp_path / "learn"
+    out.mkdir()
+    before = [0.0, 0.25, 0.5, 0.25, 0.0, 0.5]  # mean 0.25, 95% interval up to ~0.42
+    (out / "eval_sft_rltasks.json").write_text(json.dumps(_eval(10, 10, before, 0)))
+    (out / "eval_rl_rltasks.json").write_text(json.dumps(_eval(10, 10, [0.5, 0.5, 0.25, 0.5, 0.5, 0.5], 0)))
+    assert learning_report.main([str(out)]) == 0
+    figures = json.loads((out / "learning.json").read_text())
+    v = figures["verdict"]
+    assert v["before"] == pytest.approx(0.25) and v["after"] == pytest.approx(0.4583333)
+    assert v["before_high"] == pytest.approx(mean_interval(before)["high"]) and v["above_start_interval"]
+    text = capsys.readouterr().out
+    assert "| RL tasks | before RL (SFT) | 6 | 1.000 [" in text and "above the start's interval" in text
+    (out / "eval_rl_rltasks.json").write_text(json.dumps(_eval(10, 10, [0.25, 0.5, 0.25, 0.5, 0.25, 0.5], 0)))
+    assert learning_report.main([str(out)]) == 0
+    assert not json.loads((out / "learning.json").read_text())["verdict"]["above_start_interval"]
+    assert "not above the start's interval" in capsys.readouterr().out
