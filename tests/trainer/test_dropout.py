@@ -56,7 +56,7 @@ def test_ppo_iterations_see_ratio_one_and_zero_kl(dropout_model):
         samples = [TrainSample(p, g.token_ids, advantage=1.0 if k % 2 else -1.0) for k, (p, g) in
                    enumerate(zip(prompts, gens))]
         behaviour = {tuple(p + g.token_ids): g.logprobs for p, g in zip(prompts, gens)}
-        samples = prepare(actor, samples, cfg)
+        samples = prepare(actor, samples, cfg, defer_behaviour=False)  # the behaviour pass, to compare it
         for s in samples:  # rollout log-probs == old log-probs (both passes deterministic)
             np.testing.assert_allclose(s.old_logprobs.numpy(), behaviour[tuple(s.prompt_ids + s.response_ids)],
                                        atol=2e-5)
