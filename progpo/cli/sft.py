@@ -1,6 +1,7 @@
 """``python -m progpo.cli.sft [FLAGS]``: behaviour-cloning warm start on expert trajectories.
 
-1. plays ``--sft.num_tasks`` tasks of ``--env.train_split`` (seeded random order) with the env's
+1. plays ``--sft.num_tasks`` tasks of ``--env.train_split`` (seeded random order; with ``--env.num_tasks``
+   from the range ``--env.task_offset ..`` only, repeating it when ``--sft.num_tasks`` is larger) with the env's
    expert (``progpo.agents.experts``: WebShop's scripted expert, ALFWorld's walkthroughs) through the
    RL episode loop, with the RL run's template, ``--env.history_length`` and context guard
    (``--rollout.max_prompt_tokens``): pass the values the later ``train`` run will use;
@@ -54,7 +55,8 @@ class SFTArgs:
     """The flags of ``python -m progpo.cli.sft`` (names and meanings shared with ``train``)."""
 
     env: EnvSettings = field(default_factory=lambda: EnvSettings(pool="local"), metadata={
-        "flags": ("name", "max_steps", "history_length", "invalid_penalty", "data_dir", "url", "train_split")})
+        "flags": ("name", "max_steps", "history_length", "invalid_penalty", "data_dir", "url", "train_split",
+                  "num_tasks", "task_offset")})
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(max_prompt_tokens=2048),
                                      metadata={"flags": ("max_prompt_tokens", "max_new_tokens")})
     actor: ActorSettings = field(default_factory=lambda: ActorSettings(adam=AdamSettings(lr=1e-5)), metadata={
@@ -102,7 +104,9 @@ def _actor_config(args: SFTArgs):
 
 def collect(env, tokenizer, *, num_tasks: int, seed: int, max_prompt_tokens: int, max_new_tokens: int,
             progress: bool = True):
-    """Play ``num_tasks`` expert episodes (seeded random train tasks). Returns ``(episodes, tasks_in_split)``."""
+    """Play ``num_tasks`` expert episodes: seeded random tasks of the train split, drawn from the range
+    ``--env.task_offset .. + --env.num_tasks`` as ``train`` draws them (each task once per pass over the range).
+    Returns ``(episodes, tasks_in_split)``."""
     from tqdm.auto import tqdm
 
     from progpo.agents.episode import TaskSpec
@@ -112,7 +116,8 @@ def collect(env, tokenizer, *, num_tasks: int, seed: int, max_prompt_tokens: int
 
     with open_env_pool(env, max_envs=8) as handle:
         total = handle.num_tasks(env.train_split)
-        ids = TaskSampler(total, seed).next(min(num_tasks, total))
+        sampler = TaskSampler(total, seed, offset=env.task_offset, count=env.num_tasks)
+        ids = sampler.next(min(num_tasks, total) if env.num_tasks is None else num_tasks)
         bar = tqdm(total=len(ids), desc="expert episodes", unit="ep", disable=not progress, file=sys.stderr)
         try:
             episodes = asyncio.run(expert_episodes(
