@@ -141,7 +141,7 @@ class CheckpointManager:
     def load(actor, path: Path, generator: np.random.Generator) -> dict[str, Any]:
         """Load engine (module + optimizer) and RNG states from ``path``; returns the trainer state."""
         load_path, _ = actor.engine.load_checkpoint(str(path / "ds"), tag="state", load_optimizer_states=True,
-                                                    load_lr_scheduler_states=False)
+                                                    load_lr_scheduler_states=actor.engine.lr_scheduler is not None)
         if load_path is None:
             raise FileNotFoundError(f"DeepSpeed state missing or unreadable in {path / 'ds'}")
         restore_rng(torch.load(path / "rng.pt", weights_only=False), generator)
