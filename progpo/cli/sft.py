@@ -1,6 +1,7 @@
 """``python -m progpo.cli.sft [FLAGS]``: behaviour-cloning warm start on expert trajectories.
 
-1. plays ``--sft.num_tasks`` tasks of ``--env.train_split`` (seeded random order) with the env's
+1. plays ``--sft.num_tasks`` tasks of ``--env.train_split`` (seeded random order; with ``--env.num_tasks``
+   from the range ``--env.task_offset ..`` only, repeating it when ``--sft.num_tasks`` is larger) with the env's
    expert (``progpo.agents.experts``: WebShop's scripted expert, ALFWorld's walkthroughs) through the
    RL episode loop, with the RL run's template, ``--env.history_length`` and context guard
    (``--rollout.max_prompt_tokens``): pass the values the later ``train`` run will use;

@@ -160,7 +160,7 @@ class CheckpointManager:
         from progpo.run.lora import is_lora
 
         load_path, _ = actor.engine.load_checkpoint(str(path / "ds"), tag="state", load_optimizer_states=True,
-                                                    load_lr_scheduler_states=False,
+                                                    load_lr_scheduler_states=actor.engine.lr_scheduler is not None,
                                                     load_module_strict=not is_lora(actor.model))
         if load_path is None:
             raise FileNotFoundError(f"DeepSpeed state missing or unreadable in {path / 'ds'}")

@@ -39,6 +39,31 @@ def rate_interval(wins: int, n: int, confidence: float = 0.95) -> dict[str, floa
     return {"rate": wins / n if n else math.nan, "low": low, "high": high, "n": n, "wins": wins}
 
 
+def rate_difference_interval(wins_a: int, n_a: int, wins_b: int, n_b: int,
+                             confidence: float = 0.95) -> dict[str, float]:
+    """``{"diff", "low", "high"}``: the difference of two success rates ``wins_a/n_a - wins_b/n_b`` with
+    Newcombe's hybrid score interval (Newcombe 1998, "Interval estimation for the difference between
+    independent proportions", method 10), built from the two Wilson intervals ``(l_a, u_a)``, ``(l_b, u_b)``:
+
+        low  = d - sqrt((p_a - l_a)^2 + (u_b - p_b)^2)
+        high = d + sqrt((u_a - p_a)^2 + (p_b - l_b)^2)
+
+    Episodes are the independent units (on a fixed set of tasks the per-task mix only lowers the variance).
+
+    Raises:
+        ValueError: ``n_a`` or ``n_b`` < 1, or wins outside ``[0, n]``.
+    """
+    for wins, n, name in ((wins_a, n_a, "a"), (wins_b, n_b, "b")):
+        if n < 1 or not 0 <= wins <= n:
+            raise ValueError(f"rate {name}: need 0 <= wins <= n and n >= 1, got wins={wins}, n={n}")
+    pa, pb = wins_a / n_a, wins_b / n_b
+    la, ua = wilson_interval(wins_a, n_a, confidence)
+    lb, ub = wilson_interval(wins_b, n_b, confidence)
+    d = pa - pb
+    return {"diff": d, "low": d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2),
+            "high": d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)}
+
+
 def alfworld_summary(episodes: list[Episode]) -> dict[str, Any]:
     """ALFWorld's spec ``summary``: success per task type with Wilson 95% intervals."""
     by_type = success_by_task_type([str(ep.info.get("task_type")) for ep in episodes], [ep.won for ep in episodes])

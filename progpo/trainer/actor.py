@@ -29,6 +29,10 @@ from progpo.trainer.ppo import entropy_from_logits
 logger = logging.getLogger(__name__)
 
 
+#: transformers schedules that need more than a warmup and a length (not offered).
+_NEEDS_OTHER_ARGS = frozenset({"reduce_lr_on_plateau", "greedy", "warmup_stable_decay"})
+
+
 @dataclass(frozen=True)
 class ActorConfig:
     """Optimisation settings of the actor.
@@ -48,6 +52,14 @@ class ActorConfig:
         lora_rank, lora_alpha, lora_target_modules, lora_dropout: a LoRA adapter through peft
             (``--ds.lora.*``; rank 0 = none, every weight trained; ``progpo.run.lora``).
         seed: seeds the adapter's random start (``--train.seed``).
+        lr_scheduler: a ``transformers.get_scheduler`` name (``--actor.lr_scheduler``), stepped once
+            per optimizer step, as OpenRLHF's DeepSpeed strategy does.
+        lr_warmup_ratio: fraction of ``scheduler_steps`` spent warming up linearly from lr 0
+            (``--actor.lr_warmup_ratio``; ``ceil(ratio * scheduler_steps)`` steps, as OpenRLHF).
+        min_lr_ratio: floor of the cosine-with-min-lr schedules as a fraction of ``lr``
+            (``--actor.min_lr_ratio``; ignored by the other schedules).
+        scheduler_steps: length of the schedule in optimizer steps (the trainer passes the most a
+            run can take); needed by every schedule but ``constant``.
     """
 
     pretrain: str
@@ -65,8 +77,26 @@ class ActorConfig:
     lora_target_modules: tuple[str, ...] = ("all-linear",)
     lora_dropout: float = 0.0
     seed: int = 42
+    lr_scheduler: str = "constant"
+    lr_warmup_ratio: float = 0.0
+    min_lr_ratio: float = 0.1
+    scheduler_steps: int | None = None
 
     def __post_init__(self) -> None:
+        from transformers import SchedulerType  # imported here: transformers is slow to import
+
+        names = [t.value for t in SchedulerType if t.value not in _NEEDS_OTHER_ARGS]
+        if self.lr_scheduler not in names:
+            raise ValueError(f"--actor.lr_scheduler must be one of {', '.join(names)}, got {self.lr_scheduler!r}")
+        if not 0 <= self.lr_warmup_ratio <= 1:
+            raise ValueError(f"--actor.lr_warmup_ratio must be in [0, 1], got {self.lr_warmup_ratio}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"--actor.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.scheduler_steps is not None and self.scheduler_steps < 1:
+            raise ValueError(f"scheduler_steps must be >= 1, got {self.scheduler_steps}")
+        if self.scheduler_steps is None and (self.lr_scheduler != "constant" or self.lr_warmup_ratio > 0):
+            raise ValueError(f"--actor.lr_scheduler {self.lr_scheduler} with --actor.lr_warmup_ratio "
+                             f"{self.lr_warmup_ratio} needs the schedule's length (scheduler_steps)")
         if not self.lr > 0:
             raise ValueError(f"--actor.adam.lr must be > 0, got {self.lr}")
         if self.zero_stage not in (0, 1, 2, 3):
@@ -110,6 +140,31 @@ def init_single_process_distributed() -> float:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     deepspeed.init_distributed(dist_backend=backend)
     return time.perf_counter() - t0
+
+
+def lr_scheduler(cfg: ActorConfig, optimizer: torch.optim.Optimizer):
+    """The learning-rate schedule of ``optimizer``, built as OpenRLHF 0.11.2's DeepSpeed strategy builds it.
+
+    ``transformers.get_scheduler(cfg.lr_scheduler, num_warmup_steps=ceil(scheduler_steps *
+    lr_warmup_ratio), num_training_steps=scheduler_steps)``, with ``min_lr_rate=min_lr_ratio`` for the
+    two cosine-with-min-lr schedules. With warmup the lr of optimizer step ``k`` (0-based) is
+    ``lr * k / warmup`` for ``k < warmup`` (so the first step has lr 0, as in OpenRLHF).
+
+    Returns:
+        A ``torch.optim.lr_scheduler.LambdaLR``, or None for ``constant`` without warmup (the
+        optimizer's lr is then never changed).
+    """
+    import math
+
+    from transformers import get_scheduler
+
+    if cfg.lr_scheduler == "constant" and cfg.lr_warmup_ratio == 0:
+        return None
+    kwargs = {"min_lr_rate": cfg.min_lr_ratio} if cfg.lr_scheduler in {"cosine_with_min_lr",
+                                                                         "cosine_warmup_with_min_lr"} else {}
+    return get_scheduler(cfg.lr_scheduler, optimizer,
+                         num_warmup_steps=math.ceil(cfg.scheduler_steps * cfg.lr_warmup_ratio),
+                         num_training_steps=cfg.scheduler_steps, scheduler_specific_kwargs=kwargs)
 
 
 def ds_config(cfg: ActorConfig) -> dict:
@@ -183,6 +238,7 @@ class Actor:
         engine: the ``DeepSpeedEngine`` (``engine.module`` is the HF model, or its peft wrapper with LoRA).
         ref: the frozen reference model (eval mode, no grad), or None (no KL term, or LoRA: the
             reference is ``engine.module`` with its adapter disabled, see :attr:`has_reference`).
+        scheduler: the learning-rate schedule DeepSpeed steps after each optimizer step, or None.
         tokenizer: the model's tokenizer.
         init_seconds: wall time of ``deepspeed.initialize`` (incl. distributed init).
     """
@@ -216,7 +272,8 @@ class Actor:
             self.ref.requires_grad_(False)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optim = torch.optim.AdamW(trainable, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optim, config=ds_config(cfg))
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model, optimizer=optim, lr_scheduler=lr_scheduler(cfg, optim), config=ds_config(cfg))
         self.device = self.engine.device
         if self.ref is not None:
             self.ref.to(self.device)

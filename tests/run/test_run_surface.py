@@ -125,7 +125,8 @@ def test_runtime_configs_keep_the_settings_defaults():
     from progpo.trainer.update import UpdateConfig
 
     cfg = TrainConfig()
-    assert dataclasses.replace(cfg.actor_config(), pretrain="x") == ActorConfig(pretrain="x")
+    # the schedule's length is derived from the run's size, not a default
+    assert dataclasses.replace(cfg.actor_config(), pretrain="x", scheduler_steps=None) == ActorConfig(pretrain="x")
     assert cfg.update_config() == UpdateConfig()
 
 

@@ -186,3 +186,24 @@ def test_sft_cli_refuses_a_save_path_with_an_earlier_runs_records(tmp_path, caps
     assert f"--ckpt.path {save} holds metrics.jsonl of an earlier run" in captured.err
     assert "expert: won" not in captured.out
     assert (save / "metrics.jsonl").read_text() == '{"iteration": 1, "loss/sft_nll": 2.0}\n'
+
+
+def test_sft_collect_draws_only_the_task_range_each_task_once_per_pass(tiny_model):
+    """``--env.task_offset 5 --env.num_tasks 3``: 7 expert episodes cover tasks 5, 6, 7 (each once in
+    every pass of 3, as ``train`` draws them), none outside the range."""
+    from transformers import AutoTokenizer
+
+    from progpo.cli import sft
+    from progpo.run.env_setup import open_env_pool
+    from progpo.trainer.warm_start import collect
+
+    args = sft.parse(["--env.name", "alfworld_like", "--env.max_steps", "12", "--env.task_offset", "5",
+                      "--env.num_tasks", "3", "--actor.model_name_or_path", "tiny"])
+    env = args.env.resolved(pool="local")
+    with open_env_pool(env, max_envs=8) as handle:
+        episodes, total = collect(env, AutoTokenizer.from_pretrained(tiny_model), handle, num_tasks=7, seed=0,
+                                  max_prompt_tokens=2048, max_new_tokens=48, progress=False)
+    ids = [ep.task_index for ep in episodes]
+    assert total == 1_000_000 and len(ids) == 7
+    assert sorted(ids[:3]) == sorted(ids[3:6]) == [5, 6, 7] and ids[6] in (5, 6, 7)
+    assert all(ep.won for ep in episodes)
