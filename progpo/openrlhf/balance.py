@@ -31,6 +31,8 @@ padding only, so no window's token count is 0.
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -41,15 +43,17 @@ PAD_LENGTH = 2
 
 
 def data_parallel_ranks(args: Any) -> tuple[int, int]:
-    """``(policy ranks, forward ranks)`` of OpenRLHF's nested ``args``.
+    """``(policy ranks, forward ranks)`` of OpenRLHF's settings: its nested ``args`` (``args.ds.ring_attn_size``)
+    or the flat flag mapping ``train_ray`` folds before OpenRLHF sees it (``ns["ds.ring_attn_size"]``).
 
     Policy ranks: the policy group's data-parallel size (``num_nodes x num_gpus_per_node`` over ring
     attention and tensor parallel sizes). Forward ranks: the least common multiple of that and the
     reference group's size (when a reference model runs, ``--algo.kl.init_coef > 0``).
     """
-    dup = args.ds.ring_attn_size * args.ds.tensor_parallel_size
-    actor = args.actor.num_nodes * args.actor.num_gpus_per_node // dup
-    ref = args.ref.num_nodes * args.ref.num_gpus_per_node // dup if args.algo.kl.init_coef > 0 else 1
+    get = args.__getitem__ if isinstance(args, Mapping) else (lambda key: operator.attrgetter(key)(args))
+    dup = get("ds.ring_attn_size") * get("ds.tensor_parallel_size")
+    actor = get("actor.num_nodes") * get("actor.num_gpus_per_node") // dup
+    ref = get("ref.num_nodes") * get("ref.num_gpus_per_node") // dup if get("algo.kl.init_coef") > 0 else 1
     return actor, math.lcm(actor, ref)
 
 

@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import re
 from collections.abc import Iterable
@@ -242,15 +241,13 @@ def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
     Raises:
         FlagError: naming the first flag that breaks one of these.
     """
-    from progpo.openrlhf.balance import check_batch_arithmetic
+    from progpo.openrlhf.balance import check_batch_arithmetic, data_parallel_ranks
 
-    dup = ns["ds.ring_attn_size"] * ns["ds.tensor_parallel_size"]
-    actor = ns["actor.num_nodes"] * ns["actor.num_gpus_per_node"] // dup
-    ref = ns["ref.num_nodes"] * ns["ref.num_gpus_per_node"] // dup if ns["algo.kl.init_coef"] > 0 else 1
+    actor, forward = data_parallel_ranks(ns)
     try:
         check_batch_arithmetic(train_batch=ns["train.batch_size"], train_micro=ns["train.micro_batch_size"],
                                rollout_micro=ns["rollout.micro_batch_size"], actor_ranks=actor,
-                               forward_ranks=math.lcm(actor, ref))
+                               forward_ranks=forward)
     except ValueError as exc:
         flag = re.match(r"(--[\w.]+)", str(exc))
         raise FlagError(flag.group(1) if flag else "--train.batch_size", str(exc)) from exc
