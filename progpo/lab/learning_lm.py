@@ -344,7 +344,8 @@ def run(args: argparse.Namespace) -> str:
                 + "\n\n" + detail_table(final, best))
             report.plot_curves({n: [(r.steps, r.success) for r in runs] for n, runs in final.items()},
                                Path(args.out) / f"learning-lm-{env}.png",
-                               f"{env} (fresh tasks), transformer policy, {args.tasks} tasks x {args.rollouts}, "
+                               f"{env} ({'fresh tasks' if args.pool == 0 else f'pool of {args.pool} tasks'}), "
+                               f"transformer policy, {args.tasks} tasks x {args.rollouts}, "
                                f"{args.seeds} seeds, best lr each")
     if args.pool == 0:
         regime = f"**fresh** tasks: {args.tasks} new train-split tasks per iteration"

@@ -55,7 +55,7 @@ def test_main_prints_one_line_on_bad_flags(capsys):
 @pytest.mark.slow
 def test_the_pipeline_runs_at_toy_size(tmp_path, capsys):
     out = tmp_path / "bench"
-    argv = ["--envs", "alfworld_like", "--estimators", "grpo,progpo", "--lr-sweep", "1e-3,2e-3", "--seeds", "2",
+    argv = ["--envs", "alfworld_like", "--estimators", "grpo,progpo", "--lr-sweep", "1e-3", "--seeds", "2",
             "--iterations", "2", "--tasks", "2", "--rollouts", "2", "--pool", "2", "--max-steps", "8",
             "--sft-tasks", "8", "--sft-epochs", "1", "--workers", "1", "--out", str(out)]
     assert learning_lm.main(argv) == 0
