@@ -80,6 +80,7 @@ class LMRunResult(RunResult):
     invalid: np.ndarray = field(default_factory=lambda: np.zeros(0))
     env_invalid: np.ndarray = field(default_factory=lambda: np.zeros(0))
     wall_s: float = 0.0
+    resumed: bool = False  #: read back from the run folder of an earlier invocation with the same flags
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -229,7 +230,7 @@ def rl_job(job: tuple) -> LMRunResult:
     done, flags_path = Path(run_dir) / "result.pkl", Path(run_dir) / "bench_flags.json"
     if done.exists() and flags_path.exists() and json.loads(flags_path.read_text()) == flags:
         with open(done, "rb") as fh:
-            return pickle.load(fh)
+            return dataclasses.replace(pickle.load(fh), resumed=True)
     c0, w0 = time.process_time(), time.perf_counter()
     if Path(run_dir).exists():
         shutil.rmtree(run_dir)
@@ -279,8 +280,11 @@ def _settings(args: argparse.Namespace) -> dict:
 
 
 def _cost(label: str, runs: list[LMRunResult], wall: float) -> str:
-    cpu = sum(r.cpu_s for r in runs)
-    return f"{label}: {len(runs)} runs, {wall:.0f} s wall, {cpu:.0f} s CPU ({cpu / max(len(runs), 1):.0f} s per run)"
+    cpu, wall_runs = sum(r.cpu_s for r in runs), sum(r.wall_s for r in runs)
+    n_old = sum(bool(getattr(r, "resumed", False)) for r in runs)
+    old = f", {n_old} of them read back from an earlier invocation" if n_old else ""
+    return (f"{label}: {len(runs)} runs{old}, {wall:.0f} s wall now, {cpu:.0f} s CPU and {wall_runs:.0f} s wall in "
+            f"the runs ({cpu / max(len(runs), 1):.0f} s CPU per run)")
 
 
 def detail_table(final: dict[str, list[LMRunResult]], lrs: dict[str, float]) -> str:
