@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "advantages": ("progpo.bench.advantages", "estimator speed on a realistic 6,400-step batch"),
     "fidelity": ("progpo.lab.fidelity", "credit-assignment fidelity vs exact truth (synthetic families, ALFWorld)"),
     "learning": ("progpo.lab.learning", "learning speed per estimator (lr sweep, censored stats, on-policy fidelity)"),
+    "learning-lm": ("progpo.lab.learning_lm", "the same with a transformer policy trained by the product's trainer"),
     "alfworld": ("progpo.bench.alfworld", "ALFWorld reset/step latency, Ray pool throughput"),
     "webshop": ("progpo.bench.webshop", "WebShop server start time, RSS, step latency"),
     "train": ("progpo.bench.train", "one training iteration's time split per estimator"),
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatch to the named benchmark; exit code 2 with the list of names on a bad name."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
-        lines = [f"  {name:<11} {desc}" for name, (_, desc) in BENCHMARKS.items()]
+        lines = [f"  {name:<12} {desc}" for name, (_, desc) in BENCHMARKS.items()]
         msg = "usage: python -m progpo.cli.bench NAME [ARGS...]\n\nbenchmarks:\n" + "\n".join(lines)
         if argv and argv[0] not in ("-h", "--help"):
             sys.stderr.write(f"unknown benchmark {argv[0]!r}\n{msg}\n")

@@ -1,0 +1,401 @@
+"""``python -m progpo.cli.bench learning-lm``: the learning benchmark with a transformer policy trained by the
+product's own trainer on the synthetic envs.
+
+Where ``python -m progpo.cli.bench learning`` trains a log-linear policy over hand-made features, this
+mode trains the small transformer policy of :mod:`progpo.run.agent_model` (``tiny-agent``: it reads the raw
+prompt text) with the local backend of ``python -m progpo.cli.train`` (:class:`progpo.trainer.loop.Trainer`:
+templates, sampling, action parsing, env protocol, estimators, PPO update), on the synthetic envs
+``alfworld_like`` and ``webshop_like`` (:mod:`progpo.envs.synthetic`). Per env:
+
+1. **warm start**: behaviour cloning from the env's expert (``progpo.cli.sft``, the product's SFT command,
+   run as a subprocess), once; every run starts from that checkpoint;
+2. **learning-rate sweep**: every row runs every rate of ``--lr-sweep`` on ``--sweep-seeds`` seeds of its
+   own (1000, 1001, ...) and keeps the rate with the fewest collapsed seeds, then the smallest restricted
+   mean env steps to ``--target`` (``progpo.lab.learning_report.pick_lr``);
+3. **final runs**: ``--seeds`` seeds (0..n-1) that took no part in the choice, each row at its rate.
+
+Tasks: ``--pool P`` training tasks (train-split tasks ``0..P-1``; the warm start clones the expert on them),
+``--tasks`` of them per iteration in the trainer's seeded order (every row sees the same tasks at one
+seed), ``--rollouts`` episodes each. The default ``P = --tasks = 2`` is the fixed-task regime: the
+policy is too small to generalise across the family (warm-started on 800 fresh tasks' expert episodes, it
+won 0 of 320 episodes on new tasks in 10 ProGPO iterations, 92% of its actions inadmissible; on a pool
+of 16 tasks it started at 0.13 and fell to 0). ``--pool 0`` draws fresh tasks from the whole split.
+
+Rows are the learning benchmark's (``ESTIMATOR [preset=NAME] [field=value ...]``,
+:func:`progpo.lab.learning.parse_rows`), handed to the trainer as ``train`` flags (:func:`row_flags`).
+Reported with the lab's statistics (:mod:`progpo.lab.survival`, :mod:`progpo.lab.learning_report`):
+censored steps to 50% and to ``--target``, the restricted-mean ratio to ``--reference`` with a bootstrap
+interval, final success (last 5 iterations) with 95% intervals over seeds, warm-start success (the first
+iteration), collapsed seeds (:func:`progpo.lab.survival.collapse`, the lab's rule), and the cost.
+
+No ``oracle`` row: the exact advantage of the transformer's own policy cannot be computed (see
+:data:`NO_ORACLE`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pickle
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from progpo.lab import learning_report as lr_report
+from progpo.lab import report
+from progpo.lab.fidelity_core import ORACLE_ROW, Variant, config_base, mean_ci
+from progpo.lab.learner import RunResult, RunSpec
+from progpo.lab.learning import SWEEP_SEED0, parse_rows
+from progpo.lab.survival import fmt_steps
+
+DEFAULT_ROWS = ("grpo", "gigpo", "hgpo", "progpo", "progpo preset=paper")
+
+NO_ORACLE = (
+    "no oracle row: the exact advantage of the transformer's own policy cannot be computed here. (1) Its policy "
+    "is over token strings sampled at temperature 1: the probability of an env action is a sum over every think "
+    "text and answer string that parses to it (and the rest of the mass goes to invalid answers), which has no "
+    "closed form and cannot be enumerated; scoring one canonical answer per admissible action gives the values "
+    "of a different policy. (2) Its prompt holds the step counter and the last --history (observation, action) "
+    "turns, so even that policy's exact values need one node per (latent state, shown history, step) and one "
+    "forward pass per admissible action at each node, for every task of every batch"
+)
+
+
+@dataclass
+class LMRunResult(RunResult):
+    """A :class:`~progpo.lab.learner.RunResult` of one transformer run, plus its other curves ``[I]`` (per
+    iteration): WebShop-like score in [0, 1] (NaN where no episode reported one), share of answers that break
+    the ``<think>``/``<action>`` format, share of steps whose action the env did not admit; ``wall_s``: the
+    run's wall seconds."""
+
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    invalid: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    env_invalid: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    wall_s: float = 0.0
+    resumed: bool = False  #: read back from the run folder of an earlier invocation with the same flags
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """CLI flags (``--help`` lists them).
+
+    Raises:
+        ValueError: naming the flag: counts < 1, a non-positive lr, a target outside (0, 1], an unknown env,
+            a malformed ``--lr-sweep``, or an ``oracle`` row.
+    """
+    from progpo.run.agent_model import synthetic_env_names
+
+    envs = synthetic_env_names()
+    ap = argparse.ArgumentParser(prog="python -m progpo.cli.bench learning-lm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--envs", default=",".join(envs), help=f"comma list of synthetic envs ({', '.join(envs)})")
+    ap.add_argument("--estimators", default=",".join(DEFAULT_ROWS), help="comma list of rows (as bench learning)")
+    ap.add_argument("--lr-sweep", default="1e-3,2e-3", help="comma list of learning rates; each row runs at its best")
+    ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds per (row, lr) of the sweep (seeds 1000+)")
+    ap.add_argument("--seeds", type=int, default=5, help="final seeds per row (0..n-1)")
+    ap.add_argument("--iterations", type=int, default=16, help="RL iterations per run")
+    ap.add_argument("--tasks", type=int, default=2, help="tasks (groups) per iteration")
+    ap.add_argument("--pool", type=int, default=2,
+                    help="training tasks: train-split tasks 0..pool-1, the warm start clones them and every iteration "
+                         "draws --tasks of them (the trainer's seeded shuffle); 0 = fresh tasks, the whole split")
+    ap.add_argument("--rollouts", type=int, default=16, help="N, episodes per task")
+    ap.add_argument("--max-steps", type=int, default=8, help="--env.max_steps of every run (and of the SFT)")
+    ap.add_argument("--history", type=int, default=1, help="--env.history_length of every run (and of the SFT)")
+    ap.add_argument("--target", type=float, default=0.5, help="success rate whose first crossing is reported")
+    ap.add_argument("--reference", default="gigpo", help="row of the restricted-mean ratio column ('' = none)")
+    ap.add_argument("--sft-tasks", type=int, default=170, help="expert episodes of the warm start")
+    ap.add_argument("--sft-epochs", type=int, default=1, help="epochs of the warm start")
+    ap.add_argument("--sft-lr", type=float, default=3e-3, help="learning rate of the warm start")
+    ap.add_argument("--kl", type=float, default=0.0, help="--algo.kl.init_coef of the RL runs")
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (1 thread each)")
+    ap.add_argument("--out", default="runs/bench/learning-lm")
+    ap.add_argument("--write-docs", action="store_true", help="replace the generated block of docs/fidelity.md")
+    args = ap.parse_args(list(argv))
+    for name in ("sweep_seeds", "seeds", "iterations", "tasks", "rollouts", "max_steps", "sft_tasks", "sft_epochs",
+                 "workers", "history", "pool"):
+        low = 0 if name in ("history", "pool") else 1
+        if getattr(args, name) < low:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    if args.rollouts < 2:
+        raise ValueError(f"--rollouts must be >= 2 (a group of one has no signal), got {args.rollouts}")
+    if not 0 < args.target <= 1:
+        raise ValueError(f"--target must be in (0, 1], got {args.target}")
+    if not (args.sft_lr > 0 and args.kl >= 0):
+        raise ValueError(f"--sft-lr must be > 0 and --kl >= 0, got {args.sft_lr}, {args.kl}")
+    try:
+        args.lrs = [float(x) for x in args.lr_sweep.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lr-sweep must be a comma list of numbers, got {args.lr_sweep!r}") from None
+    if not args.lrs or any(not x > 0 for x in args.lrs):
+        raise ValueError(f"--lr-sweep needs rates > 0, got {args.lr_sweep!r}")
+    args.env_list = [e.strip() for e in args.envs.split(",") if e.strip()]
+    bad = [e for e in args.env_list if e not in envs]
+    if bad or not args.env_list:
+        raise ValueError(f"--envs must name synthetic envs of {envs}, got {args.envs!r}")
+    if ORACLE_ROW in [s.strip() for s in args.estimators.split(",")]:
+        raise ValueError(f"--estimators: {NO_ORACLE}")
+    args.rows = parse_rows(args.estimators)
+    if args.reference and args.reference not in [r.name for r in args.rows]:
+        args.reference = ""
+    return args
+
+
+# ---- jobs (run in worker processes) ---------------------------------------------------------------------
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from progpo.run.process import setup_logging
+
+    setup_logging("WARNING")
+
+
+def pool_flags(args: dict) -> list[str]:
+    """``--env.num_tasks P`` for a task pool of ``P`` (warm start and RL), nothing for fresh tasks (``P = 0``)."""
+    return ["--env.num_tasks", str(args["pool"])] if args["pool"] else []
+
+
+def sft_job(env: str, out: str, args: dict) -> dict:
+    """Behaviour cloning of ``env``'s expert into ``out`` by ``python -m progpo.cli.sft`` (a subprocess: the
+    product's SFT command as a user runs it); skipped when ``out`` holds a finished run of the same flags.
+    Returns its ``sft_summary.json``.
+
+    Raises:
+        RuntimeError: the command failed (its exit code and the end of its output).
+    """
+    import subprocess
+
+    flags = ["--env.name", env, "--actor.model_name_or_path", "tiny-agent", "--ckpt.path", out,
+             "--env.max_steps", str(args["max_steps"]), "--env.history_length", str(args["history"]),
+             *pool_flags(args), "--sft.num_tasks", str(args["sft_tasks"]),
+             "--train.max_epochs", str(args["sft_epochs"]), "--train.batch_size", "8",
+             "--train.micro_batch_size", "8", "--actor.adam.lr", str(args["sft_lr"]),
+             "--rollout.max_new_tokens", "48", "--train.seed", "0", "--logger.progress_bar", "false"]
+    summary_path, flags_path = Path(out) / "sft_summary.json", Path(out) / "bench_flags.json"
+    if summary_path.exists() and flags_path.exists() and json.loads(flags_path.read_text()) == flags:
+        return json.loads(summary_path.read_text())
+    if Path(out).exists():
+        shutil.rmtree(out)
+    proc = subprocess.run([sys.executable, "-m", "progpo.cli.sft", *flags], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"progpo.cli.sft {shlex.join(flags)} failed (exit {proc.returncode}):\n"
+                           f"{(proc.stdout + proc.stderr)[-3000:]}")
+    flags_path.write_text(json.dumps(flags))
+    return json.loads(summary_path.read_text())
+
+
+def row_flags(row: Variant) -> list[str]:
+    """``train`` flags that select ``row``'s estimator settings: ``--advantage_estimator`` and one
+    ``--progpo.<field> value`` per override (so every row runs as a user would run it)."""
+    out: list[str] = []
+    for key, value in row.overrides:
+        if key == "estimator":
+            out += ["--advantage_estimator", str(value)]
+        else:
+            out += [f"--progpo.{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return out
+
+
+def train_flags(env: str, sft_path: str, row: Variant, lr: float, seed: int, args: dict, run_dir: str) -> list[str]:
+    """The ``python -m progpo.cli.train`` flags of one run (the product's trainer, local backend)."""
+    return ["--env.name", env, "--env.max_steps", str(args["max_steps"]),
+            "--env.history_length", str(args["history"]), *pool_flags(args), "--actor.model_name_or_path", sft_path,
+            "--ckpt.path", run_dir, *row_flags(row), "--rollout.batch_size", str(args["tasks"]),
+            "--rollout.n_samples_per_prompt", str(args["rollouts"]), "--rollout.max_new_tokens", "48",
+            "--train.num_iterations", str(args["iterations"]), "--train.batch_size", "32",
+            "--train.micro_batch_size", "16", "--actor.adam.lr", f"{lr:g}",
+            "--actor.lr_scheduler", "constant_with_warmup", "--actor.lr_warmup_ratio", "0.1",
+            "--algo.kl.init_coef", f"{args['kl']:g}", "--train.seed", str(seed), "--ckpt.save_steps", str(10**6),
+            "--logger.progress_bar", "false", "--logger.tensorboard", "false"]
+
+
+def rl_job(job: tuple) -> LMRunResult:
+    """One RL run ``(env, sft_path, row, lr, seed, args, run_dir)`` with the product's trainer
+    (:class:`progpo.trainer.loop.Trainer` built from :func:`train_flags`); keeps its ``metrics.jsonl`` and
+    ``result.pkl``. A run folder that already holds the result of the same flags is read back, not rerun
+    (an interrupted benchmark resumes)."""
+    from progpo.trainer.config import config_from_args
+    from progpo.trainer.loop import Trainer
+
+    env, sft_path, row, lr, seed, args, run_dir = job
+    flags = train_flags(env, sft_path, row, lr, seed, args, run_dir)
+    done, flags_path = Path(run_dir) / "result.pkl", Path(run_dir) / "bench_flags.json"
+    if done.exists() and flags_path.exists() and json.loads(flags_path.read_text()) == flags:
+        with open(done, "rb") as fh:
+            return dataclasses.replace(pickle.load(fh), resumed=True)
+    c0, w0 = time.process_time(), time.perf_counter()
+    if Path(run_dir).exists():
+        shutil.rmtree(run_dir)
+    history = Trainer(config_from_args(flags)).fit()
+    shutil.rmtree(Path(run_dir) / "checkpoints", ignore_errors=True)  # keep metrics.jsonl only
+    get = lambda key: np.array([m.get(key, np.nan) for m in history], dtype=np.float64)  # noqa: E731
+    spec = RunSpec(row, lr, seed, args["iterations"], args["rollouts"])
+    res = LMRunResult(spec, np.cumsum(get("rollout/num_steps")), get("env/success_rate"), np.zeros(0, np.int64), {},
+                      time.process_time() - c0, {}, score=get("env/score_mean"),
+                      invalid=get("rollout/invalid_format_frac"), env_invalid=get("rollout/env_invalid_frac"),
+                      wall_s=time.perf_counter() - w0)
+    with open(done, "wb") as fh:
+        pickle.dump(res, fh)
+    flags_path.write_text(json.dumps(flags))
+    return res
+
+
+def _pool(workers: int):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_worker_init)
+
+
+# ---- the benchmark --------------------------------------------------------------------------------------
+def _phase(ex, env: str, sft_path: str, rows: list[Variant], lrs: dict[str, list[float]], seeds, args,
+           tag: str) -> dict[str, dict[float, list[LMRunResult]]]:
+    out: dict[str, dict[float, list[LMRunResult]]] = {r.name: {} for r in rows}
+    conf = _settings(args)
+    jobs = [(env, sft_path, row, lr, s, conf, str(Path(args.out) / env / tag / _slug(row.name) / f"lr{lr:g}_s{s}"))
+            for row in rows for lr in lrs[row.name] for s in seeds]
+    t0 = time.perf_counter()
+    for k, res in enumerate(ex.map(rl_job, jobs), 1):
+        out[res.spec.row.name].setdefault(res.spec.lr, []).append(res)
+        print(f"[learning-lm] {env} {tag}: {k}/{len(jobs)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+              flush=True)
+    return out
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in ("max_steps", "history", "pool", "tasks", "rollouts", "iterations", "kl", "sft_tasks",
+                                          "sft_epochs", "sft_lr")}
+
+
+def _cost(label: str, runs: list[LMRunResult], wall: float) -> str:
+    cpu, wall_runs = sum(r.cpu_s for r in runs), sum(r.wall_s for r in runs)
+    n_old = sum(bool(getattr(r, "resumed", False)) for r in runs)
+    old = f", {n_old} of them read back from an earlier invocation" if n_old else ""
+    return (f"{label}: {len(runs)} runs{old}, {wall:.0f} s wall now, {cpu:.0f} s CPU and {wall_runs:.0f} s wall in "
+            f"the runs ({cpu / max(len(runs), 1):.0f} s CPU per run)")
+
+
+def detail_table(final: dict[str, list[LMRunResult]], lrs: dict[str, float]) -> str:
+    """Per row: warm-start success (first iteration), final success and score, the change with a 95% interval
+    over seeds, format-invalid share at the end, collapsed seeds, env steps and CPU seconds per run."""
+    rows = []
+    for name, runs in final.items():
+        start = [float(r.success[0]) for r in runs]
+        fin = lr_report.final_success(runs)
+        gain = [f - s for f, s in zip(fin, start)]
+        score = [float(np.nanmean(r.score[-lr_report.FINAL_WINDOW:])) for r in runs if np.isfinite(r.score).any()]
+        inv = [float(np.nanmean(r.invalid[-lr_report.FINAL_WINDOW:])) for r in runs]
+        env_inv = [float(np.nanmean(r.env_invalid[-lr_report.FINAL_WINDOW:])) for r in runs]
+        rows.append([name, f"{lrs[name]:g}", report.fmt_ci(*mean_ci(start)), report.fmt_ci(*mean_ci(fin)),
+                     report.fmt_ci(*mean_ci(gain)), report.fmt_ci(*mean_ci(score)) if score else "-",
+                     report.fmt_ci(*mean_ci(inv)), report.fmt_ci(*mean_ci(env_inv)),
+                     f"{np.mean([r.steps[-1] for r in runs]):,.0f}", f"{np.mean([r.cpu_s for r in runs]):.0f}"])
+    return report.markdown_table(["row", "lr", "warm-start success (iteration 1)", "final success (last 5)",
+                                  "final - warm start", "final score", "format-invalid share (last 5)",
+                                  "inadmissible-action share (last 5)", "env steps per run", "CPU s per run"], rows)
+
+
+def run(args: argparse.Namespace) -> str:
+    """SFT, sweep, final runs and tables for every env; returns the markdown report."""
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    rows, names = args.rows, [r.name for r in args.rows]
+    parts, costs = [], []
+    args.results = {}
+    with _pool(args.workers) as ex:
+        sft_paths = {e: str(Path(args.out) / e / "sft") for e in args.env_list}
+        t1 = time.perf_counter()
+        sft = dict(zip(args.env_list, ex.map(sft_job, args.env_list, sft_paths.values(),
+                                             [_settings(args)] * len(args.env_list))))
+        costs.append(f"warm starts: {time.perf_counter() - t1:.0f} s wall")
+        for env in args.env_list:
+            s = sft[env]
+            t1 = time.perf_counter()
+            sweep = _phase(ex, env, sft_paths[env], rows, {n: args.lrs for n in names},
+                           range(SWEEP_SEED0, SWEEP_SEED0 + args.sweep_seeds), args, "sweep")
+            flat = [r for by in sweep.values() for runs in by.values() for r in runs]
+            costs.append(_cost(f"{env} sweep", flat, time.perf_counter() - t1))
+            tau_s = lr_report.common_tau([flat], args.target)
+            best = {n: lr_report.pick_lr(sweep[n], args.target, tau_s) for n in names}
+            t1 = time.perf_counter()
+            by = _phase(ex, env, sft_paths[env], rows, {n: [best[n]] for n in names}, range(args.seeds), args, "final")
+            final = {n: by[n][best[n]] for n in names}
+            costs.append(_cost(f"{env} final runs", [r for runs in final.values() for r in runs],
+                               time.perf_counter() - t1))
+            args.results[env] = {"sweep": sweep, "final": final, "sft": s}
+            tau = lr_report.common_tau(list(final.values()), args.target)
+            succ = s["expert_success"]
+            parts.append(
+                f"### {env}\n\nWarm start: `progpo.cli.sft` on {succ['n']} expert episodes (expert won "
+                f"{succ['wins']}), {s['samples']} step samples, {len(s['epochs'])} epochs, final NLL "
+                f"{s['final_nll']:.3f} nats per response token, {s['total_s']:.0f} s.\n\n"
+                f"**Learning-rate sweep** ({args.sweep_seeds} seed(s) per cell, seeds {SWEEP_SEED0}+; cell: restricted "
+                f"mean env steps to {args.target:.0%} at tau {fmt_steps(tau_s)} (seeds reaching), final success; bold: "
+                f"the rate each row uses below)\n\n" + lr_report.sweep_table(sweep, args.target, tau_s, best)
+                + f"\n\n**Learning** ({args.seeds} seeds per row, seeds 0..{args.seeds - 1}, each row at its best "
+                f"rate)\n\n" + lr_report.main_table(final, best, args.target, tau, args.reference or None)
+                + "\n\n" + detail_table(final, best))
+            report.plot_curves({n: [(r.steps, r.success) for r in runs] for n, runs in final.items()},
+                               Path(args.out) / f"learning-lm-{env}.png",
+                               f"{env} ({'fresh tasks' if args.pool == 0 else f'pool of {args.pool} tasks'}), "
+                               f"transformer policy, {args.tasks} tasks x {args.rollouts}, "
+                               f"{args.seeds} seeds, best lr each")
+    if args.pool == 0:
+        regime = f"**fresh** tasks: {args.tasks} new train-split tasks per iteration"
+    elif args.pool == args.tasks:
+        regime = f"**fixed** tasks: the same {args.tasks} train-split tasks every iteration"
+    else:
+        regime = f"a **pool** of {args.pool} train-split tasks, {args.tasks} drawn per iteration"
+    head = (f"Transformer policy `tiny-agent` ({_model_line()}), warm-started by `progpo.cli.sft` on "
+            f"{args.sft_tasks} expert episodes ({args.sft_epochs} epoch(s), lr {args.sft_lr:g}), then trained by the "
+            f"product's trainer (`progpo.trainer.loop.Trainer`: PPO clip 0.2, KL coefficient {args.kl:g}, "
+            f"temperature 1, constant lr after a 10% warm-up) on {regime} x {args.rollouts} episodes, "
+            f"{args.iterations} iterations, at most {args.max_steps} steps per episode, history window "
+            f"{args.history}; rows {', '.join(f'`{n}`' for n in names)}. Success = share of the iteration's training "
+            "episodes that succeeded (warm start: iteration 1; final: last 5 iterations, mean ± 95% t-interval over "
+            "seeds); steps to X = env steps when the 3-iteration moving average first reaches X, censored at the "
+            "budget (KM median with 95% interval; restricted mean = mean of min(steps, tau)). Collapsed: the lab's "
+            "rule (`progpo.lab.survival.collapse`: final success below half the best 3-iteration mean and at "
+            f"least 0.1 under it). {NO_ORACLE[0].upper() + NO_ORACLE[1:]}.")
+    cost = ("Cost: " + "; ".join(costs) + f"; total {time.perf_counter() - t0:.0f} s wall; load average "
+            f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end ({os.cpu_count()} CPUs, {args.workers} workers).")
+    return "\n\n".join([head, *parts, cost])
+
+
+def _model_line() -> str:
+    from progpo.run.agent_model import AgentModelConfig
+
+    c = AgentModelConfig()
+    return (f"Qwen2, {c.num_layers} layers, width {c.hidden_size}, {c.num_heads} heads, BPE tokenizer trained on the "
+            "synthetic envs' prompts")
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of ``python -m progpo.cli.bench learning-lm``; prints the markdown report."""
+    try:
+        args = parse_args(argv)
+    except ValueError as exc:
+        print(f"python -m progpo.cli.bench learning-lm: error: {exc}", file=sys.stderr)
+        return 2
+    text = run(args)
+    cmd = ("python -m progpo.cli.bench learning-lm " + shlex.join(argv)).strip()
+    print(text)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "learning-lm.md").write_text(f"`{cmd}`\n\n{text}\n")
+    with open(out / "learning-lm-runs.pkl", "wb") as fh:
+        pickle.dump(args.results, fh)
+    if args.write_docs:
+        report.write_docs_block("learning-lm", cmd, text)
+    return 0
