@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import shlex
 import sys
 import time
@@ -97,12 +96,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     if not 0 < args.target <= 1:
         raise ValueError(f"--target must be in (0, 1], got {args.target}")
-    try:
-        args.lrs = [float(x) for x in args.lr_sweep.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--lr-sweep must be a comma list of numbers, got {args.lr_sweep!r}") from None
-    if any(not x > 0 for x in args.lrs):
-        raise ValueError(f"--lr-sweep rates must be > 0, got {args.lr_sweep!r}")
+    args.lrs = parse_lr_grid(args.lr_sweep)
     get_family(args.family)
     args.rows = parse_rows(args.estimators)
     if args.policy == "auto":
@@ -115,6 +109,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.pool == 0:
         args.pool = args.iterations * args.tasks
     return args
+
+
+def parse_lr_grid(text: str) -> list[float]:
+    """The learning rates of ``--lr-sweep`` (comma list; empty = no sweep).
+
+    Raises:
+        ValueError: naming ``--lr-sweep``: an entry that is not a number, or a rate that is not > 0.
+    """
+    try:
+        lrs = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--lr-sweep must be a comma list of numbers, got {text!r}") from None
+    if any(not x > 0 for x in lrs):
+        raise ValueError(f"--lr-sweep rates must be > 0, got {text!r}")
+    return lrs
 
 
 def parse_rows(spec: str) -> list:
@@ -294,12 +303,5 @@ def main(argv: Sequence[str]) -> int:
     text = run(args)
     cmd = ("python -m progpo.cli.bench learning " + shlex.join(argv)).strip()
     print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    block = _block(args)
-    (out / f"{block}.md").write_text(f"`{cmd}`\n\n{text}\n")
-    with open(out / f"{block}-runs.pkl", "wb") as fh:  # every run's curves and probes, for re-analysis
-        pickle.dump(args.results, fh)
-    if args.write_docs:
-        report.write_docs_block(block, cmd, text)
+    report.save_report(args.out, _block(args), cmd, text, args.results, write_docs=args.write_docs)
     return 0

@@ -53,7 +53,7 @@ from progpo.lab import learning_report as lr_report
 from progpo.lab import report
 from progpo.lab.fidelity_core import ORACLE_ROW, Variant, config_base, mean_ci
 from progpo.lab.learner import RunResult, RunSpec
-from progpo.lab.learning import SWEEP_SEED0, parse_rows
+from progpo.lab.learning import SWEEP_SEED0, parse_lr_grid, parse_rows
 from progpo.lab.survival import fmt_steps
 
 DEFAULT_ROWS = ("grpo", "gigpo", "hgpo", "progpo", "progpo preset=paper")
@@ -128,12 +128,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ValueError(f"--target must be in (0, 1], got {args.target}")
     if not (args.sft_lr > 0 and args.kl >= 0):
         raise ValueError(f"--sft-lr must be > 0 and --kl >= 0, got {args.sft_lr}, {args.kl}")
-    try:
-        args.lrs = [float(x) for x in args.lr_sweep.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--lr-sweep must be a comma list of numbers, got {args.lr_sweep!r}") from None
-    if not args.lrs or any(not x > 0 for x in args.lrs):
-        raise ValueError(f"--lr-sweep needs rates > 0, got {args.lr_sweep!r}")
+    args.lrs = parse_lr_grid(args.lr_sweep)
+    if not args.lrs:
+        raise ValueError(f"--lr-sweep needs at least one rate, got {args.lr_sweep!r}")
     args.env_list = [e.strip() for e in args.envs.split(",") if e.strip()]
     bad = [e for e in args.env_list if e not in envs]
     if bad or not args.env_list:
@@ -157,6 +154,26 @@ def _worker_init() -> None:
     setup_logging("WARNING")
 
 
+#: written into a run folder last, when its run has finished: the flags it ran with
+FLAGS_FILE = "bench_flags.json"
+
+
+def _cached(folder: str | Path, result: str, flags: list[str]) -> Path | None:
+    """``folder / result`` when ``folder`` holds a finished run of exactly ``flags`` (its :data:`FLAGS_FILE`);
+    otherwise the folder is removed (a stale or half-written run starts clean) and None is returned."""
+    folder = Path(folder)
+    recorded = folder / FLAGS_FILE
+    if (folder / result).exists() and recorded.exists() and json.loads(recorded.read_text()) == flags:
+        return folder / result
+    shutil.rmtree(folder, ignore_errors=True)
+    return None
+
+
+def _mark_finished(folder: str | Path, flags: list[str]) -> None:
+    """Record that the run of ``flags`` in ``folder`` finished (read by :func:`_cached`)."""
+    (Path(folder) / FLAGS_FILE).write_text(json.dumps(flags))
+
+
 def pool_flags(args: dict) -> list[str]:
     """``--env.num_tasks P`` for a task pool of ``P`` (warm start and RL), nothing for fresh tasks (``P = 0``)."""
     return ["--env.num_tasks", str(args["pool"])] if args["pool"] else []
@@ -178,18 +195,16 @@ def sft_job(env: str, out: str, args: dict) -> dict:
              "--train.max_epochs", str(args["sft_epochs"]), "--train.batch_size", "8",
              "--train.micro_batch_size", "8", "--actor.adam.lr", str(args["sft_lr"]),
              "--rollout.max_new_tokens", "48", "--train.seed", "0", "--logger.progress_bar", "false"]
-    summary_path, flags_path = Path(out) / "sft_summary.json", Path(out) / "bench_flags.json"
-    if summary_path.exists() and flags_path.exists() and json.loads(flags_path.read_text()) == flags:
+    summary_path = _cached(out, "sft_summary.json", flags)
+    if summary_path is not None:
         return json.loads(summary_path.read_text())
-    if Path(out).exists():
-        shutil.rmtree(out)
     proc = subprocess.run([sys.executable, "-m", "progpo.cli.sft", *flags], capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         raise RuntimeError(f"progpo.cli.sft {shlex.join(flags)} failed (exit {proc.returncode}):\n"
                            f"{(proc.stdout + proc.stderr)[-3000:]}")
-    flags_path.write_text(json.dumps(flags))
-    return json.loads(summary_path.read_text())
+    _mark_finished(out, flags)
+    return json.loads((Path(out) / "sft_summary.json").read_text())
 
 
 def row_flags(row: Variant) -> list[str]:
@@ -227,13 +242,11 @@ def rl_job(job: tuple) -> LMRunResult:
 
     env, sft_path, row, lr, seed, args, run_dir = job
     flags = train_flags(env, sft_path, row, lr, seed, args, run_dir)
-    done, flags_path = Path(run_dir) / "result.pkl", Path(run_dir) / "bench_flags.json"
-    if done.exists() and flags_path.exists() and json.loads(flags_path.read_text()) == flags:
+    done = _cached(run_dir, "result.pkl", flags)
+    if done is not None:
         with open(done, "rb") as fh:
             return dataclasses.replace(pickle.load(fh), resumed=True)
     c0, w0 = time.process_time(), time.perf_counter()
-    if Path(run_dir).exists():
-        shutil.rmtree(run_dir)
     history = Trainer(config_from_args(flags)).fit()
     shutil.rmtree(Path(run_dir) / "checkpoints", ignore_errors=True)  # keep metrics.jsonl only
     get = lambda key: np.array([m.get(key, np.nan) for m in history], dtype=np.float64)  # noqa: E731
@@ -242,9 +255,9 @@ def rl_job(job: tuple) -> LMRunResult:
                       time.process_time() - c0, {}, score=get("env/score_mean"),
                       invalid=get("rollout/invalid_format_frac"), env_invalid=get("rollout/env_invalid_frac"),
                       wall_s=time.perf_counter() - w0)
-    with open(done, "wb") as fh:
+    with open(Path(run_dir) / "result.pkl", "wb") as fh:
         pickle.dump(res, fh)
-    flags_path.write_text(json.dumps(flags))
+    _mark_finished(run_dir, flags)
     return res
 
 
@@ -391,11 +404,5 @@ def main(argv: Sequence[str]) -> int:
     text = run(args)
     cmd = ("python -m progpo.cli.bench learning-lm " + shlex.join(argv)).strip()
     print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "learning-lm.md").write_text(f"`{cmd}`\n\n{text}\n")
-    with open(out / "learning-lm-runs.pkl", "wb") as fh:
-        pickle.dump(args.results, fh)
-    if args.write_docs:
-        report.write_docs_block("learning-lm", cmd, text)
+    report.save_report(args.out, "learning-lm", cmd, text, args.results, write_docs=args.write_docs)
     return 0

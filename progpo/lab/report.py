@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -123,3 +124,16 @@ def write_docs_block(block: str, command: str, text: str, docs: Path = DOCS) -> 
     new = pattern.sub(lambda _: body, current) if pattern.search(current) else current.rstrip() + "\n\n" + body + "\n"
     docs.parent.mkdir(parents=True, exist_ok=True)
     docs.write_text(new)
+
+
+def save_report(out: str | Path, block: str, command: str, text: str, results: object, *, write_docs: bool) -> None:
+    """Write a benchmark's outputs into ``out``: ``{block}.md`` (the command, then ``text``), ``{block}-runs.pkl``
+    (``results``: every run's curves, for re-analysis) and, with ``write_docs``, the docs block ``block``
+    (:func:`write_docs_block`)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{block}.md").write_text(f"`{command}`\n\n{text}\n")
+    with open(out / f"{block}-runs.pkl", "wb") as fh:
+        pickle.dump(results, fh)
+    if write_docs:
+        write_docs_block(block, command, text)
