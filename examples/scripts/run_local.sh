@@ -7,16 +7,23 @@
 # First installs what is missing (scripts/install.sh: the same steps as CI; ~1 s when all is there).
 # Starts the WebShop server on the real products (../shared/data/webshop, $PROGPO_DATA/webshop or
 # ~/.cache/progpo/data/webshop; override with --env.data_dir), converts the bundled SmolLM2 GGUF to a
-# Hugging Face folder once (~/.cache/progpo/models), trains a few iterations and prints metrics per
-# iteration. Extra arguments are passed to `python -m progpo.cli.train` (see docs/training.md).
+# Hugging Face folder once (~/.cache/progpo/models), then warm-starts: behaviour cloning of the scripted
+# expert on 8 train tasks (2 epochs), so the model writes the <think>/<action> format and its groups
+# differ in return (the base model answers in no valid format at all: every batch would be flat). The
+# cloned model is cached in ~/.cache/progpo/warm_start (keyed by every setting that shapes it) and
+# reused by later runs; --warm_start.num_tasks 0 turns the warm start off. Then trains a few ProGPO
+# iterations and prints metrics per iteration (valid-format share `valid`, WebShop `score`, `adv_std`,
+# `flat`). Extra arguments are passed to `python -m progpo.cli.train` (see docs/training.md).
+# fp32 on purpose: in bf16 the weights the forward pass uses round away updates below bf16's spacing,
+# and the 10-step clone learned far less (docs/training.md, "The main job").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
 ENV="${ENV:-webshop}"
 ESTIMATOR="${ESTIMATOR:-progpo}"
 case "$ENV" in
-  webshop) MAX_STEPS=4 ;;
-  alfworld) MAX_STEPS=5 ;;
+  webshop) MAX_STEPS=6 ;;
+  alfworld) MAX_STEPS=8 ;;
   *) echo "ENV must be webshop or alfworld, got $ENV" >&2; exit 2 ;;
 esac
 bash scripts/install.sh
@@ -31,9 +38,12 @@ exec python3 -m progpo.cli.train \
   --env.max_steps "$MAX_STEPS" \
   --rollout.max_new_tokens 64 \
   --rollout.temperature 1.0 \
-  --rollout.max_prompt_tokens 1024 \
+  --rollout.max_prompt_tokens 512 \
+  --env.history_length 2 \
   --train.batch_size 16 \
   --train.micro_batch_size 2 \
-  --actor.adam.lr 1e-6 \
+  --actor.adam.lr 1e-5 \
   --ds.zero_stage 0 \
+  --warm_start.num_tasks 8 \
+  --warm_start.keep_failed true \
   "$@"

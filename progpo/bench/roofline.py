@@ -5,11 +5,14 @@ this machine's bound, measured in the same run.
    GEMMs, 2048 x 2048 x 2048) and the memory bandwidth (a 256 MiB fp32 copy, bytes read + written),
    each call timed by its CPU time over the threads like the phases below.
 2. **Batch**: the main job's rollout (``examples/scripts/run_local.sh``: WebShop, SmolLM2-135M-Instruct,
-   2 tasks x 4 rollouts, at most 4 steps, answers of at most 64 tokens, context guard 1,024 tokens),
+   2 tasks x 4 rollouts, at most 6 steps, history window 2, answers of at most 64 tokens, context guard
+   512 tokens),
    played once with the local backend's own generator; then one update (behaviour and reference
    log-probs, one PPO epoch, one optimizer step per ``--train.batch_size`` samples) on those step
    samples. The update gets fixed advantages (+1 / -1 alternating): its cost does not depend on their
-   values, and the base model's batches usually carry none.
+   values, and the base model's batches usually carry none. The base model (not the main job's
+   behaviour-cloned one) plays the rollout: its answers run to the 64-token limit, so the batch is at
+   least as large as the main job's.
 3. **Work** (useful FLOPs, padding not counted; dimension names: ``p`` prompt tokens, ``r`` response
    tokens of a step, ``L`` layers, ``d_attn`` query width, ``d`` hidden size, ``V`` vocabulary,
    ``N_lin`` weights of the linear layers under the output head):
@@ -211,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--actor.model_name_or_path", dest="model", default="smollm2-135m")
     p.add_argument("--tasks", type=int, default=2, help="tasks per iteration (main job: 2)")
     p.add_argument("--n", type=int, default=4, help="rollouts per task (main job: 4)")
-    p.add_argument("--max_steps", type=int, default=4, help="steps per episode at most (main job: 4)")
+    p.add_argument("--max_steps", type=int, default=6, help="steps per episode at most (main job: 6)")
+    p.add_argument("--history_length", type=int, default=2, help="earlier turns in the prompt (main job: 2)")
     p.add_argument("--max_new_tokens", type=int, default=64)
-    p.add_argument("--max_prompt_tokens", type=int, default=1024)
+    p.add_argument("--max_prompt_tokens", type=int, default=512, help="context guard (main job: 512)")
     p.add_argument("--micro_batch_size", type=int, default=2)
     p.add_argument("--batch_size", type=int, default=16, help="samples per optimizer step (main job: 16)")
     p.add_argument("--ds.lora.rank", dest="lora_rank", type=int, default=0)
@@ -239,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args([
             "--actor.model_name_or_path", args.model, "--env.name", "webshop", "--ckpt.path", tmp,
             "--rollout.batch_size", str(args.tasks), "--rollout.n_samples_per_prompt", str(args.n),
-            "--env.max_steps", str(args.max_steps), "--rollout.max_new_tokens", str(args.max_new_tokens),
+            "--env.max_steps", str(args.max_steps), "--env.history_length", str(args.history_length),
+            "--rollout.max_new_tokens", str(args.max_new_tokens),
             "--rollout.max_prompt_tokens", str(args.max_prompt_tokens), "--train.batch_size", str(args.batch_size),
             "--train.micro_batch_size", str(args.micro_batch_size), "--ds.lora.rank", str(args.lora_rank),
             "--ds.lora.alpha", str(args.lora_alpha), "--ds.param_dtype", args.dtype,
