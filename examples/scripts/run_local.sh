@@ -13,7 +13,7 @@
 # cloned model is cached in ~/.cache/progpo/warm_start (keyed by every setting that shapes it) and
 # reused by later runs; --warm_start.num_tasks 0 turns the warm start off. Then trains a few ProGPO
 # iterations and prints metrics per iteration (valid-format share `valid`, WebShop `score`, `adv_std`,
-# `flat`). Extra arguments are passed to `python -m progpo.cli.train` (see docs/training.md).
+# `flat`). PROGPO_DRY_RUN=1 prints the command instead. Extra arguments are passed to `python -m progpo.cli.train` (see docs/training.md).
 # fp32 on purpose: in bf16 the weights the forward pass uses round away updates below bf16's spacing,
 # and the 10-step clone learned far less (docs/training.md, "The main job").
 set -euo pipefail
@@ -26,24 +26,26 @@ case "$ENV" in
   alfworld) MAX_STEPS=8 ;;
   *) echo "ENV must be webshop or alfworld, got $ENV" >&2; exit 2 ;;
 esac
+CMD=(python3 -m progpo.cli.train
+  --actor.model_name_or_path smollm2-135m
+  --env.name "$ENV"
+  --advantage_estimator "$ESTIMATOR"
+  --ckpt.path "runs/${ENV}_${ESTIMATOR}"
+  --train.num_iterations 3
+  --rollout.batch_size 2
+  --rollout.n_samples_per_prompt 4
+  --env.max_steps "$MAX_STEPS"
+  --rollout.max_new_tokens 64
+  --rollout.temperature 1.0
+  --rollout.max_prompt_tokens 512
+  --env.history_length 2
+  --train.batch_size 16
+  --train.micro_batch_size 2
+  --actor.adam.lr 1e-5
+  --ds.zero_stage 0
+  --warm_start.num_tasks 8
+  --warm_start.keep_failed true
+  "$@")
+if [ "${PROGPO_DRY_RUN:-0}" = 1 ]; then printf '%s\n' "${CMD[@]}"; exit 0; fi  # the command, nothing installed or run
 bash scripts/install.sh
-exec python3 -m progpo.cli.train \
-  --actor.model_name_or_path smollm2-135m \
-  --env.name "$ENV" \
-  --advantage_estimator "$ESTIMATOR" \
-  --ckpt.path "runs/${ENV}_${ESTIMATOR}" \
-  --train.num_iterations 3 \
-  --rollout.batch_size 2 \
-  --rollout.n_samples_per_prompt 4 \
-  --env.max_steps "$MAX_STEPS" \
-  --rollout.max_new_tokens 64 \
-  --rollout.temperature 1.0 \
-  --rollout.max_prompt_tokens 512 \
-  --env.history_length 2 \
-  --train.batch_size 16 \
-  --train.micro_batch_size 2 \
-  --actor.adam.lr 1e-5 \
-  --ds.zero_stage 0 \
-  --warm_start.num_tasks 8 \
-  --warm_start.keep_failed true \
-  "$@"
+exec "${CMD[@]}"

@@ -31,8 +31,9 @@ MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 SFT_TASKS=${SFT_TASKS:-8}
 SFT_EPOCHS=${SFT_EPOCHS:-2}
 SFT_LR=${SFT_LR:-5e-5}
-RL_ITERS=${RL_ITERS:-2}
-RL_LR=${RL_LR:-1e-5}
+RL_ITERS=${RL_ITERS:-10}
+RL_LR=${RL_LR:-2e-5}
+RL_TRAIN_BATCH=${RL_TRAIN_BATCH:-16}  # step samples per optimizer step (an iteration has ~40)
 RL_TASKS=${RL_TASKS:-4}             # RL trains on train tasks RL_OFFSET .. RL_OFFSET + RL_TASKS - 1
 RL_OFFSET=${RL_OFFSET:-200}
 RL_BATCH_TASKS=${RL_BATCH_TASKS:-2}  # tasks per RL iteration
@@ -48,8 +49,8 @@ bad() { echo "run_local_learning.sh: $*" >&2; exit 2; }
 int_at_least() {  # int_at_least NAME MIN
   if ! [[ ${!1} =~ ^[0-9]+$ ]] || (( 10#${!1} < $2 )); then bad "$1 must be an integer >= $2, got '${!1}'"; fi
 }
-for name in MAX_STEPS MAX_PROMPT_TOKENS MAX_NEW_TOKENS SFT_TASKS SFT_EPOCHS RL_ITERS RL_TASKS RL_BATCH_TASKS EVAL_SAMPLES \
-            EVAL_TRAIN_TASKS EVAL_TEST_TASKS LORA_ALPHA; do
+for name in MAX_STEPS MAX_PROMPT_TOKENS MAX_NEW_TOKENS SFT_TASKS SFT_EPOCHS RL_ITERS RL_TASKS RL_BATCH_TASKS RL_TRAIN_BATCH \
+            EVAL_SAMPLES EVAL_TRAIN_TASKS EVAL_TEST_TASKS LORA_ALPHA; do
   int_at_least "$name" 1
 done
 int_at_least RL_ROLLOUTS 2
@@ -101,7 +102,7 @@ if [ -e "$OUT/rl/checkpoints/latest" ] || [ -e "$OUT/rl/metrics.jsonl" ]; then R
 python3 -m progpo.cli.train "${RESUME[@]}" --actor.model_name_or_path "$OUT/sft" --ckpt.path "$OUT/rl" --advantage_estimator progpo "${PROTOCOL[@]}" \
   --env.task_offset "$RL_OFFSET" --env.num_tasks "$RL_TASKS" \
   --train.num_iterations "$RL_ITERS" --rollout.batch_size "$RL_BATCH_TASKS" --rollout.n_samples_per_prompt "$RL_ROLLOUTS" \
-  --rollout.temperature 1.0 --train.batch_size 64 --train.micro_batch_size 2 --actor.adam.lr "$RL_LR" \
+  --rollout.temperature 1.0 --train.batch_size "$RL_TRAIN_BATCH" --train.micro_batch_size 2 --actor.adam.lr "$RL_LR" \
   --ds.lora.rank "$LORA_RANK" --ds.lora.alpha "$LORA_ALPHA" --rollout.dynamic_sampling "$DYNAMIC_SAMPLING" \
   --ds.zero_stage 0 --ckpt.save_steps 1 --ckpt.max_num 1
 log "5/6 RL model on the $RL_TASKS RL tasks (x$EVAL_SAMPLES) and $EVAL_TEST_TASKS test tasks"

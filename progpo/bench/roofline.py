@@ -208,8 +208,8 @@ def _row(name: str, flops: float, wall_s: float, cpu_s: float, bound_s: float) -
 HEADER = (f"{'phase':<34} {'GFLOP':>8} {'wall_s':>8} {'time_s':>8} {'GFLOP/s':>8} {'bound_s':>8} {'time/bound':>8}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print its table (exit code 0)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark's flags; their defaults are the main job's batch (a test holds them to run_local.sh)."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.bench roofline", description=__doc__.split("\n")[0])
     p.add_argument("--actor.model_name_or_path", dest="model", default="smollm2-135m")
     p.add_argument("--tasks", type=int, default=2, help="tasks per iteration (main job: 2)")
@@ -227,7 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compare", action="store_true",
                    help="measure each phase both ways: rollout with a prefill per row, then shared; update with the "
                         "behaviour log-probs recomputed for every sample, then deferred (the same tasks and samples)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its table (exit code 0)."""
+    args = build_parser().parse_args(argv)
 
     from progpo.run.env_setup import open_env_pool
     from progpo.run.process import setup_logging

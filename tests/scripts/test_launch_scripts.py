@@ -243,3 +243,26 @@ def test_slurm_script_starts_ray_and_webshop_and_submits_a_job(tmp_path, shared_
     print("\n".join(line for line in out.splitlines() if line.startswith("[progpo")))
     # the head, its workers and the WebShop server are gone (only ours: matched by our unique ports)
     assert f":{gcs}" not in leftover and f"--port {webshop}" not in leftover
+
+
+def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
+    """The README's main job: `train`'s own parser accepts its command line; it clones the expert before RL
+    (so its batches carry signal) in fp32, with a step limit the expert can finish WebShop in; and
+    `bench roofline` measures that same batch shape by default."""
+    from progpo.bench.roofline import build_parser
+    from progpo.trainer.config import config_from_args
+
+    argv = _dry_run(SCRIPTS / "run_local.sh")
+    assert argv[:3] == ["python3", "-m", "progpo.cli.train"] and argv[-2:] == ["--progpo.kappa", "4"]
+    cfg = config_from_args(argv[3:])
+    assert cfg.env.name == "webshop" and cfg.actor.model_name_or_path == "smollm2-135m"
+    assert cfg.warm_start.num_tasks >= 1 and cfg.ds.param_dtype == "fp32"
+    assert cfg.env.max_steps >= 5  # the WebShop expert needs 4.85 steps on average
+    bench = build_parser().parse_args([])
+    assert (bench.tasks, bench.n, bench.max_steps, bench.history_length, bench.max_prompt_tokens, bench.max_new_tokens,
+            bench.batch_size, bench.micro_batch_size, bench.model) == (
+        cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt, cfg.env.max_steps, cfg.env.history_length,
+        cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, cfg.train.batch_size, cfg.train.micro_batch_size,
+        cfg.actor.model_name_or_path)
+    alf = config_from_args(_dry_run(SCRIPTS / "run_local.sh", ENV="alfworld")[3:])
+    assert alf.env.name == "alfworld" and alf.warm_start.num_tasks >= 1
