@@ -13,7 +13,8 @@ Reads the run folder ``OUT`` written by that script:
 Writes ``OUT/learning.png`` (valid-format share and WebShop score per stage: train split as a line,
 RL tasks and test split as points with 95% intervals) and ``OUT/learning.json`` (the same figures), and
 prints them as a Markdown table plus whether the RL tasks' score after RL lies above the 95% interval
-of its start. Intervals: Wilson for shares, normal for the mean score (``progpo.run.evaluation``); the
+of its start, and the difference after - before with its own 95% interval (a rise beyond noise when
+that interval excludes 0). Intervals: Wilson for shares, normal for the mean score (``progpo.run.evaluation``); the
 RL iterations' rollout points have none (one batch each).
 """
 
@@ -110,13 +111,25 @@ def collect(out: Path) -> dict[str, Any]:
 
 
 def verdict(rl_tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Whether the RL tasks' mean score after RL lies above the 95% interval of the score before RL."""
+    """Whether the RL tasks' mean score after RL lies above the 95% interval of the score before RL, and
+    the difference after - before with its 95% interval (:func:`progpo.run.evaluation.mean_difference_interval`;
+    ``diff_low`` > 0: a rise beyond noise; None where an interval is missing)."""
+    from progpo.run.evaluation import mean_difference_interval
+
     if len(rl_tasks) < 2 or any(p.get("score") is None for p in rl_tasks):
         return None
     before, after = rl_tasks[0], rl_tasks[-1]
     high = before.get("score_high")
-    return {"before": before["score"], "before_high": high, "after": after["score"],
-            "above_start_interval": bool(high is not None and after["score"] > high)}
+    out = {"before": before["score"], "before_high": high, "after": after["score"],
+           "above_start_interval": bool(high is not None and after["score"] > high),
+           "diff": after["score"] - before["score"], "diff_low": None, "diff_high": None}
+    try:
+        d = mean_difference_interval(*({"mean": p["score"], "low": p.get("score_low"), "high": p.get("score_high"),
+                                        "n": p.get("episodes")} for p in (after, before)))
+        out.update(diff_low=d["low"], diff_high=d["high"])
+    except ValueError:
+        pass
+    return out
 
 
 def _rl_point(r: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +147,7 @@ def plot(figures: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     train = figures["train"]
     test = [{**p, "stage": f"RL tasks, {p['stage']}"} for p in figures.get("rl_tasks", [])] + [
         {**p, "stage": f"test, {p['stage']}"} for p in figures["test"]]
@@ -154,7 +167,8 @@ def plot(figures: dict[str, Any], path: Path) -> Path:
             ax.errorbar([x], [y], yerr=err, fmt="s", capsize=4, color=f"C{k + 1}",
                         label=f"{p['stage']} (95% interval)")
         ax.set_xticks(list(range(len(train) + len(test))))
-        ax.set_xticklabels([p["stage"] for p in train] + [p["stage"].replace(", ", ":\n") for p in test], fontsize=7)
+        ax.set_xticklabels([p["stage"] for p in train] + [p["stage"].replace(", ", ":\n") for p in test], fontsize=7,
+                           rotation=45, ha="right")
         ax.set_ylim(-0.05, 1.05)
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -208,8 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     v = figures["verdict"]
     if v is not None:
         where = "above" if v["above_start_interval"] else "not above"
-        print(f"RL tasks: WebShop score {v['before']:.3f} before RL (95% interval up to {v['before_high']:.3f}) -> "
-              f"{v['after']:.3f} after RL: {where} the start's interval")
+        line = (f"RL tasks: WebShop score {v['before']:.3f} before RL (95% interval up to {v['before_high']:.3f}) -> "
+                f"{v['after']:.3f} after RL: {where} the start's interval")
+        if v.get("diff_low") is not None:
+            beyond = "beyond noise" if v["diff_low"] > 0 else "an interval that holds 0: not beyond noise"
+            line += f"; difference {v['diff']:+.3f} [{v['diff_low']:+.3f}, {v['diff_high']:+.3f}]: {beyond}"
+        print(line)
     print(f"wrote {png} and {out / 'learning.json'}")
     return 0
 

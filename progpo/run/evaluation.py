@@ -33,6 +33,29 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
 
 
+def mean_difference_interval(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """``{"diff", "low", "high"}``: the difference of two independent means ``a["mean"] - b["mean"]`` with the
+    normal-approximation interval of :func:`mean_interval` (Welch's standard error, unpooled):
+
+        diff +- sqrt(h_a^2 + h_b^2),   h = (high - low) / 2 = z * sd / sqrt(n) of each interval
+
+    so it is computed from two :func:`mean_interval` results at the same confidence, and equals
+    ``z * sqrt(var_a / n_a + var_b / n_b)`` around the difference.
+
+    Raises:
+        ValueError: an interval is missing or nan (fewer than 2 values).
+    """
+    half = []
+    for x, name in ((a, "a"), (b, "b")):
+        low, high = x.get("low"), x.get("high")
+        if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+            raise ValueError(f"interval of the mean {name} is missing (n = {x.get('n')}; at least 2 values needed)")
+        half.append((high - low) / 2)
+    d = a["mean"] - b["mean"]
+    h = math.hypot(*half)
+    return {"diff": d, "low": d - h, "high": d + h}
+
+
 def rate_interval(wins: int, n: int, confidence: float = 0.95) -> dict[str, float]:
     """``{"rate", "low", "high", "n", "wins"}`` with the Wilson score interval."""
     low, high = wilson_interval(wins, n, confidence)

@@ -1,10 +1,11 @@
-"""Newcombe's hybrid score interval for a difference of two success rates (progpo.run.evaluation)."""
+"""Intervals of differences (progpo.run.evaluation): Newcombe's hybrid score interval for two success rates,
+and the normal-approximation interval for two means."""
 
 from __future__ import annotations
 
 import pytest
 
-from progpo.run.evaluation import rate_difference_interval
+from progpo.run.evaluation import mean_difference_interval, mean_interval, rate_difference_interval
 
 
 @pytest.mark.parametrize("wins_a, n_a, wins_b, n_b, low, high", [
@@ -23,3 +24,19 @@ def test_matches_newcombes_published_intervals(wins_a, n_a, wins_b, n_b, low, hi
 def test_bad_counts_raise(args):
     with pytest.raises(ValueError, match="need 0 <= wins <= n"):
         rate_difference_interval(*args)
+
+
+def test_mean_difference_interval_by_hand():
+    """Two normal-approximation intervals of independent means: half-widths add in quadrature."""
+    a = {"mean": 0.3, "low": 0.2, "high": 0.4, "n": 10}
+    b = {"mean": 0.1, "low": 0.0, "high": 0.2, "n": 10}
+    d = mean_difference_interval(a, b)
+    assert d["diff"] == pytest.approx(0.2) and d["low"] == pytest.approx(0.2 - 0.141421, abs=1e-6)
+    assert d["high"] == pytest.approx(0.2 + 0.141421, abs=1e-6)
+    # from raw values it equals 1.96 * sqrt(var_a / n_a + var_b / n_b)
+    xa, xb = [0.0, 1.0, 0.5, 0.5], [0.0, 0.0, 0.25, 0.25, 0.5]
+    d = mean_difference_interval(mean_interval(xa), mean_interval(xb))
+    half = 1.959964 * (0.1666667 / 4 + 0.04375 / 5) ** 0.5
+    assert d["diff"] == pytest.approx(0.3) and d["high"] - d["diff"] == pytest.approx(half, rel=1e-5)
+    with pytest.raises(ValueError, match="interval of the mean b"):
+        mean_difference_interval(a, {"mean": 0.1, "low": float("nan"), "high": float("nan"), "n": 1})

@@ -86,9 +86,14 @@ def test_report_judges_the_rl_tasks_against_the_start_interval(tmp_path, capsys)
     v = figures["verdict"]
     assert v["before"] == pytest.approx(0.25) and v["after"] == pytest.approx(0.4583333)
     assert v["before_high"] == pytest.approx(mean_interval(before)["high"]) and v["above_start_interval"]
+    # difference 0.2083; half-widths 1.96 * sd / sqrt(6): before sd 0.2236 -> 0.1789, after sd 0.1021 -> 0.0817
+    assert v["diff"] == pytest.approx(0.2083333) and v["diff_low"] == pytest.approx(0.2083333 - 0.19668, abs=1e-4)
+    assert v["diff_low"] > 0 and v["diff_high"] == pytest.approx(0.2083333 + 0.19668, abs=1e-4)
     text = capsys.readouterr().out
     assert "| RL tasks | before RL (SFT) | 6 | 1.000 [" in text and "above the start's interval" in text
+    assert "difference +0.208 [+0.012, +0.405]: beyond noise" in text
     (out / "eval_rl_rltasks.json").write_text(json.dumps(_eval(10, 10, [0.25, 0.5, 0.25, 0.5, 0.25, 0.5], 0)))
     assert learning_report.main([str(out)]) == 0
     assert not json.loads((out / "learning.json").read_text())["verdict"]["above_start_interval"]
     assert "not above the start's interval" in capsys.readouterr().out
+
