@@ -13,7 +13,8 @@
 # cloned model is cached in ~/.cache/progpo/warm_start (keyed by every setting that shapes it) and
 # reused by later runs; --warm_start.num_tasks 0 turns the warm start off. Then trains a few ProGPO
 # iterations and prints metrics per iteration (valid-format share `valid`, WebShop `score`, `adv_std`,
-# `flat`). PROGPO_DRY_RUN=1 prints the command instead. Extra arguments are passed to `python -m progpo.cli.train` (see docs/training.md).
+# `flat`). PROGPO_DRY_RUN=1 prints the command instead. Extra arguments are passed to
+# `python -m progpo.cli.train` (see docs/training.md).
 # fp32 on purpose: in bf16 the weights the forward pass uses round away updates below bf16's spacing,
 # and the 10-step clone learned far less (docs/training.md, "The main job").
 set -euo pipefail

@@ -35,12 +35,14 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str
 
 def mean_difference_interval(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     """``{"diff", "low", "high"}``: the difference of two independent means ``a["mean"] - b["mean"]`` with the
-    normal-approximation interval of :func:`mean_interval` (Welch's standard error, unpooled):
+    normal-approximation interval of :func:`mean_interval` (the unpooled standard error of Welch 1947, "The
+    generalization of 'Student's' problem when several different population variances are involved", Biometrika 34,
+    with the normal quantile in place of Student's t):
 
         diff +- sqrt(h_a^2 + h_b^2),   h = (high - low) / 2 = z * sd / sqrt(n) of each interval
 
     so it is computed from two :func:`mean_interval` results at the same confidence, and equals
-    ``z * sqrt(var_a / n_a + var_b / n_b)`` around the difference.
+    ``z * sqrt(var_a / n_a + var_b / n_b)`` around the difference. Units: those of the means (e.g. WebShop score).
 
     Raises:
         ValueError: an interval is missing or nan (fewer than 2 values).

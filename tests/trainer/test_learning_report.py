@@ -96,4 +96,3 @@ def test_report_judges_the_rl_tasks_against_the_start_interval(tmp_path, capsys)
     assert learning_report.main([str(out)]) == 0
     assert not json.loads((out / "learning.json").read_text())["verdict"]["above_start_interval"]
     assert "not above the start's interval" in capsys.readouterr().out
-
