@@ -38,6 +38,7 @@ RL_TASKS=${RL_TASKS:-4}             # RL trains on train tasks RL_OFFSET .. RL_O
 RL_OFFSET=${RL_OFFSET:-200}
 RL_BATCH_TASKS=${RL_BATCH_TASKS:-2}  # tasks per RL iteration
 RL_ROLLOUTS=${RL_ROLLOUTS:-4}        # rollouts per task (group size)
+RL_SEED=${RL_SEED:-42}               # --train.seed of the RL run (task order, sampling, shuffling)
 LORA_RANK=${LORA_RANK:-0}            # > 0: RL trains a LoRA adapter of this rank (--ds.lora.rank)
 LORA_ALPHA=${LORA_ALPHA:-32}
 DYNAMIC_SAMPLING=${DYNAMIC_SAMPLING:-false}
@@ -54,7 +55,7 @@ for name in MAX_STEPS MAX_PROMPT_TOKENS MAX_NEW_TOKENS SFT_TASKS SFT_EPOCHS RL_I
   int_at_least "$name" 1
 done
 int_at_least RL_ROLLOUTS 2
-for name in HISTORY_LENGTH RL_OFFSET LORA_RANK; do
+for name in HISTORY_LENGTH RL_OFFSET LORA_RANK RL_SEED; do
   int_at_least "$name" 0
 done
 if [[ $DYNAMIC_SAMPLING != true && $DYNAMIC_SAMPLING != false ]]; then bad "DYNAMIC_SAMPLING must be true or false, got '$DYNAMIC_SAMPLING'"; fi
@@ -102,7 +103,7 @@ if [ -e "$OUT/rl/checkpoints/latest" ] || [ -e "$OUT/rl/metrics.jsonl" ]; then R
 python3 -m progpo.cli.train "${RESUME[@]}" --actor.model_name_or_path "$OUT/sft" --ckpt.path "$OUT/rl" --advantage_estimator progpo "${PROTOCOL[@]}" \
   --env.task_offset "$RL_OFFSET" --env.num_tasks "$RL_TASKS" \
   --train.num_iterations "$RL_ITERS" --rollout.batch_size "$RL_BATCH_TASKS" --rollout.n_samples_per_prompt "$RL_ROLLOUTS" \
-  --rollout.temperature 1.0 --train.batch_size "$RL_TRAIN_BATCH" --train.micro_batch_size 2 --actor.adam.lr "$RL_LR" \
+  --rollout.temperature 1.0 --train.batch_size "$RL_TRAIN_BATCH" --train.micro_batch_size 2 --actor.adam.lr "$RL_LR" --train.seed "$RL_SEED" \
   --ds.lora.rank "$LORA_RANK" --ds.lora.alpha "$LORA_ALPHA" --rollout.dynamic_sampling "$DYNAMIC_SAMPLING" \
   --ds.zero_stage 0 --ckpt.save_steps 1 --ckpt.max_num 1
 log "5/6 RL model on the $RL_TASKS RL tasks (x$EVAL_SAMPLES) and $EVAL_TEST_TASKS test tasks"

@@ -99,6 +99,7 @@ def test_install_names_a_python_that_does_not_run(tmp_path):
     ("RL_ROLLOUTS", "1", "RL_ROLLOUTS must be an integer >= 2, got '1'"),
     ("RL_OFFSET", "-3", "RL_OFFSET must be an integer >= 0, got '-3'"),
     ("RL_TRAIN_BATCH", "0", "RL_TRAIN_BATCH must be an integer >= 1, got '0'"),
+    ("RL_SEED", "seven", "RL_SEED must be an integer >= 0, got 'seven'"),
     ("DYNAMIC_SAMPLING", "yes", "DYNAMIC_SAMPLING must be true or false, got 'yes'"),
     ("OUT", "{file}", "OUT must be a folder, got the file '{file}'"),
 ])
