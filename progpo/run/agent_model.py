@@ -23,8 +23,9 @@ Why this size and tokenizer (measured on this 2-core CPU machine, shared):
   (quiet machine).
   Width 128 (648k parameters) learned no more: behaviour-cloned for 12 epochs on 64 tasks' expert steps,
   neither width won any of 64 episodes on unseen test tasks (held-out NLL 0.41 at width 64, 0.37 at 128),
-  while both reproduce tasks they were cloned on. A policy this small reads the prompt little: it learns
-  the tasks it trains on (the fixed-task regime), not the family.
+  while both reproduce tasks they were cloned on. Cloned on many more tasks for longer (1,600
+  ``alfworld_like`` tasks, 8,832 expert steps, 8 epochs, 15 min on one thread: NLL 0.046), width 64
+  does read the prompt: it wins 40 of 256 episodes on unseen test tasks (0.156, sampled at T = 1).
 
 Built once into ``~/.cache/progpo/models/tiny-agent-<hash>`` (written to a temporary folder, then renamed),
 keyed on the config and the corpus version.

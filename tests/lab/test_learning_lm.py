@@ -68,3 +68,8 @@ def test_the_pipeline_runs_at_toy_size(tmp_path, capsys):
     assert set(final) == {"grpo", "progpo"}
     assert all(len(r.success) == 2 and r.steps[-1] > 0 for rs in final.values() for r in rs)
     assert sorted(r.spec.seed for r in final["grpo"]) == [0, 1]
+
+
+def test_fresh_and_fixed_task_reports_have_their_own_block():
+    assert learning_lm.block_name(0) == "learning-lm-fresh"
+    assert learning_lm.block_name(2) == learning_lm.block_name(16) == "learning-lm"
