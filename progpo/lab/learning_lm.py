@@ -116,7 +116,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--sft-lr", type=float, default=3e-3, help="learning rate of the warm start")
     ap.add_argument("--kl", type=float, default=0.0, help="--algo.kl.init_coef of the RL runs")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (1 thread each)")
-    ap.add_argument("--out", default="runs/bench/learning-lm")
+    ap.add_argument("--out", default=None,
+                    help="run folders and report (default: runs/bench/<block>, learning-lm or learning-lm-fresh)")
     ap.add_argument("--write-docs", action="store_true", help="replace the generated block of docs/fidelity.md")
     args = ap.parse_args(list(argv))
     for name in ("sweep_seeds", "seeds", "iterations", "tasks", "rollouts", "max_steps", "sft_tasks", "sft_epochs",
@@ -140,6 +141,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if ORACLE_ROW in [s.strip() for s in args.estimators.split(",")]:
         raise ValueError(f"--estimators: {NO_ORACLE}")
     args.rows = parse_rows(args.estimators)
+    if args.out is None:  # one folder per regime: a run folder of other flags would be removed as stale
+        args.out = f"runs/bench/{block_name(args.pool)}"
     if args.reference and args.reference not in [r.name for r in args.rows]:
         args.reference = ""
     return args
@@ -362,7 +365,7 @@ def run(args: argparse.Namespace) -> str:
                 f"rate)\n\n" + lr_report.main_table(final, best, args.target, tau, args.reference or None)
                 + "\n\n" + detail_table(final, best))
             report.plot_curves({n: [(r.steps, r.success) for r in runs] for n, runs in final.items()},
-                               Path(args.out) / f"learning-lm-{env}.png",
+                               Path(args.out) / f"{block_name(args.pool)}-{env}.png",
                                f"{env} ({'fresh tasks' if args.pool == 0 else f'pool of {args.pool} tasks'}), "
                                f"transformer policy, {args.tasks} tasks x {args.rollouts}, "
                                f"{args.seeds} seeds, best lr each")

@@ -73,3 +73,10 @@ def test_the_pipeline_runs_at_toy_size(tmp_path, capsys):
 def test_fresh_and_fixed_task_reports_have_their_own_block():
     assert learning_lm.block_name(0) == "learning-lm-fresh"
     assert learning_lm.block_name(2) == learning_lm.block_name(16) == "learning-lm"
+
+
+def test_fresh_tasks_default_to_their_own_folder():
+    """A shared folder would let one regime's runs remove the other's as stale (_cached)."""
+    assert learning_lm.parse_args(["--pool", "0"]).out == "runs/bench/learning-lm-fresh"
+    assert learning_lm.parse_args([]).out == "runs/bench/learning-lm"
+    assert learning_lm.parse_args(["--pool", "0", "--out", "x"]).out == "x"
