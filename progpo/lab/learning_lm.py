@@ -14,14 +14,15 @@ templates, sampling, action parsing, env protocol, estimators, PPO update), on t
    mean env steps to ``--target`` (``progpo.lab.learning_report.pick_lr``);
 3. **final runs**: ``--seeds`` seeds (0..n-1) that took no part in the choice, each row at its rate.
 
-Tasks: ``--pool P`` training tasks (train-split tasks ``0..P-1``; the warm start clones the expert on them),
-``--tasks`` of them per iteration in the trainer's seeded order (every row sees the same tasks at one
-seed), ``--rollouts`` episodes each. The default ``P = --tasks = 2`` is the fixed-task regime.
-``--pool 0`` draws fresh tasks from the whole split; there the warm start must clone the family, not a
-few tasks: with ``--sft-tasks 1600 --sft-epochs 8`` the ``alfworld_like`` clone wins 40 of 256 episodes
-on unseen test tasks (0.156, 95% 0.117-0.206, sampled at T = 1; 65% of its actions inadmissible), where
-800 tasks for 1 epoch won 0 of 320. Its report and docs block are ``learning-lm-fresh``
-(:func:`block_name`).
+Tasks (``--regime``, the word of ``bench learning``): ``fixed`` trains on a pool of ``--pool`` train-split
+tasks ``0..P-1`` (default ``P = --tasks``: the same tasks every iteration; the warm start clones the expert on
+them), ``--tasks`` of them per iteration in the trainer's seeded order (every row sees the same tasks at one
+seed), ``--rollouts`` episodes each. ``fresh`` draws new tasks from the whole train split every iteration;
+there the warm start must clone the family, not a few tasks: with 1,600 tasks for 8 epochs (the fresh
+regime's default) the ``alfworld_like`` clone wins 40 of 256 episodes on unseen test tasks (0.156, 95%
+0.117-0.206, sampled at T = 1; 65% of its actions inadmissible), where 800 tasks for 1 epoch won 0 of 320.
+Each regime has its own defaults (:data:`REGIME_DEFAULTS`; an explicit flag wins), report, docs block and
+output folder (:func:`block_name`).
 
 Rows are the learning benchmark's (``ESTIMATOR [preset=NAME] [field=value ...]``,
 :func:`progpo.lab.learning.parse_rows`), handed to the trainer as ``train`` flags (:func:`row_flags`).
@@ -59,6 +60,16 @@ from progpo.lab.learning import SWEEP_SEED0, parse_lr_grid, parse_rows
 from progpo.lab.survival import fmt_steps
 
 DEFAULT_ROWS = ("grpo", "gigpo", "hgpo", "progpo", "progpo preset=paper")
+
+#: Defaults that depend on ``--regime`` (flag name -> value); a flag given on the command line wins. Fixed
+#: tasks: the warm start clones the training tasks themselves. Fresh tasks: it must clone the family (see
+#: the module docstring), and more tasks per iteration with fewer episodes each keep the batch's cost.
+REGIME_DEFAULTS: dict[str, dict[str, object]] = {
+    "fixed": {"tasks": 2, "rollouts": 16, "iterations": 16, "sft_tasks": 170, "sft_epochs": 1,
+              "lr_sweep": "1e-3,2e-3"},
+    "fresh": {"tasks": 4, "rollouts": 8, "iterations": 16, "sft_tasks": 1600, "sft_epochs": 8,
+              "lr_sweep": "3e-4,1e-3"},
+}
 
 NO_ORACLE = (
     "no oracle row: the exact advantage of the transformer's own policy cannot be computed here. (1) Its policy "
@@ -98,21 +109,26 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m progpo.cli.bench learning-lm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--envs", default=",".join(envs), help=f"comma list of synthetic envs ({', '.join(envs)})")
     ap.add_argument("--estimators", default=",".join(DEFAULT_ROWS), help="comma list of rows (as bench learning)")
-    ap.add_argument("--lr-sweep", default="1e-3,2e-3", help="comma list of learning rates; each row runs at its best")
+    ap.add_argument("--regime", choices=tuple(REGIME_DEFAULTS), default="fixed",
+                    help="fixed: a pool of train-split tasks 0..pool-1, cloned by the warm start; fresh: new tasks "
+                         "from the whole train split every iteration (a warm start that clones the family)")
+    ap.add_argument("--lr-sweep", default=None, help="comma list of learning rates; each row runs at its best "
+                    "(default: fixed 1e-3,2e-3; fresh 3e-4,1e-3)")
     ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds per (row, lr) of the sweep (seeds 1000+)")
     ap.add_argument("--seeds", type=int, default=5, help="final seeds per row (0..n-1)")
-    ap.add_argument("--iterations", type=int, default=16, help="RL iterations per run")
-    ap.add_argument("--tasks", type=int, default=2, help="tasks (groups) per iteration")
-    ap.add_argument("--pool", type=int, default=2,
-                    help="training tasks: train-split tasks 0..pool-1, the warm start clones them and every iteration "
-                         "draws --tasks of them (the trainer's seeded shuffle); 0 = fresh tasks, the whole split")
-    ap.add_argument("--rollouts", type=int, default=16, help="N, episodes per task")
+    ap.add_argument("--iterations", type=int, default=None, help="RL iterations per run (default 16)")
+    ap.add_argument("--tasks", type=int, default=None, help="tasks (groups) per iteration (default: fixed 2, fresh 4)")
+    ap.add_argument("--pool", type=int, default=None,
+                    help="fixed regime: training tasks, train-split tasks 0..pool-1; the warm start clones them and "
+                         "every iteration draws --tasks of them (the trainer's seeded shuffle); default --tasks")
+    ap.add_argument("--rollouts", type=int, default=None, help="N, episodes per task (default: fixed 16, fresh 8)")
     ap.add_argument("--max-steps", type=int, default=8, help="--env.max_steps of every run (and of the SFT)")
     ap.add_argument("--history", type=int, default=1, help="--env.history_length of every run (and of the SFT)")
     ap.add_argument("--target", type=float, default=0.5, help="success rate whose first crossing is reported")
     ap.add_argument("--reference", default="gigpo", help="row of the restricted-mean ratio column ('' = none)")
-    ap.add_argument("--sft-tasks", type=int, default=170, help="expert episodes of the warm start")
-    ap.add_argument("--sft-epochs", type=int, default=1, help="epochs of the warm start")
+    ap.add_argument("--sft-tasks", type=int, default=None,
+                    help="expert episodes of the warm start (default: fixed 170, fresh 1600)")
+    ap.add_argument("--sft-epochs", type=int, default=None, help="epochs of the warm start (default: fixed 1, fresh 8)")
     ap.add_argument("--sft-lr", type=float, default=3e-3, help="learning rate of the warm start")
     ap.add_argument("--kl", type=float, default=0.0, help="--algo.kl.init_coef of the RL runs")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (1 thread each)")
@@ -120,11 +136,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     help="run folders and report (default: runs/bench/<block>, learning-lm or learning-lm-fresh)")
     ap.add_argument("--write-docs", action="store_true", help="replace the generated block of docs/fidelity.md")
     args = ap.parse_args(list(argv))
+    for name, value in REGIME_DEFAULTS[args.regime].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.regime == "fresh" and args.pool is not None:
+        raise ValueError(f"--pool is for --regime fixed (fresh tasks come from the whole split), got {args.pool}")
+    if args.pool is None:
+        args.pool = 0 if args.regime == "fresh" else args.tasks
     for name in ("sweep_seeds", "seeds", "iterations", "tasks", "rollouts", "max_steps", "sft_tasks", "sft_epochs",
                  "workers", "history", "pool"):
-        low = 0 if name in ("history", "pool") else 1
+        low = 0 if name == "history" or (name, args.regime) == ("pool", "fresh") else 1
         if getattr(args, name) < low:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+            hint = " (fresh tasks: --regime fresh)" if name == "pool" else ""
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}{hint}")
     if args.rollouts < 2:
         raise ValueError(f"--rollouts must be >= 2 (a group of one has no signal), got {args.rollouts}")
     if not 0 < args.target <= 1:
@@ -142,7 +166,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ValueError(f"--estimators: {NO_ORACLE}")
     args.rows = parse_rows(args.estimators)
     if args.out is None:  # one folder per regime: a run folder of other flags would be removed as stale
-        args.out = f"runs/bench/{block_name(args.pool)}"
+        args.out = f"runs/bench/{block_name(args.regime, args.iterations)}"
     if args.reference and args.reference not in [r.name for r in args.rows]:
         args.reference = ""
     return args
@@ -305,10 +329,28 @@ def _cost(label: str, runs: list[LMRunResult], wall: float) -> str:
             f"the runs ({cpu / max(len(runs), 1):.0f} s CPU per run)")
 
 
-def detail_table(final: dict[str, list[LMRunResult]], lrs: dict[str, float]) -> str:
+def late_success(run: RunResult) -> float:
+    """Mean training success over the second half of a run's iterations (``success[I // 2:]``): on fresh tasks
+    the last 5 iterations hold 5 x ``--tasks`` tasks, and their draw moves the final success more than the
+    estimator does; the second half averages over many more."""
+    return float(np.mean(run.success[len(run.success) // 2:]))
+
+
+def paired_gap(runs: list[RunResult], ref: list[RunResult]) -> list[float]:
+    """``late_success(run) - late_success(ref run)`` per seed both rows ran. At one seed every row draws the same
+    tasks in the same order (the trainer's seeded task sampler does not depend on the policy), so the pairing
+    removes the task draw's share of the spread."""
+    by_seed = {r.spec.seed: r for r in ref}
+    return [late_success(r) - late_success(by_seed[r.spec.seed]) for r in runs if r.spec.seed in by_seed]
+
+
+def detail_table(final: dict[str, list[LMRunResult]], lrs: dict[str, float], reference: str | None = None) -> str:
     """Per row: warm-start success (first iteration), final success and score, the change with a 95% interval
-    over seeds, format-invalid share at the end, collapsed seeds, env steps and CPU seconds per run."""
+    over seeds, the second-half success (:func:`late_success`) and, with a ``reference`` row, its paired
+    difference to that row (:func:`paired_gap`), format-invalid share at the end, env steps and CPU seconds
+    per run."""
     rows = []
+    half = f"second-half success (iterations {len(next(iter(final.values()))[0].success) // 2 + 1}+)"
     for name, runs in final.items():
         start = [float(r.success[0]) for r in runs]
         fin = lr_report.final_success(runs)
@@ -316,13 +358,19 @@ def detail_table(final: dict[str, list[LMRunResult]], lrs: dict[str, float]) -> 
         score = [float(np.nanmean(r.score[-lr_report.FINAL_WINDOW:])) for r in runs if np.isfinite(r.score).any()]
         inv = [float(np.nanmean(r.invalid[-lr_report.FINAL_WINDOW:])) for r in runs]
         env_inv = [float(np.nanmean(r.env_invalid[-lr_report.FINAL_WINDOW:])) for r in runs]
-        rows.append([name, f"{lrs[name]:g}", report.fmt_ci(*mean_ci(start)), report.fmt_ci(*mean_ci(fin)),
-                     report.fmt_ci(*mean_ci(gain)), report.fmt_ci(*mean_ci(score)) if score else "-",
-                     report.fmt_ci(*mean_ci(inv)), report.fmt_ci(*mean_ci(env_inv)),
-                     f"{np.mean([r.steps[-1] for r in runs]):,.0f}", f"{np.mean([r.cpu_s for r in runs]):.0f}"])
-    return report.markdown_table(["row", "lr", "warm-start success (iteration 1)", "final success (last 5)",
-                                  "final - warm start", "final score", "format-invalid share (last 5)",
-                                  "inadmissible-action share (last 5)", "env steps per run", "CPU s per run"], rows)
+        cells = [name, f"{lrs[name]:g}", report.fmt_ci(*mean_ci(start)), report.fmt_ci(*mean_ci(fin)),
+                 report.fmt_ci(*mean_ci(gain)), report.fmt_ci(*mean_ci([late_success(r) for r in runs]))]
+        if reference:
+            cells.append(report.fmt_ci(*mean_ci(paired_gap(runs, final[reference]))) if name != reference else "-")
+        cells += [report.fmt_ci(*mean_ci(score)) if score else "-", report.fmt_ci(*mean_ci(inv)),
+                  report.fmt_ci(*mean_ci(env_inv)), f"{np.mean([r.steps[-1] for r in runs]):,.0f}",
+                  f"{np.mean([r.cpu_s for r in runs]):.0f}"]
+        rows.append(cells)
+    header = ["row", "lr", "warm-start success (iteration 1)", "final success (last 5)", "final - warm start", half,
+              *([f"{half.split(' (')[0]} - {reference}'s, paired by seed"] if reference else []), "final score",
+              "format-invalid share (last 5)", "inadmissible-action share (last 5)", "env steps per run",
+              "CPU s per run"]
+    return report.markdown_table(header, rows)
 
 
 def run(args: argparse.Namespace) -> str:
@@ -363,9 +411,9 @@ def run(args: argparse.Namespace) -> str:
                 f"the rate each row uses below)\n\n" + lr_report.sweep_table(sweep, args.target, tau_s, best)
                 + f"\n\n**Learning** ({args.seeds} seeds per row, seeds 0..{args.seeds - 1}, each row at its best "
                 f"rate)\n\n" + lr_report.main_table(final, best, args.target, tau, args.reference or None)
-                + "\n\n" + detail_table(final, best))
+                + "\n\n" + detail_table(final, best, args.reference or None))
             report.plot_curves({n: [(r.steps, r.success) for r in runs] for n, runs in final.items()},
-                               Path(args.out) / f"{block_name(args.pool)}-{env}.png",
+                               Path(args.out) / f"{block_name(args.regime, args.iterations)}-{env}.png",
                                f"{env} ({'fresh tasks' if args.pool == 0 else f'pool of {args.pool} tasks'}), "
                                f"transformer policy, {args.tasks} tasks x {args.rollouts}, "
                                f"{args.seeds} seeds, best lr each")
@@ -399,11 +447,19 @@ def _model_line() -> str:
             "synthetic envs' prompts")
 
 
-def block_name(pool: int) -> str:
-    """The report's name (``OUT/{name}.md``, ``OUT/{name}-runs.pkl``) and docs/fidelity.md block:
-    ``learning-lm-fresh`` for fresh tasks (``--pool 0``), ``learning-lm`` for a fixed pool, so that one
-    regime's block never overwrites the other's."""
-    return "learning-lm-fresh" if pool == 0 else "learning-lm"
+def block_name(regime: str, iterations: int | None = None) -> str:
+    """The report's name (``OUT/{name}.md``, ``OUT/{name}-runs.pkl``), default output folder and docs/fidelity.md
+    block: ``learning-lm-fresh`` for ``--regime fresh``, ``learning-lm`` for ``fixed``, plus ``-it{N}`` when
+    ``iterations`` differs from the regime's default, so that one regime's or budget's block never overwrites
+    another's.
+
+    Raises:
+        ValueError: an unknown regime."""
+    if regime not in REGIME_DEFAULTS:
+        raise ValueError(f"regime must be one of {list(REGIME_DEFAULTS)}, got {regime!r}")
+    name = "learning-lm" if regime == "fixed" else f"learning-lm-{regime}"
+    default = REGIME_DEFAULTS[regime]["iterations"]
+    return name if iterations in (None, default) else f"{name}-it{iterations}"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -416,5 +472,6 @@ def main(argv: Sequence[str]) -> int:
     text = run(args)
     cmd = ("python -m progpo.cli.bench learning-lm " + shlex.join(argv)).strip()
     print(text)
-    report.save_report(args.out, block_name(args.pool), cmd, text, args.results, write_docs=args.write_docs)
+    report.save_report(args.out, block_name(args.regime, args.iterations), cmd, text, args.results,
+                       write_docs=args.write_docs)
     return 0

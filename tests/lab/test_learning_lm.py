@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 
 from progpo.lab import learning_lm
@@ -34,7 +35,8 @@ def test_the_paper_preset_row_differs_from_the_default():
 @pytest.mark.parametrize("argv, flag", [
     (["--seeds", "0"], "--seeds"), (["--rollouts", "1"], "--rollouts"), (["--lr-sweep", "1e-3,x"], "--lr-sweep"),
     (["--lr-sweep", "0"], "--lr-sweep"), (["--envs", "webshop"], "--envs"), (["--target", "1.5"], "--target"),
-    (["--pool", "-1"], "--pool"), (["--history", "-1"], "--history"), (["--estimators", "nope"], "--estimators"),
+    (["--pool", "-1"], "--pool"), (["--pool", "0"], "--regime fresh"), (["--regime", "fresh", "--pool", "3"], "--pool"),
+    (["--history", "-1"], "--history"), (["--estimators", "nope"], "--estimators"),
 ])
 def test_bad_flags_name_the_flag(argv, flag):
     with pytest.raises(ValueError, match=flag):
@@ -71,12 +73,45 @@ def test_the_pipeline_runs_at_toy_size(tmp_path, capsys):
 
 
 def test_fresh_and_fixed_task_reports_have_their_own_block():
-    assert learning_lm.block_name(0) == "learning-lm-fresh"
-    assert learning_lm.block_name(2) == learning_lm.block_name(16) == "learning-lm"
+    assert learning_lm.block_name("fresh") == "learning-lm-fresh"
+    assert learning_lm.block_name("fixed") == learning_lm.block_name("fixed", 16) == "learning-lm"
+    assert learning_lm.block_name("fresh", 64) == "learning-lm-fresh-it64"  # another budget, another block
+    with pytest.raises(ValueError, match="regime"):
+        learning_lm.block_name("0")
 
 
 def test_fresh_tasks_default_to_their_own_folder():
     """A shared folder would let one regime's runs remove the other's as stale (_cached)."""
-    assert learning_lm.parse_args(["--pool", "0"]).out == "runs/bench/learning-lm-fresh"
+    assert learning_lm.parse_args(["--regime", "fresh"]).out == "runs/bench/learning-lm-fresh"
     assert learning_lm.parse_args([]).out == "runs/bench/learning-lm"
-    assert learning_lm.parse_args(["--pool", "0", "--out", "x"]).out == "x"
+    assert learning_lm.parse_args(["--regime", "fresh", "--out", "x"]).out == "x"
+    assert learning_lm.parse_args(["--regime", "fresh", "--iterations", "64"]).out == "runs/bench/learning-lm-fresh-it64"
+
+
+def test_each_regime_has_its_own_defaults_and_a_flag_wins():
+    """Fresh tasks need a warm start that clones the family (1,600 tasks, 8 epochs), not 170 tasks' episodes."""
+    fixed, fresh = learning_lm.parse_args([]), learning_lm.parse_args(["--regime", "fresh"])
+    assert (fixed.pool, fixed.tasks, fixed.rollouts, fixed.sft_tasks, fixed.sft_epochs) == (2, 2, 16, 170, 1)
+    assert (fresh.pool, fresh.tasks, fresh.rollouts, fresh.sft_tasks, fresh.sft_epochs) == (0, 4, 8, 1600, 8)
+    assert fixed.lrs == [1e-3, 2e-3] and fresh.lrs == [3e-4, 1e-3]
+    mine = learning_lm.parse_args(["--regime", "fresh", "--sft-tasks", "64", "--tasks", "2"])
+    assert (mine.sft_tasks, mine.tasks, mine.sft_epochs) == (64, 2, 8)
+    assert learning_lm.parse_args(["--tasks", "3"]).pool == 3  # the fixed pool follows --tasks
+
+
+def test_the_paired_gap_compares_second_halves_seed_by_seed():
+    from types import SimpleNamespace
+
+    def run(seed, succ):
+        s = np.asarray(succ, dtype=float)
+        return learning_lm.LMRunResult(SimpleNamespace(seed=seed), np.arange(1, s.size + 1) * 10.0, s,
+                                       np.zeros(0, np.int64), {}, 0.0)
+
+    a = [run(0, [0.0, 0.0, 0.5, 0.7]), run(1, [0.0, 0.0, 0.2, 0.2]), run(2, [0.1, 0.1, 0.1, 0.1])]
+    ref = [run(1, [0.9, 0.9, 0.1, 0.1]), run(0, [0.0, 0.0, 0.2, 0.4])]
+    assert learning_lm.late_success(a[0]) == pytest.approx(0.6)  # iterations 3-4 of 4
+    assert learning_lm.late_success(run(0, [0.0, 0.3, 0.6])) == pytest.approx(0.45)  # 3 // 2 = 1: iterations 2-3
+    assert learning_lm.paired_gap(a, ref) == pytest.approx([0.3, 0.1])  # seed 2 has no partner
+    table = learning_lm.detail_table({"ref": ref, "a": a[:2]}, {"ref": 1e-3, "a": 1e-3}, "ref")
+    assert "second-half success - ref's, paired by seed" in table.splitlines()[0]
+    assert "| 0.200 ± 1.271 |" in table  # mean of [0.3, 0.1], t(0.975, 1) * sd 0.1414 / sqrt 2

@@ -179,3 +179,17 @@ def test_pick_lr_never_prefers_a_rate_at_which_a_seed_collapsed():
     table = lr.stability_table({"x": {3.0: [slow, slow], 10.0: [fast_but_fell, fast], 20.0: [slow]}}, {"x": 3.0})
     assert "| x | **0/2, 0.90** | 1/2 (seeds 7), 0.45 | 0/1, 0.90 | 3, 20 |" in table
     assert lr._fmt_rates([1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 5.0]) == "1-3" and lr._fmt_rates([], [1.0]) == "none"
+
+
+def test_main_table_states_steps_to_50_percent_once_when_the_target_is_50_percent():
+    from types import SimpleNamespace
+
+    from progpo.lab import learning_report as lr
+    from progpo.lab.learner import RunResult
+
+    s = np.array([0.2, 0.6, 0.6, 0.9, 0.9, 0.9])
+    runs = {"a": [RunResult(SimpleNamespace(seed=0), np.arange(1, 7) * 100.0, s, np.zeros(0, np.int64), {}, 0.0)]}
+    header = lambda target: lr.main_table(runs, {"a": 1.0}, target, 600.0, None).splitlines()[0]  # noqa: E731
+    assert header(0.5).count("to 50%") == 3  # KM median, reaching seeds' mean, restricted mean: once each
+    assert header(0.8).count("KM median to 50%") == 1 and header(0.8).count("KM median to 80%") == 1
+    assert len(header(0.5).split("|")) == len(header(0.8).split("|")) - 1
