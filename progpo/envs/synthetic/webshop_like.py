@@ -210,6 +210,18 @@ class ShopTask(ExpertSoftmaxPolicy):
                 s >= 0 and it.sizes[s] == self.size, it.price <= self.budget]
         return r_type * sum(hits) / 4.0
 
+    def decision_kind(self, state: tuple, action: str) -> str:
+        """The kind of decision ``action`` makes in ``state`` (for probes of a policy, per kind): ``search``;
+        on a results page ``results: item`` (a product title), ``results: page`` (next / prev) or
+        ``results: back``; on an item page ``item: option`` (a color or size), ``item: buy`` or ``item: back``."""
+        if state[0] == "search":
+            return "search"
+        if action == "click[back to search]":
+            return f"{state[0]}: back"
+        if state[0] == "results":
+            return "results: page" if action in ("click[next >]", "click[< prev]") else "results: item"
+        return "item: buy" if action == "click[buy now]" else "item: option"
+
     def expert_action(self, state: tuple) -> str:
         """The next action of an expert that knows which item is the target."""
         if state[0] == "search":

@@ -1,0 +1,177 @@
+"""``python -m progpo.cli.bench clone``: where a warm-started policy agrees with the expert, per kind of decision.
+
+A cloned policy that wins few episodes on unseen tasks can fail anywhere along the way; the win rate does not
+say where. This probe walks the expert's own trajectory on ``--tasks`` tasks of ``--split`` of a synthetic env
+(:mod:`progpo.envs.synthetic`: the expert knows the latent state), and at every step asks the policy for an
+answer to the prompt the episode loop would build there (the env's registered template, the last
+``--history`` (observation, action) turns, the step counter; :func:`progpo.agents.templates.build_prompt`),
+sampled at ``--temperature`` by the local backend's generator (:class:`progpo.run.generation.HFGenerator`)
+and parsed by the env's action parser (:func:`progpo.agents.parsing.parse_action`). Per decision kind
+(:meth:`decision_kind` of the family task, e.g. WebShop-like ``results: item`` = clicking a product title on a
+results page) it reports the steps, the share of answers equal to the expert's action and the share the env
+admits, each with a Wilson 95% interval. Because the trajectory is the expert's, every kind is visited as
+often as the expert visits it, whatever the policy would have done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from progpo.agents.templates import HistoryTurn, build_prompt
+from progpo.agents.types import SamplingParams
+from progpo.envs.alfworld import wilson_interval
+
+
+@dataclass
+class ProbeStep:
+    """One expert step: its decision ``kind``, the expert's ``action``, the admissible actions and the prompt."""
+
+    kind: str
+    action: str
+    admissible: list[str]
+    prompt_ids: list[int]
+
+
+def decision_kind(task, state, action: str) -> str:
+    """``task.decision_kind(state, action)`` where the family defines it, else the action's verb (the text before
+    the first ``[`` or space)."""
+    if hasattr(task, "decision_kind"):
+        return str(task.decision_kind(state, action))
+    return action.split("[")[0].split(" ")[0]
+
+
+def expert_steps(env_name: str, tokenizer, *, split: str, tasks: int, history: int, max_steps: int) -> list[ProbeStep]:
+    """The prompts along the expert's trajectory on tasks ``0..tasks-1`` of ``split`` (reset seed 0 each).
+
+    Raises:
+        ValueError: ``env_name`` is not a synthetic env (no expert that knows the latent state).
+    """
+    from progpo.envs import make_env, spec
+
+    env = make_env(env_name, max_steps=max_steps)
+    if not hasattr(env, "task"):
+        raise ValueError(f"--env {env_name!r}: the probe needs a synthetic env (its expert knows the latent state)")
+    template = spec(env_name).load("template")
+    out: list[ProbeStep] = []
+    for index in range(tasks):
+        obs, info = env.reset(split=split, index=index)
+        task, turns = env.task(split, index), []
+        for t in range(max_steps):
+            action = info["expert_action"]
+            if not action:
+                break
+            built = build_prompt(tokenizer, template, task=info["task"], observation=obs,
+                                 admissible_actions=info["admissible_actions"],
+                                 history=turns[len(turns) - history:] if history else [], step_count=t)
+            out.append(ProbeStep(decision_kind(task, info["latent_state"], action), action,
+                                 list(info["admissible_actions"]), built.prompt_ids))
+            turns.append(HistoryTurn(info["anchor_observation"], action))
+            res = env.step(action)
+            obs, info = res.observation, res.info
+            if res.terminated or res.truncated:
+                break
+    return out
+
+
+def answers(model_path: str, steps: list[ProbeStep], *, temperature: float, max_new_tokens: int, seed: int) -> list[str]:
+    """The policy's sampled answer text to every step's prompt (batched by the local backend's generator)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from progpo.agents.templates import decode_response
+    from progpo.run.generation import HFGenerator
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    gen = HFGenerator(model, tok, max_batch_size=64, seed=seed)
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+
+    async def run() -> list[str]:
+        outs = await asyncio.gather(*(gen(s.prompt_ids, params) for s in steps))
+        return [decode_response(tok, o.token_ids) for o in outs]
+
+    with torch.no_grad():
+        return asyncio.run(run())
+
+
+def table(steps: list[ProbeStep], chosen: list[str]) -> str:
+    """Markdown table per decision kind: steps, share equal to the expert's action, share admissible."""
+    from progpo.envs.base import normalize_action
+
+    by: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for s, a in zip(steps, chosen):
+        cell = by[s.kind]
+        cell[0] += 1
+        cell[1] += normalize_action(a) == normalize_action(s.action)
+        cell[2] += normalize_action(a) in {normalize_action(x) for x in s.admissible}
+    by["all"] = [sum(c[i] for c in list(by.values())) for i in range(3)]
+
+    def share(k: int, n: int) -> str:
+        lo, hi = wilson_interval(k, n)
+        return f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]"
+
+    lines = ["| decision | steps | = expert [95%] | admissible [95%] |", "|---|---|---|---|"]
+    for kind, (n, same, adm) in by.items():
+        lines.append(f"| {kind} | {n} | {share(same, n)} | {share(adm, n)} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """CLI flags (``--help`` lists them).
+
+    Raises:
+        ValueError: naming the flag: an env that is not synthetic, counts < 1, temperature <= 0.
+    """
+    from progpo.run.agent_model import synthetic_env_names
+
+    envs = synthetic_env_names()
+    ap = argparse.ArgumentParser(prog="python -m progpo.cli.bench clone", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--env", default=envs[0], help=f"synthetic env ({', '.join(envs)})")
+    ap.add_argument("--model", required=True,
+                    help="the policy: an sft/train run folder, a Hugging Face folder or an alias (tiny-agent)")
+    ap.add_argument("--split", default="test", help="task split (test: tasks no warm start was cloned on)")
+    ap.add_argument("--tasks", type=int, default=64, help="tasks 0..n-1 of the split, one expert episode each")
+    ap.add_argument("--history", type=int, default=1, help="(observation, action) turns in the prompt")
+    ap.add_argument("--max-steps", type=int, default=8, help="step limit of the expert episodes")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policy's answers")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="answer length limit in tokens")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed")
+    args = ap.parse_args(list(argv))
+    if args.env not in envs:
+        raise ValueError(f"--env must be a synthetic env of {envs}, got {args.env!r}")
+    for name in ("tasks", "max_steps", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.history < 0:
+        raise ValueError(f"--history must be >= 0, got {args.history}")
+    if not args.temperature > 0:
+        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    return args
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of ``python -m progpo.cli.bench clone``; prints the markdown table."""
+    from transformers import AutoTokenizer
+
+    from progpo.agents.parsing import parse_action
+    from progpo.run.models import resolve_pretrain
+
+    try:
+        args = parse_args(argv)
+        path = resolve_pretrain(args.model)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"python -m progpo.cli.bench clone: error: {exc}", file=sys.stderr)
+        return 2
+    steps = expert_steps(args.env, AutoTokenizer.from_pretrained(path), split=args.split, tasks=args.tasks,
+                         history=args.history, max_steps=args.max_steps)
+    texts = answers(path, steps, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    chosen = [parse_action(t, args.env)[0] for t in texts]
+    print(f"`{args.env}`, {args.tasks} {args.split} tasks, expert trajectories, policy {args.model} sampled at T = "
+          f"{args.temperature:g}, history {args.history}:\n")
+    print(table(steps, chosen))
+    return 0
