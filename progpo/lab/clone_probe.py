@@ -125,7 +125,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """CLI flags (``--help`` lists them).
 
     Raises:
-        ValueError: naming the flag: an env that is not synthetic, counts < 1, temperature <= 0.
+        ValueError: naming the flag: an env that is not synthetic, an unknown split, counts < 1 or more tasks than
+            the split holds, temperature <= 0.
     """
     from progpo.run.agent_model import synthetic_env_names
 
@@ -151,6 +152,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ValueError(f"--history must be >= 0, got {args.history}")
     if not args.temperature > 0:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+    from progpo.envs.synthetic.env import SPLITS
+
+    if args.split not in SPLITS:
+        raise ValueError(f"--split must be one of {list(SPLITS)}, got {args.split!r}")
+    if args.tasks > SPLITS[args.split][1]:
+        raise ValueError(f"--tasks must be <= {SPLITS[args.split][1]} (tasks in the {args.split} split), got {args.tasks}")
     return args
 
 
@@ -163,8 +170,15 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         args = parse_args(argv)
-        path = resolve_pretrain(args.model)
-    except (ValueError, FileNotFoundError) as exc:
+        try:
+            path = resolve_pretrain(args.model)
+        except (ValueError, FileNotFoundError) as exc:  # it names the train flag; here the flag is --model
+            why = str(exc)
+            for name in (f"--actor.model_name_or_path {args.model!r}", f"--actor.model_name_or_path {args.model}"):
+                why = why.replace(name, "")
+            why = why.lstrip(": ")
+            raise ValueError(f"--model {args.model!r}{' ' if why.startswith('is ') else ': '}{why}") from exc
+    except ValueError as exc:
         print(f"python -m progpo.cli.bench clone: error: {exc}", file=sys.stderr)
         return 2
     steps = expert_steps(args.env, AutoTokenizer.from_pretrained(path), split=args.split, tasks=args.tasks,

@@ -59,7 +59,8 @@ def test_the_probe_runs_on_an_untrained_policy(agent_dir, capsys):
 
 @pytest.mark.parametrize("argv, flag", [
     (["--env", "webshop", "--model", "tiny-agent"], "--env"), (["--model", "tiny-agent", "--tasks", "0"], "--tasks"),
-    (["--model", "tiny-agent", "--temperature", "0"], "--temperature"), (["--model", "/nonexistent"], "model"),
+    (["--model", "tiny-agent", "--temperature", "0"], "--temperature"), (["--model", "/nonexistent"], "--model"),
+    (["--model", "tiny-agent", "--split", "valid"], "--split"), (["--model", "tiny-agent", "--tasks", "10000000"], "--tasks"),
 ])
 def test_bad_input_is_named(argv, flag, capsys):
     assert clone_probe.main(argv) == 2
