@@ -65,7 +65,7 @@ def test_the_pipeline_runs_at_toy_size(tmp_path, capsys):
     for part in ("**Learning-rate sweep**", "**Learning**", "warm-start success", "collapsed", "Cost:",
                  "No oracle row"):
         assert part in text, part
-    runs = pickle.loads((out / "learning-lm-runs.pkl").read_bytes())
+    runs = pickle.loads((out / "learning-lm-it2-runs.pkl").read_bytes())  # a budget of its own: its own block
     final = runs["alfworld_like"]["final"]
     assert set(final) == {"grpo", "progpo"}
     assert all(len(r.success) == 2 and r.steps[-1] > 0 for rs in final.values() for r in rs)
