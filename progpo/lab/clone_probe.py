@@ -78,15 +78,16 @@ def expert_steps(env_name: str, tokenizer, *, split: str, tasks: int, history: i
     return out
 
 
-def answers(model_path: str, steps: list[ProbeStep], *, temperature: float, max_new_tokens: int, seed: int) -> list[str]:
-    """The policy's sampled answer text to every step's prompt (batched by the local backend's generator)."""
+def answers(model_path: str, tok, steps: list[ProbeStep], *, temperature: float, max_new_tokens: int,
+            seed: int) -> list[str]:
+    """The policy's sampled answer text to every step's prompt (``tok``: its tokenizer; batched by the local
+    backend's generator)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from progpo.agents.templates import decode_response
     from progpo.run.generation import HFGenerator
 
-    tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     gen = HFGenerator(model, tok, max_batch_size=64, seed=seed)
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
@@ -152,12 +153,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ValueError(f"--history must be >= 0, got {args.history}")
     if not args.temperature > 0:
         raise ValueError(f"--temperature must be > 0, got {args.temperature}")
-    from progpo.envs.synthetic.env import SPLITS
+    from progpo.envs.synthetic.env import SyntheticEnv
 
-    if args.split not in SPLITS:
-        raise ValueError(f"--split must be one of {list(SPLITS)}, got {args.split!r}")
-    if args.tasks > SPLITS[args.split][1]:
-        raise ValueError(f"--tasks must be <= {SPLITS[args.split][1]} (tasks in the {args.split} split), got {args.tasks}")
+    sizes = SyntheticEnv.split_sizes()
+    if args.split not in sizes:
+        raise ValueError(f"--split must be one of {list(sizes)}, got {args.split!r}")
+    if args.tasks > sizes[args.split]:
+        raise ValueError(f"--tasks must be <= {sizes[args.split]} (tasks in the {args.split} split), got {args.tasks}")
     return args
 
 
@@ -170,20 +172,15 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         args = parse_args(argv)
-        try:
-            path = resolve_pretrain(args.model)
-        except (ValueError, FileNotFoundError) as exc:  # it names the train flag; here the flag is --model
-            why = str(exc)
-            for name in (f"--actor.model_name_or_path {args.model!r}", f"--actor.model_name_or_path {args.model}"):
-                why = why.replace(name, "")
-            why = why.lstrip(": ")
-            raise ValueError(f"--model {args.model!r}{' ' if why.startswith('is ') else ': '}{why}") from exc
-    except ValueError as exc:
+        path = resolve_pretrain(args.model, flag="--model")
+    except (ValueError, FileNotFoundError) as exc:
         print(f"python -m progpo.cli.bench clone: error: {exc}", file=sys.stderr)
         return 2
-    steps = expert_steps(args.env, AutoTokenizer.from_pretrained(path), split=args.split, tasks=args.tasks,
-                         history=args.history, max_steps=args.max_steps)
-    texts = answers(path, steps, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    tok = AutoTokenizer.from_pretrained(path)
+    steps = expert_steps(args.env, tok, split=args.split, tasks=args.tasks, history=args.history,
+                         max_steps=args.max_steps)
+    texts = answers(path, tok, steps, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                    seed=args.seed)
     chosen = [parse_action(t, args.env)[0] for t in texts]
     print(f"`{args.env}`, {args.tasks} {args.split} tasks, expert trajectories, policy {args.model} sampled at T = "
           f"{args.temperature:g}, history {args.history}:\n")

@@ -350,7 +350,8 @@ def detail_table(final: dict[str, list[LMRunResult]], lrs: dict[str, float], ref
     difference to that row (:func:`paired_gap`), format-invalid share at the end, env steps and CPU seconds
     per run."""
     rows = []
-    half = f"second-half success (iterations {len(next(iter(final.values()))[0].success) // 2 + 1}+)"
+    late = "second-half success"
+    first_late = len(next(iter(final.values()))[0].success) // 2 + 1
     for name, runs in final.items():
         start = [float(r.success[0]) for r in runs]
         fin = lr_report.final_success(runs)
@@ -366,8 +367,9 @@ def detail_table(final: dict[str, list[LMRunResult]], lrs: dict[str, float], ref
                   report.fmt_ci(*mean_ci(env_inv)), f"{np.mean([r.steps[-1] for r in runs]):,.0f}",
                   f"{np.mean([r.cpu_s for r in runs]):.0f}"]
         rows.append(cells)
-    header = ["row", "lr", "warm-start success (iteration 1)", "final success (last 5)", "final - warm start", half,
-              *([f"{half.split(' (')[0]} - {reference}'s, paired by seed"] if reference else []), "final score",
+    header = ["row", "lr", "warm-start success (iteration 1)", "final success (last 5)", "final - warm start",
+              f"{late} (iterations {first_late}+)", *([f"{late} - {reference}'s, paired by seed"] if reference else []),
+              "final score",
               "format-invalid share (last 5)", "inadmissible-action share (last 5)", "env steps per run",
               "CPU s per run"]
     return report.markdown_table(header, rows)

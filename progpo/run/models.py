@@ -125,20 +125,23 @@ def disable_dropout(model: Any) -> dict[str, float]:
     return changed
 
 
-def _refuse_unfinished_sft(pretrain: str, run: Path, latest: Path) -> None:
-    """An ``sft`` run writes ``sft_summary.json`` last; without it the run was cut short."""
+def _refuse_unfinished_sft(pretrain: str, run: Path, latest: Path, flag: str = "--actor.model_name_or_path") -> None:
+    """An ``sft`` run writes ``sft_summary.json`` last; without it the run was cut short (``flag`` names the
+    caller's flag in the error)."""
     import json
 
     state = json.loads((latest / "trainer_state.json").read_text())
     if "sft_epoch" in state and not (run / "sft_summary.json").exists():
         of = f" of {state['sft_epochs']}" if "sft_epochs" in state else ""
-        raise ValueError(f"--actor.model_name_or_path {pretrain}: the sft run there did not finish (stopped after epoch "
+        raise ValueError(f"{flag} {pretrain}: the sft run there did not finish (stopped after epoch "
                          f"{state['sft_epoch']}{of}, no sft_summary.json); run sft again into an empty "
                          f"--ckpt.path, or pass {latest / 'hf'} to start from that epoch's model")
 
 
-def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None) -> str:
-    """Return an HF folder path for ``--actor.model_name_or_path`` (see module docstring).
+def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None,
+                     flag: str = "--actor.model_name_or_path") -> str:
+    """Return an HF folder path for ``--actor.model_name_or_path`` (see module docstring); ``flag`` is the flag
+    the errors name (another command's, e.g. ``bench clone --model``).
 
     Raises:
         FileNotFoundError: neither an existing folder nor a known alias (the message names the flag).
@@ -163,10 +166,10 @@ def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None)
 
         latest = CheckpointManager(path).latest()
         if latest is None:
-            raise FileNotFoundError(f"--actor.model_name_or_path {pretrain}: run folder without a complete checkpoint")
-        _refuse_unfinished_sft(pretrain, path, latest)
+            raise FileNotFoundError(f"{flag} {pretrain}: run folder without a complete checkpoint")
+        _refuse_unfinished_sft(pretrain, path, latest, flag)
         return str(latest / "hf")
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"--actor.model_name_or_path {pretrain!r} is neither a Hugging Face model folder "
+        raise FileNotFoundError(f"{flag} {pretrain!r} is neither a Hugging Face model folder "
                                 f"(no config.json there), nor a run folder (no checkpoints/), nor one of {ALIASES}")
     return str(path)
