@@ -1,9 +1,9 @@
 """Launching OpenRLHF's Ray PPO job with our settings: the flags we add to OpenRLHF's, their checks, the task
-files that become its prompt dataset, the CPU policy of ``--device cpu``, and the Ray start.
+files that become its prompt dataset, the CPU policy of ``--rollout.backend hf``, and the Ray start.
 
 :class:`RayArgs` is our part of ``python -m progpo.cli.train_ray``'s command line: the same
 :class:`~progpo.run.settings.EnvSettings` / :class:`~progpo.run.settings.RolloutSettings` classes as
-``train`` (so a setting has the same flag on both backends), plus ``--device``, ``--cpu.*`` and
+``train`` (so a setting has the same flag on both backends), plus ``--rollout.backend``, ``--cpu.*`` and
 ``--debug.*``. :func:`finalize` checks them against OpenRLHF's own flags and folds everything into the
 flat namespace OpenRLHF's main block expects. Every check raises
 :class:`~progpo.run.flags.FlagError` naming the flag.
@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from progpo.advantages import ESTIMATORS
 from progpo.run import flags
@@ -39,22 +39,22 @@ DEPRECATED = {
     "--env.split": "--env.train_split",
     "--env.max_prompt_tokens": "--rollout.max_prompt_tokens",
     "--env.num_eval_tasks": "--eval.num_tasks",
+    "--device": flags.Renamed("--rollout.backend", {"cuda": "vllm", "cpu": "hf"}.get, {"choices": ("cuda", "cpu")}),
+    "--cpu.engine_batch_size": "--rollout.gen_batch_size",
 }
 
 
 @dataclass(frozen=True)
 class CPUSettings:
-    """A CPU run (``--cpu.*``; ``--device cpu`` only)."""
+    """A CPU run (``--cpu.*``; ``--rollout.backend hf`` only)."""
 
     ray_num_cpus: int | None = None
     """logical CPU slots of the local Ray head (None: what the actors need, +1)"""
     torch_threads: int | None = None
     """torch threads per Ray worker process (None: the machine's cores)"""
-    engine_batch_size: int = 32
-    """most generation requests one engine batches into one transformers generate call"""
 
     def __post_init__(self) -> None:
-        for name in ("ray_num_cpus", "torch_threads", "engine_batch_size"):
+        for name in ("ray_num_cpus", "torch_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--cpu.{name} must be >= 1, got {value}")
@@ -67,7 +67,7 @@ class DebugSettings:
     dump_dir: str | None = None
     """write each iteration's step batch (experience maker) and the rows the actor trains on (its replay buffer) there as JSON"""
     check_weight_sync: bool = False
-    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); --device cpu only"""
+    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); --rollout.backend hf only"""
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,9 @@ class RayArgs:
     """Our flags of ``train_ray`` (OpenRLHF's parser holds the rest)."""
 
     env: EnvSettings = field(default_factory=EnvSettings, metadata={"skip": ()})
-    rollout: RolloutSettings = field(default_factory=RolloutSettings, metadata={
-        "flags": ("max_prompt_tokens", "dynamic_sampling", "dynamic_sampling_max_rounds")})
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32), metadata={
+        "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
-    device: Literal["cuda", "cpu"] = "cuda"
-    """cuda: OpenRLHF as shipped (vLLM, flash-attn, NCCL; GPU nodes). cpu: the same job on CPU for a laptop dry run (local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engine; see docs/distributed.md)"""
     cpu: CPUSettings = field(default_factory=CPUSettings)
     debug: DebugSettings = field(default_factory=DebugSettings)
 
@@ -158,35 +156,35 @@ def cpu_slots(ns: dict[str, Any], env: EnvSettings) -> int:
 
 
 def apply_device(ns: dict[str, Any], args: RayArgs) -> None:
-    """Check ``--device`` and fold it into ``ns`` (``progpo_device``, ``progpo_engine_kwargs``, ...).
+    """Check ``--rollout.backend`` and fold it into ``ns`` (``progpo_device``, ``progpo_engine_kwargs``, ...).
 
     CPU mode: OpenRLHF's CUDA-only defaults are switched (``--ds.attn_implementation`` flash_attention_2
     -> sdpa, ``--vllm.sync_backend`` nccl -> gloo); features without a CPU path are refused naming the
     flag; the model aliases ``tiny`` / ``smollm2-135m`` resolve to local HF folders.
     """
-    ns["progpo_device"] = args.device
-    if args.device == "cuda":
+    ns["progpo_device"] = "cpu" if args.rollout.backend == "hf" else "cuda"
+    if args.rollout.backend == "vllm":
         given = [f"--cpu.{n}" for n in ("ray_num_cpus", "torch_threads") if getattr(args.cpu, n) is not None]
         if given:
-            raise FlagError(given[0], "only applies with --device cpu")
+            raise FlagError(given[0], "only applies with --rollout.backend hf")
         if args.debug.check_weight_sync:
-            raise FlagError("--debug.check_weight_sync", "compares the CPU engine's weights: use it with --device cpu")
+            raise FlagError("--debug.check_weight_sync", "compares the CPU engine's weights: use it with --rollout.backend hf")
         return
     for flag, (bad, why) in CPU_REFUSED.items():
         if ns[flag] == bad:
-            raise FlagError(f"--{flag}", f"not supported with --device cpu ({why})")
+            raise FlagError(f"--{flag}", f"not supported with --rollout.backend hf ({why})")
     for flag in ("ds.ring_attn_size", "ds.tensor_parallel_size", "vllm.tensor_parallel_size"):
         if ns[flag] != 1:
-            raise FlagError(f"--{flag}", f"must be 1 with --device cpu, got {ns[flag]}")
+            raise FlagError(f"--{flag}", f"must be 1 with --rollout.backend hf, got {ns[flag]}")
     attn = ns["ds.attn_implementation"]
     if attn == "flash_attention_2":  # OpenRLHF's default
         ns["ds.attn_implementation"] = "sdpa"
     elif attn not in ("sdpa", "eager"):
-        raise FlagError("--ds.attn_implementation", f"must be sdpa or eager with --device cpu, got {attn!r}")
+        raise FlagError("--ds.attn_implementation", f"must be sdpa or eager with --rollout.backend hf, got {attn!r}")
     if ns["vllm.sync_backend"] == "nccl":  # OpenRLHF's default
         ns["vllm.sync_backend"] = "gloo"
     elif ns["vllm.sync_backend"] != "gloo":
-        raise FlagError("--vllm.sync_backend", f"must be gloo with --device cpu, got {ns['vllm.sync_backend']!r}")
+        raise FlagError("--vllm.sync_backend", f"must be gloo with --rollout.backend hf, got {ns['vllm.sync_backend']!r}")
     if not ns["vllm.num_engines"] or ns["vllm.num_engines"] < 1:
         raise FlagError("--vllm.num_engines", "must be >= 1: the agent executor runs inside the engines")
     for flag in ("actor.num_nodes", "actor.num_gpus_per_node"):  # on CPU: the policy's processes
@@ -196,7 +194,7 @@ def apply_device(ns: dict[str, Any], args: RayArgs) -> None:
         from progpo.run.models import resolve_pretrain
 
         ns["actor.model_name_or_path"] = resolve_pretrain(ns["actor.model_name_or_path"])
-    ns["progpo_engine_kwargs"] = {"dtype": ns["ds.param_dtype"], "max_batch_size": args.cpu.engine_batch_size}
+    ns["progpo_engine_kwargs"] = {"dtype": ns["ds.param_dtype"], "max_batch_size": args.rollout.gen_batch_size}
     ns["progpo_ray_num_cpus"] = args.cpu.ray_num_cpus or cpu_slots(ns, args.env)
     ns["progpo_torch_threads"] = args.cpu.torch_threads or os.cpu_count() or 1
 
@@ -375,7 +373,7 @@ def ray_env_vars(agent_config_json: str) -> dict[str, str]:
 def init_ray(args: argparse.Namespace) -> bool:
     """Connect to (or start) Ray with :func:`ray_env_vars` in every worker's environment.
 
-    ``--device cpu``: every worker first runs :func:`progpo.openrlhf.cpu.worker_setup_hook`
+    ``--rollout.backend hf``: every worker first runs :func:`progpo.openrlhf.cpu.worker_setup_hook`
     (Ray's ``worker_process_setup_hook``), and without ``RAY_ADDRESS`` a new local head is started
     with ``progpo_ray_num_cpus`` logical CPUs (never an existing cluster of this machine).
 

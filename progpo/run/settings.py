@@ -128,9 +128,9 @@ class RolloutSettings:
     max_prompt_tokens: int | None = None
     """context guard of each step prompt, in tokens: oldest history dropped first, then the observation cut (None: --data.max_len - --rollout.max_new_tokens on train_ray)"""
     gen_batch_size: int = 64
-    """train: most requests per transformers generate call"""
+    """most generation requests batched into one transformers generate call (--rollout.backend hf; train_ray: per engine)"""
     backend: Literal["hf", "vllm"] = "hf"
-    """train: generation engine, hf (transformers generate on the actor's own weights) or vllm"""
+    """generation engine. train: hf (transformers generate on the actor's own weights) or vllm (an in-process vllm.LLM). train_ray: vllm (OpenRLHF as shipped: vLLM, flash-attn, NCCL; GPU nodes) or hf (the same job on CPU for a laptop dry run: local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engines; docs/distributed.md)"""
     dynamic_sampling: bool = False
     """drop groups whose rollouts all got the same return (no learning signal) from the update and draw new tasks until --rollout.batch_size groups carry signal or --rollout.dynamic_sampling_max_rounds extra rounds were played (DAPO's dynamic sampling; beside OpenRLHF's --algo.dynamic_filtering_*)"""
     dynamic_sampling_max_rounds: int = 2

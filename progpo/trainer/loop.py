@@ -207,7 +207,7 @@ class Trainer:
                              "another --ckpt.path")
         check_run_dir(self.save_path)
         pretrain = cfg.actor.model_name_or_path
-        if cfg.warm_start.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
+        if cfg.sft.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
             from progpo.trainer.progress import TqdmWriter
             from progpo.trainer.warm_start import warm_start
 
@@ -218,7 +218,7 @@ class Trainer:
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
                                    count=cfg.env.num_tasks)
-        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard)
+        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard_dir)
         (self.save_path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
         start = 0
         if cfg.ckpt.load_enable:

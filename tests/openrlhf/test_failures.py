@@ -166,7 +166,7 @@ def test_train_ray_turns_the_failure_into_one_line_and_exit_3(mods, monkeypatch,
     monkeypatch.setattr(mods.trainer, "run_openrlhf_main", fit)
     monkeypatch.setattr(cpu, "install", lambda: None)
     monkeypatch.setattr(launch, "init_ray", lambda args: False)
-    argv = ["--device", "cpu", "--actor.model_name_or_path", "tiny", "--env.name", "webshop", "--env.url",
+    argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--env.name", "webshop", "--env.url",
             "http://127.0.0.1:9", "--env.num_tasks", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt",
             "4", "--rollout.micro_batch_size", "4", "--train.batch_size", "8", "--train.micro_batch_size", "2",
             "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",

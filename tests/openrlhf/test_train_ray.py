@@ -223,7 +223,7 @@ def test_help_works_without_the_gpu_stack():
     res = subprocess.run([sys.executable, "-m", "progpo.cli.train_ray", "--help"], cwd=repo, capture_output=True,
                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(repo)))
     assert res.returncode == 0, res.stderr[-3000:]
-    for flag in ["--device", "--cpu.ray_num_cpus", "--cpu.torch_threads", "--cpu.engine_batch_size", "--debug.dump_dir",
+    for flag in ["--rollout.backend", "--cpu.ray_num_cpus", "--cpu.torch_threads", "--rollout.gen_batch_size", "--debug.dump_dir",
                  "--debug.check_weight_sync", "--advantage_estimator", "--progpo.kappa", "--env.name",
                  "--ds.zero_stage", "--vllm.num_engines", "--actor.model_name_or_path"]:
         assert flag in res.stdout, flag
@@ -249,11 +249,11 @@ def test_cuda_without_the_gpu_stack_points_to_device_cpu(cli, capsys, tmp_path):
         cli.train_ray.main(BASE + ["--ckpt.path", str(tmp_path / "ckpt")])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "argument --device: cuda needs vllm and flash_attn installed" in err and "add --device cpu" in err
+    assert "argument --rollout.backend: vllm needs vllm and flash_attn installed" in err and "add --rollout.backend hf" in err
 
 
 def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path):
-    ns = _finalize(cli, BASE + ["--device", "cpu", "--actor.model_name_or_path", "tiny", "--actor.num_gpus_per_node",
+    ns = _finalize(cli, BASE + ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--actor.num_gpus_per_node",
                                 "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
                                 "--debug.check_weight_sync", "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
     assert ns.progpo_device == "cpu"
@@ -280,7 +280,7 @@ def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path)
 ])
 def test_cpu_mode_refuses_what_has_no_cpu_path(cli, capsys, tmp_path, argv, flag):
     with pytest.raises(SystemExit) as exc:
-        _finalize(cli, BASE + ["--device", "cpu", "--vllm.num_engines", "1"] + argv, tmp_path)
+        _finalize(cli, BASE + ["--rollout.backend", "hf", "--vllm.num_engines", "1"] + argv, tmp_path)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
 
