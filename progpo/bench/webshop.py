@@ -45,6 +45,8 @@ import requests
 from envs.webshop_server import synth
 from envs.webshop_server.process import WebShopServerProcess
 from progpo.paths import data_root
+from progpo.run import flags
+from progpo.run.settings import EnvSettings
 
 
 
@@ -468,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--products", type=int, default=synth.FULL_PRODUCTS, help="synthetic catalog size")
     p.add_argument("--human-goals", type=int, default=synth.HUMAN_GOALS)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", default=None, help="an existing WebShop data folder instead of a synthetic one")
+    flags.restate(p, EnvSettings, "--env.data_dir", prefix=("env",), dest="data_dir",
+                  note="here: an existing WebShop data folder instead of a synthetic one", old=("--data-dir",))
     p.add_argument("--synth-dir", default=None, help="where the synthetic catalog is (or goes)")
     p.add_argument("--cache-dir", default=None, help="the benchmark's own cache folder, emptied first "
                    "(default: <catalog folder>.bench-cache)")

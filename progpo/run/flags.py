@@ -279,7 +279,8 @@ class Renamed:
 
 
 class _Deprecated(argparse.Action):
-    """An old flag name: stores under the new name's dest and prints one deprecation line."""
+    """An old flag name: stores under the new name's dest and prints one deprecation line
+    (``add_argument(old, action=Deprecated, new="--new.flag", ...)``)."""
 
     def __init__(self, option_strings, dest, new: str, value: Any = MISSING, convert: Any = None, **kwargs):
         self.new, self.value, self.convert = new, value, convert
@@ -376,6 +377,9 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
         parser.add_argument(name, dest=dest, default=argparse.SUPPRESS, action=_Deprecated, new=option,
                             help=argparse.SUPPRESS, **kwargs)
     return flag
+
+
+Deprecated = _Deprecated  # the action of an old flag name, for parsers written by hand
 
 
 # ---- building the settings ----------------------------------------------------------------------
