@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from progpo.run.settings import EnvSettings, RolloutSettings
+from progpo.run.task_sampler import TaskSampler
 from progpo.trainer.config import (ActorSettings, AdamSettings, CkptSettings, DeepSpeedSettings, LoggerSettings,
                                    SFTSettings, TrainSettings, lora_fields)
 
@@ -99,8 +100,6 @@ def collect(env: EnvSettings, tokenizer, handle, *, num_tasks: int, seed: int, m
 
     from progpo.agents.episode import TaskSpec
     from progpo.agents.experts import expert_episodes
-    from progpo.trainer.loop import TaskSampler
-
     total = handle.num_tasks(env.train_split)
     sampler = TaskSampler(total, seed, offset=env.task_offset, count=env.num_tasks)
     ids = sampler.next(min(num_tasks, total) if env.num_tasks is None else num_tasks)
