@@ -110,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = finalize(parser, parser.parse_args(argv))
     from progpo.openrlhf.cpu import install, missing_gpu_packages
-    from progpo.openrlhf.launch import init_ray
+    from progpo.openrlhf.launch import init_ray, ray_run
 
-    if args.progpo_device == "cpu":
+    run = ray_run(args)
+    if run.device == "cpu":
         install()
     elif missing_gpu_packages():
         parser.error(f"argument --rollout.backend: vllm needs {' and '.join(missing_gpu_packages())} installed (pip install -r "
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from progpo.openrlhf.trainer import run_openrlhf_main
     from progpo.run.failures import EXIT_ROLLOUT_FAILED, RolloutFailed
 
-    os.environ["PROGPO_AGENT_CONFIG"] = args.progpo_agent_config_json
+    os.environ["PROGPO_AGENT_CONFIG"] = run.agent.to_json()
     started = init_ray(args)
     failure = None
     try:

@@ -82,6 +82,61 @@ class RayArgs:
     debug: DebugSettings = field(default_factory=DebugSettings)
 
 
+@dataclass(frozen=True)
+class RayRun:
+    """One ``train_ray`` job's own settings, checked and resolved (:func:`finalize`).
+
+    OpenRLHF's namespace carries it as ``args.progpo`` (one key: the strategy hands it to every Ray actor),
+    so the actors read typed fields (:func:`ray_run`) instead of flat ``progpo_*`` strings.
+
+    Attributes:
+        settings: our flags (:class:`RayArgs`, the env resolved against its spec).
+        advantage: the estimator's settings (None: one of OpenRLHF's own estimators).
+        agent: the episode loop's settings (``progpo.openrlhf.agent.AgentConfig``; the engines read it
+            from ``PROGPO_AGENT_CONFIG``); None where no engine runs (unit tests of one actor).
+        engine_kwargs: keyword arguments of the transformers engine (``--rollout.backend hf``).
+        ray_num_cpus: logical CPUs of a local Ray head (``--rollout.backend hf``; None: not started here).
+        torch_threads: torch threads of every Ray worker (``--rollout.backend hf``).
+        dump_dir: ``--debug.dump_dir``, absolute (None: no dumps).
+    """
+
+    settings: RayArgs = field(default_factory=lambda: RayArgs())
+    advantage: Any = None
+    agent: Any = None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    ray_num_cpus: int | None = None
+    torch_threads: int | None = None
+    dump_dir: str | None = None
+
+    @property
+    def device(self) -> str:
+        """``cpu`` (``--rollout.backend hf``: the CPU stand-ins apply) or ``cuda`` (vLLM)."""
+        return "cpu" if self.settings.rollout.backend == "hf" else "cuda"
+
+    @property
+    def check_weight_sync(self) -> bool:
+        """``--debug.check_weight_sync``."""
+        return self.settings.debug.check_weight_sync
+
+    @property
+    def dynamic_sampling_max_rounds(self) -> int | None:
+        """``--rollout.dynamic_sampling_max_rounds`` under ``--rollout.dynamic_sampling``, else None (off)."""
+        rollout = self.settings.rollout
+        return rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else None
+
+    @property
+    def env(self) -> EnvSettings:
+        """The env settings the engines run (the agent's, else ours)."""
+        return self.agent.env if self.agent is not None else self.settings.env
+
+
+def ray_run(args: Any) -> RayRun:
+    """The :class:`RayRun` on OpenRLHF's namespace ``args`` (flat or hierarchized); its defaults where the
+    namespace was built without one (a unit test of one actor)."""
+    run = vars(args).get("progpo")
+    return run if isinstance(run, RayRun) else RayRun()
+
+
 def add_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
     """Add :class:`RayArgs`'s flags (those OpenRLHF does not define itself) to OpenRLHF's parser."""
     return flags.add_flags(parser, RayArgs, taken=flags.option_strings(parser), deprecated=DEPRECATED,
@@ -155,21 +210,21 @@ def cpu_slots(ns: dict[str, Any], env: EnvSettings) -> int:
     return int(actor + ref + engines + env_actors + 0.999) + 1
 
 
-def apply_device(ns: dict[str, Any], args: RayArgs) -> None:
-    """Check ``--rollout.backend`` and fold it into ``ns`` (``progpo_device``, ``progpo_engine_kwargs``, ...).
+def apply_device(ns: dict[str, Any], args: RayArgs) -> dict[str, Any]:
+    """Check ``--rollout.backend`` against OpenRLHF's flags in ``ns``; return the :class:`RayRun` fields of
+    CPU mode (``engine_kwargs``, ``ray_num_cpus``, ``torch_threads``; none with vllm).
 
     CPU mode: OpenRLHF's CUDA-only defaults are switched (``--ds.attn_implementation`` flash_attention_2
     -> sdpa, ``--vllm.sync_backend`` nccl -> gloo); features without a CPU path are refused naming the
     flag; the model aliases ``tiny`` / ``smollm2-135m`` resolve to local HF folders.
     """
-    ns["progpo_device"] = "cpu" if args.rollout.backend == "hf" else "cuda"
     if args.rollout.backend == "vllm":
         given = [f"--cpu.{n}" for n in ("ray_num_cpus", "torch_threads") if getattr(args.cpu, n) is not None]
         if given:
             raise FlagError(given[0], "only applies with --rollout.backend hf")
         if args.debug.check_weight_sync:
             raise FlagError("--debug.check_weight_sync", "compares the CPU engine's weights: use it with --rollout.backend hf")
-        return
+        return {}
     for flag, (bad, why) in CPU_REFUSED.items():
         if ns[flag] == bad:
             raise FlagError(f"--{flag}", f"not supported with --rollout.backend hf ({why})")
@@ -194,9 +249,9 @@ def apply_device(ns: dict[str, Any], args: RayArgs) -> None:
         from progpo.run.models import resolve_pretrain
 
         ns["actor.model_name_or_path"] = resolve_pretrain(ns["actor.model_name_or_path"])
-    ns["progpo_engine_kwargs"] = {"dtype": ns["ds.param_dtype"], "max_batch_size": args.rollout.gen_batch_size}
-    ns["progpo_ray_num_cpus"] = args.cpu.ray_num_cpus or cpu_slots(ns, args.env)
-    ns["progpo_torch_threads"] = args.cpu.torch_threads or os.cpu_count() or 1
+    return {"engine_kwargs": {"dtype": ns["ds.param_dtype"], "max_batch_size": args.rollout.gen_batch_size},
+            "ray_num_cpus": args.cpu.ray_num_cpus or cpu_slots(ns, args.env),
+            "torch_threads": args.cpu.torch_threads or os.cpu_count() or 1}
 
 
 # ---- folding our flags into OpenRLHF's namespace ---------------------------------------------------
@@ -269,9 +324,9 @@ def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
 def finalize(args: argparse.Namespace) -> argparse.Namespace:
     """Check our flags and fold them into the flat namespace OpenRLHF's main block expects.
 
-    Adds ``progpo_advantage_config`` (an ``AdvantageConfig``, for our estimators) and
-    ``progpo_agent_config_json`` (for ``PROGPO_AGENT_CONFIG``); sets ``--algo.advantage.estimator``,
-    ``--train.agent_func_path`` and, unless given, the task datasets.
+    Adds ``progpo``, the job's :class:`RayRun` (our settings, the ``AdvantageConfig`` of our estimators and
+    the episode loop's ``AgentConfig``); sets ``--algo.advantage.estimator``, ``--train.agent_func_path``
+    and, unless given, the task datasets.
 
     Raises:
         FlagError: naming the first bad flag.
@@ -283,7 +338,7 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     rargs = flags.build(RayArgs, {k: v for k, v in ns.items() if k in ours_keys})
     env = rargs.env.resolved()
     rargs = dataclasses.replace(rargs, env=env)
-    apply_device(ns, rargs)
+    device = apply_device(ns, rargs)
     estimator = ns.pop("advantage_estimator") or "progpo"
     ns["algo.advantage.estimator"] = estimator
     ours = estimator in ESTIMATORS
@@ -291,14 +346,15 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     if not ours and progpo_given:
         raise FlagError("--progpo.*", f"only apply to --advantage_estimator in {[e.value for e in ESTIMATORS]}, "
                                       f"not {estimator!r}")
-    ns["progpo_advantage_config"] = advantage_config(ns, estimator, env.max_steps) if ours else None
+    advantage = advantage_config(ns, estimator, env.max_steps) if ours else None
     if ours and ns["train.async_enable"]:
         raise FlagError("--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
     if ours:
         check_group_size(estimator, ns["rollout.n_samples_per_prompt"])
     per_step_checks(ns, estimator)
+    given = {"max_new_tokens": ns["rollout.max_new_tokens"]} if ns["rollout.max_new_tokens"] is not None else {}
     agent = AgentConfig(env=env, env_kwargs=remote_env_kwargs(env), max_prompt_tokens=rargs.rollout.max_prompt_tokens,
-                        max_new_tokens=ns["rollout.max_new_tokens"] or 512, max_envs=env.num_envs or 256)
+                        **given)
     if ns["train.agent_func_path"] is None:
         ns["train.agent_func_path"] = agent_path()
     elif not Path(ns["train.agent_func_path"]).is_file():
@@ -306,10 +362,6 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     task_datasets(ns, env, rargs.eval.num_tasks or 0)
     if rargs.debug.dump_dir:
         _folder("--debug.dump_dir", Path(rargs.debug.dump_dir))
-    ns["progpo_debug_dump_dir"] = rargs.debug.dump_dir and str(Path(rargs.debug.dump_dir).resolve())
-    ns["progpo_debug_check_weight_sync"] = rargs.debug.check_weight_sync
-    ns["progpo_dynamic_sampling_max_rounds"] = (rargs.rollout.dynamic_sampling_max_rounds
-                                                if rargs.rollout.dynamic_sampling else None)
     if rargs.rollout.dynamic_sampling and not ours:
         raise FlagError("--rollout.dynamic_sampling", f"applies to --advantage_estimator in "
                         f"{[e.value for e in ESTIMATORS]} (per-step samples); OpenRLHF's own estimators have "
@@ -317,7 +369,8 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     for key in [k for k in ns if k in ours_keys or k.startswith("progpo.")]:
         ns.pop(key)
     ns.pop("progpo_preset", None)
-    ns["progpo_agent_config_json"] = agent.to_json()
+    dump_dir = rargs.debug.dump_dir and str(Path(rargs.debug.dump_dir).resolve())
+    ns["progpo"] = RayRun(settings=rargs, advantage=advantage, agent=agent, dump_dir=dump_dir, **device)
     return argparse.Namespace(**ns)
 
 
@@ -375,7 +428,7 @@ def init_ray(args: argparse.Namespace) -> bool:
 
     ``--rollout.backend hf``: every worker first runs :func:`progpo.openrlhf.cpu.worker_setup_hook`
     (Ray's ``worker_process_setup_hook``), and without ``RAY_ADDRESS`` a new local head is started
-    with ``progpo_ray_num_cpus`` logical CPUs (never an existing cluster of this machine).
+    with :attr:`RayRun.ray_num_cpus` logical CPUs (never an existing cluster of this machine).
 
     Returns:
         True when this call started a local head (the caller shuts it down).
@@ -384,18 +437,19 @@ def init_ray(args: argparse.Namespace) -> bool:
 
     if ray.is_initialized():
         return False
-    env_vars = ray_env_vars(args.progpo_agent_config_json)
-    if args.progpo_device != "cpu":
+    run = ray_run(args)
+    env_vars = ray_env_vars(run.agent.to_json())
+    if run.device != "cpu":
         ray.init(runtime_env={"env_vars": env_vars})
         return False
     from progpo.openrlhf.cpu import THREADS_ENV_VAR
 
-    env_vars[THREADS_ENV_VAR] = str(args.progpo_torch_threads)
+    env_vars[THREADS_ENV_VAR] = str(run.torch_threads)
     runtime_env = {"env_vars": env_vars, "worker_process_setup_hook": "progpo.openrlhf.cpu.worker_setup_hook"}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env=runtime_env)
         return False
-    logger.info("starting a local Ray head with %d logical CPUs", args.progpo_ray_num_cpus)
-    ray.init(address="local", num_cpus=args.progpo_ray_num_cpus, num_gpus=0, include_dashboard=False,
+    logger.info("starting a local Ray head with %d logical CPUs", run.ray_num_cpus)
+    ray.init(address="local", num_cpus=run.ray_num_cpus, num_gpus=0, include_dashboard=False,
              runtime_env=runtime_env)
     return True

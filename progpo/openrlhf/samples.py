@@ -29,11 +29,11 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, batch
 from progpo.advantages.batch import StepBatch
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
 from progpo.agents.types import Episode
-from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY, AgentConfig
+from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY
 from progpo.openrlhf.balance import balance_for_ranks, data_parallel_ranks, rollout_multiple
+from progpo.openrlhf.launch import ray_run
 from progpo.run.dynamic_sampling import DynamicSamplingStats, has_signal
 from progpo.run.failures import check_failures, failure_cause, failure_metrics
-from progpo.run.settings import EnvSettings
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class StepSamplesGenerator(SamplesGenerator):
     ``rollout/truncated_response_frac``) plus ``rollout/failed_episodes``, ``rollout/failed/<kind>``
     (counts) and ``rollout/pad_rows``; ``last_episodes`` holds the batch's ``[E]`` episodes.
 
-    With ``--rollout.dynamic_sampling`` (``args.progpo_dynamic_sampling_max_rounds`` set) the groups
+    With ``--rollout.dynamic_sampling`` (``ray_run(args).dynamic_sampling_max_rounds`` set) the groups
     without a return signal are dropped before the expansion and up to that many extra rounds draw
     as many new prompts as groups are missing (:meth:`dynamic_sampling`, the local loop's criterion
     :func:`progpo.run.dynamic_sampling.has_signal`); ``last_stats`` then also holds the
@@ -176,8 +176,7 @@ class StepSamplesGenerator(SamplesGenerator):
         self._batch_counter = 0
         self.last_stats: dict[str, float] = {}
         self.last_episodes: list[Episode] = []
-        text = getattr(self.args, "progpo_agent_config_json", None)
-        self.max_failed_frac = (AgentConfig.from_json(text).env if text else EnvSettings()).max_failed_frac
+        self.max_failed_frac = ray_run(self.args).env.max_failed_frac
 
     def _process_response_into_experience(self, response: dict, **generate_kwargs: Any) -> Experience:
         experience = super()._process_response_into_experience(response, **generate_kwargs)
@@ -194,7 +193,7 @@ class StepSamplesGenerator(SamplesGenerator):
             return samples, pass_rate, consumed, exhausted
         n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
         stats = None
-        max_rounds = getattr(self.args, "progpo_dynamic_sampling_max_rounds", None)
+        max_rounds = ray_run(self.args).dynamic_sampling_max_rounds
         if max_rounds is not None:
             # the failure threshold sees the whole draw: dropping the groups of failed episodes as
             # signal-free must not turn an all-failed batch into a silent skip

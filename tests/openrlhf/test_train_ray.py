@@ -97,9 +97,9 @@ def test_preset_then_flags(cli, tmp_path):
     from progpo.advantages import config_from_preset
 
     ns = _finalize(cli, BASE + ["--progpo.preset", "paper"], tmp_path)
-    assert ns.progpo_advantage_config == config_from_preset("paper", estimator="progpo", max_steps=15)
+    assert ns.progpo.advantage == config_from_preset("paper", estimator="progpo", max_steps=15)
     ns = _finalize(cli, BASE + ["--progpo.preset", "candidate", "--progpo.state_key", "obs"], tmp_path)
-    cfg = ns.progpo_advantage_config
+    cfg = ns.progpo.advantage
     assert (cfg.state_key, cfg.credit_lambda, cfg.zero_signal) == ("obs", 0.8, "task")
     assert not hasattr(ns, "progpo_preset")
 
@@ -116,9 +116,9 @@ def test_finalize_builds_configs_tasks_and_agent_path(cli, tmp_path):
                                 "--progpo.use_potential", "false", "--eval.num_tasks", "3",
                                 "--env.eval_split", "test"], tmp_path)
     assert getattr(ns, "algo.advantage.estimator") == "gigpo"
-    cfg = ns.progpo_advantage_config
+    cfg = ns.progpo.advantage
     assert (cfg.estimator, cfg.omega, cfg.use_potential, cfg.max_steps) == ("gigpo", 0.5, False, 15)
-    agent = json.loads(ns.progpo_agent_config_json)
+    agent = json.loads(ns.progpo.agent.to_json())
     assert agent["env"]["name"] == "webshop" and agent["env"]["pool"] == "http" and agent["env"]["max_steps"] == 15
     assert agent["env_kwargs"] == {"base_url": "http://10.0.0.1:3000"}
     agent_path = Path(getattr(ns, "train.agent_func_path"))
@@ -160,7 +160,7 @@ def test_openrlhf_main_runs_its_checks_and_swaps_in_our_trainer(cli, tmp_path, m
     assert seen["actor"] is cli.trainer.ProGPOPolicyModelActor
     assert args.algo.advantage.estimator == "progpo" and args.critic.model_name_or_path is None
     assert args.reward.remote_url == ["agent"]  # OpenRLHF's own rewriting for agent_func_path
-    assert isinstance(args.progpo_advantage_config, AdvantageConfig)
+    assert isinstance(args.progpo.advantage, AdvantageConfig)
     from openrlhf.trainer import ppo_trainer
 
     assert ppo_trainer.PPOTrainer is not cli.trainer.ProGPOPPOTrainer  # restored afterwards
@@ -204,7 +204,7 @@ def test_openrlhf_loads_our_agent_file_as_its_engines_do(cli, tmp_path, monkeypa
     from progpo.openrlhf.agent import AgentExecutor
 
     ns = _finalize(cli, BASE, tmp_path)
-    monkeypatch.setenv("PROGPO_AGENT_CONFIG", ns.progpo_agent_config_json)
+    monkeypatch.setenv("PROGPO_AGENT_CONFIG", ns.progpo.agent.to_json())
     executor = _load_agent_executor(getattr(ns, "train.agent_func_path"))
     assert isinstance(executor, AgentExecutor)
     assert executor.config.env.name == "webshop" and executor.config.env_kwargs["base_url"] == "http://10.0.0.1:3000"
@@ -256,12 +256,12 @@ def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path)
     ns = _finalize(cli, BASE + ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--actor.num_gpus_per_node",
                                 "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
                                 "--debug.check_weight_sync", "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
-    assert ns.progpo_device == "cpu"
+    assert ns.progpo.device == "cpu"
     assert getattr(ns, "ds.attn_implementation") == "sdpa" and getattr(ns, "vllm.sync_backend") == "gloo"
     assert Path(getattr(ns, "actor.model_name_or_path"), "config.json").is_file()  # the alias, resolved
-    assert ns.progpo_engine_kwargs == {"dtype": "bf16", "max_batch_size": 32}
-    assert ns.progpo_ray_num_cpus == 4  # actor + reference + engine + 1 free slot for the trainer actor
-    assert ns.progpo_debug_check_weight_sync and ns.progpo_debug_dump_dir == str(tmp_path / "d")
+    assert ns.progpo.engine_kwargs == {"dtype": "bf16", "max_batch_size": 32}
+    assert ns.progpo.ray_num_cpus == 4  # actor + reference + engine + 1 free slot for the trainer actor
+    assert ns.progpo.check_weight_sync and ns.progpo.dump_dir == str(tmp_path / "d")
     assert not any(k.startswith(("cpu.", "debug.")) or k == "device" for k in vars(ns))
 
 

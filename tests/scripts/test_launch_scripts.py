@@ -103,7 +103,7 @@ def test_train_script_flags_are_accepted_by_train_ray(tmp_path):
         cpu = {"MODEL": "tiny"} if script.stem.endswith("_cpu") else {}  # not the SmolLM2 conversion here
         argv = _dry_run(script, EVAL_TASKS="8", OUTPUT_DIR=str(tmp_path / script.stem), TRAIN_SPLIT_SIZE="100", **cpu)
         ns = train_ray.finalize(parser, parser.parse_args(argv[3:]))
-        assert ns.progpo_advantage_config.kappa == 4.0
+        assert ns.progpo.advantage.kappa == 4.0
         assert Path(getattr(ns, "data.prompt_dataset")).is_file() and Path(getattr(ns, "eval.dataset")).is_file()
 
 
