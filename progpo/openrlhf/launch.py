@@ -19,7 +19,9 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from progpo.advantages import ESTIMATORS
@@ -167,23 +169,25 @@ def _folder(flag: str, path: Path) -> None:
         raise FlagError(flag, str(exc).removeprefix(f"{flag} "), text=str(exc)) from None
 
 
-def task_datasets(ns: dict[str, Any], env: EnvSettings, num_eval_tasks: int) -> None:
-    """Write the training (and evaluation) task lists and point OpenRLHF's dataset flags at them,
-    unless ``--data.prompt_dataset`` / ``--eval.dataset`` are given."""
-    task_dir = Path(env.task_dir or Path(ns["ckpt.path"]) / "progpo_tasks")
+def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int) -> dict[str, Any]:
+    """Write the training (and evaluation) task lists, unless ``--data.prompt_dataset`` / ``--eval.dataset``
+    are given; return OpenRLHF's dataset flags that point at them (``o``: :func:`openrlhf_view`)."""
+    task_dir = Path(env.task_dir or Path(o.ckpt.path) / "progpo_tasks")
     if not task_dir.is_absolute():  # actors on other nodes / in other working dirs must find it
         task_dir = Path.cwd() / task_dir
-    if ns["data.prompt_dataset"] is None or (num_eval_tasks and ns["eval.dataset"] is None):
+    if o.data.prompt_dataset is None or (num_eval_tasks and o.eval.dataset is None):
         _folder("--env.task_dir" if env.task_dir else "--ckpt.path", task_dir)
-    if ns["data.prompt_dataset"] is None:
+    fill: dict[str, Any] = {}
+    if o.data.prompt_dataset is None:
         if env.num_tasks is None:
             raise FlagError("--env.num_tasks", "required (>= 1) when --data.prompt_dataset is not given")
         start, size = env.task_offset, env.split_size
         indices = [(start + i) % size if size else start + i for i in range(env.num_tasks)]
-        ns["data.prompt_dataset"] = str(write_tasks(task_dir / "train.jsonl", env.train_split, indices))
-        ns["data.input_key"], ns["data.label_key"] = "task", "label"
-    if num_eval_tasks and ns["eval.dataset"] is None:
-        ns["eval.dataset"] = str(write_tasks(task_dir / "eval.jsonl", env.eval_split, range(num_eval_tasks)))
+        fill.update({"data.prompt_dataset": str(write_tasks(task_dir / "train.jsonl", env.train_split, indices)),
+                     "data.input_key": "task", "data.label_key": "label"})
+    if num_eval_tasks and o.eval.dataset is None:
+        fill["eval.dataset"] = str(write_tasks(task_dir / "eval.jsonl", env.eval_split, range(num_eval_tasks)))
+    return fill
 
 
 # ---- the CPU policy -----------------------------------------------------------------------------------
@@ -200,23 +204,25 @@ CPU_REFUSED = {  # flag -> (value that is refused, why): features with no CPU pa
 }
 
 
-def cpu_slots(ns: dict[str, Any], env: EnvSettings) -> int:
+def cpu_slots(o: Any, env: EnvSettings) -> int:
     """Logical CPU slots a local Ray head needs: one per model process and engine, the env actors', +1
-    (OpenRLHF's trainer actor needs one free slot to be placed)."""
-    actor = ns["actor.num_nodes"] * ns["actor.num_gpus_per_node"]
-    ref = ns["ref.num_nodes"] * ns["ref.num_gpus_per_node"]
-    engines = ns["vllm.num_engines"] * ns["vllm.tensor_parallel_size"]
+    (OpenRLHF's trainer actor needs one free slot to be placed). ``o``: :func:`openrlhf_view`."""
+    actor = o.actor.num_nodes * o.actor.num_gpus_per_node
+    ref = o.ref.num_nodes * o.ref.num_gpus_per_node
+    engines = o.vllm.num_engines * o.vllm.tensor_parallel_size
     env_actors = env.num_env_actors * env.num_cpus_per_actor * engines if env.pool == "ray" else 0
     return int(actor + ref + engines + env_actors + 0.999) + 1
 
 
-def apply_device(ns: dict[str, Any], args: RayArgs) -> dict[str, Any]:
-    """Check ``--rollout.backend`` against OpenRLHF's flags in ``ns``; return the :class:`RayRun` fields of
-    CPU mode (``engine_kwargs``, ``ray_num_cpus``, ``torch_threads``; none with vllm).
+def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check ``--rollout.backend`` against OpenRLHF's flags (``o``: :func:`openrlhf_view`).
 
     CPU mode: OpenRLHF's CUDA-only defaults are switched (``--ds.attn_implementation`` flash_attention_2
     -> sdpa, ``--vllm.sync_backend`` nccl -> gloo); features without a CPU path are refused naming the
     flag; the model aliases ``tiny`` / ``smollm2-135m`` resolve to local HF folders.
+
+    Returns:
+        ``(OpenRLHF flags to set, the RayRun fields of CPU mode)``; both empty with vllm.
     """
     if args.rollout.backend == "vllm":
         given = [f"--cpu.{n}" for n in ("ray_num_cpus", "torch_threads") if getattr(args.cpu, n) is not None]
@@ -224,34 +230,35 @@ def apply_device(ns: dict[str, Any], args: RayArgs) -> dict[str, Any]:
             raise FlagError(given[0], "only applies with --rollout.backend hf")
         if args.debug.check_weight_sync:
             raise FlagError("--debug.check_weight_sync", "compares the CPU engine's weights: use it with --rollout.backend hf")
-        return {}
+        return {}, {}
     for flag, (bad, why) in CPU_REFUSED.items():
-        if ns[flag] == bad:
+        if attrgetter(flag)(o) == bad:
             raise FlagError(f"--{flag}", f"not supported with --rollout.backend hf ({why})")
     for flag in ("ds.ring_attn_size", "ds.tensor_parallel_size", "vllm.tensor_parallel_size"):
-        if ns[flag] != 1:
-            raise FlagError(f"--{flag}", f"must be 1 with --rollout.backend hf, got {ns[flag]}")
-    attn = ns["ds.attn_implementation"]
-    if attn == "flash_attention_2":  # OpenRLHF's default
-        ns["ds.attn_implementation"] = "sdpa"
-    elif attn not in ("sdpa", "eager"):
-        raise FlagError("--ds.attn_implementation", f"must be sdpa or eager with --rollout.backend hf, got {attn!r}")
-    if ns["vllm.sync_backend"] == "nccl":  # OpenRLHF's default
-        ns["vllm.sync_backend"] = "gloo"
-    elif ns["vllm.sync_backend"] != "gloo":
-        raise FlagError("--vllm.sync_backend", f"must be gloo with --rollout.backend hf, got {ns['vllm.sync_backend']!r}")
-    if not ns["vllm.num_engines"] or ns["vllm.num_engines"] < 1:
+        if attrgetter(flag)(o) != 1:
+            raise FlagError(f"--{flag}", f"must be 1 with --rollout.backend hf, got {attrgetter(flag)(o)}")
+    fill: dict[str, Any] = {}
+    if o.ds.attn_implementation == "flash_attention_2":  # OpenRLHF's default
+        fill["ds.attn_implementation"] = "sdpa"
+    elif o.ds.attn_implementation not in ("sdpa", "eager"):
+        raise FlagError("--ds.attn_implementation",
+                        f"must be sdpa or eager with --rollout.backend hf, got {o.ds.attn_implementation!r}")
+    if o.vllm.sync_backend == "nccl":  # OpenRLHF's default
+        fill["vllm.sync_backend"] = "gloo"
+    elif o.vllm.sync_backend != "gloo":
+        raise FlagError("--vllm.sync_backend", f"must be gloo with --rollout.backend hf, got {o.vllm.sync_backend!r}")
+    if not o.vllm.num_engines or o.vllm.num_engines < 1:
         raise FlagError("--vllm.num_engines", "must be >= 1: the agent executor runs inside the engines")
     for flag in ("actor.num_nodes", "actor.num_gpus_per_node"):  # on CPU: the policy's processes
-        if ns[flag] < 1:
-            raise FlagError(f"--{flag}", f"must be >= 1, got {ns[flag]}")
-    if ns["actor.model_name_or_path"] in MODEL_ALIASES:
+        if attrgetter(flag)(o) < 1:
+            raise FlagError(f"--{flag}", f"must be >= 1, got {attrgetter(flag)(o)}")
+    if o.actor.model_name_or_path in MODEL_ALIASES:
         from progpo.run.models import resolve_pretrain
 
-        ns["actor.model_name_or_path"] = resolve_pretrain(ns["actor.model_name_or_path"])
-    return {"engine_kwargs": {"dtype": ns["ds.param_dtype"], "max_batch_size": args.rollout.gen_batch_size},
-            "ray_num_cpus": args.cpu.ray_num_cpus or cpu_slots(ns, args.env),
-            "torch_threads": args.cpu.torch_threads or os.cpu_count() or 1}
+        fill["actor.model_name_or_path"] = resolve_pretrain(o.actor.model_name_or_path)
+    return fill, {"engine_kwargs": {"dtype": o.ds.param_dtype, "max_batch_size": args.rollout.gen_batch_size},
+                  "ray_num_cpus": args.cpu.ray_num_cpus or cpu_slots(o, args.env),
+                  "torch_threads": args.cpu.torch_threads or os.cpu_count() or 1}
 
 
 # ---- folding our flags into OpenRLHF's namespace ---------------------------------------------------
@@ -282,8 +289,9 @@ def remote_env_kwargs(env: EnvSettings) -> dict[str, Any]:
     return out
 
 
-def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
-    """What per-step samples need of OpenRLHF's settings (any estimator), each refusal naming its flag.
+def per_step_checks(o: Any, estimator: str) -> None:
+    """What per-step samples need of OpenRLHF's settings (``o``: :func:`openrlhf_view`; any estimator), each
+    refusal naming its flag.
 
     Batch sizes that keep every data-parallel rank's collectives equal
     (:func:`progpo.openrlhf.balance.check_batch_arithmetic`); no dynamic batching (its step count
@@ -296,15 +304,15 @@ def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
     """
     from progpo.openrlhf.balance import check_batch_arithmetic, data_parallel_ranks
 
-    actor, forward = data_parallel_ranks(ns)
+    actor, forward = data_parallel_ranks(o)
     try:
-        check_batch_arithmetic(train_batch=ns["train.batch_size"], train_micro=ns["train.micro_batch_size"],
-                               rollout_micro=ns["rollout.micro_batch_size"], actor_ranks=actor,
+        check_batch_arithmetic(train_batch=o.train.batch_size, train_micro=o.train.micro_batch_size,
+                               rollout_micro=o.rollout.micro_batch_size, actor_ranks=actor,
                                forward_ranks=forward)
     except ValueError as exc:
         flag = re.match(r"(--[\w.]+)", str(exc))
         raise FlagError(flag.group(1) if flag else "--train.batch_size", str(exc)) from exc
-    if ns["train.dynamic_batch_enable"]:
+    if o.train.dynamic_batch_enable:
         raise FlagError("--train.dynamic_batch_enable", "is not supported with per-step samples (its step count "
                                                         "assumes one sample per episode and would drop step rows)")
     if estimator in ESTIMATORS:
@@ -312,12 +320,12 @@ def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
     why = f"with OpenRLHF's --advantage_estimator {estimator} on per-step samples (episode advantage on every step)"
     if estimator == "gae":
         raise FlagError("--advantage_estimator", f"gae needs a critic; ProGPO runs critic-free ({why})")
-    if ns["algo.advantage.gamma"] != 1:
-        raise FlagError("--algo.advantage.gamma", f"must be 1 {why}, got {ns['algo.advantage.gamma']}")
-    if ns["algo.kl.init_coef"] > 0 and not ns["algo.kl.use_loss"]:
+    if o.algo.advantage.gamma != 1:
+        raise FlagError("--algo.advantage.gamma", f"must be 1 {why}, got {o.algo.advantage.gamma}")
+    if o.algo.kl.init_coef > 0 and not o.algo.kl.use_loss:
         raise FlagError("--algo.kl.use_loss", f"is required {why}: a KL reward penalty would be summed over a transcript")
     for flag in ("reward.overlong_buffer_len", "reward.stop_properly_penalty_coef"):
-        if ns[flag] is not None:
+        if attrgetter(flag)(o) is not None:
             raise FlagError(f"--{flag}", f"is not supported {why}: it would penalise episodes, not steps")
 
 
@@ -338,40 +346,56 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     rargs = flags.build(RayArgs, {k: v for k, v in ns.items() if k in ours_keys})
     env = rargs.env.resolved()
     rargs = dataclasses.replace(rargs, env=env)
-    device = apply_device(ns, rargs)
-    estimator = ns.pop("advantage_estimator") or "progpo"
-    ns["algo.advantage.estimator"] = estimator
+    o = openrlhf_view(ns)
+    fill, device = apply_device(o, rargs)
+    estimator = ns.get("advantage_estimator") or "progpo"
     ours = estimator in ESTIMATORS
     progpo_given = any(k.startswith("progpo.") for k in ns) or ns.get("progpo_preset") is not None
     if not ours and progpo_given:
         raise FlagError("--progpo.*", f"only apply to --advantage_estimator in {[e.value for e in ESTIMATORS]}, "
                                       f"not {estimator!r}")
     advantage = advantage_config(ns, estimator, env.max_steps) if ours else None
-    if ours and ns["train.async_enable"]:
+    if ours and o.train.async_enable:
         raise FlagError("--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
     if ours:
-        check_group_size(estimator, ns["rollout.n_samples_per_prompt"])
-    per_step_checks(ns, estimator)
-    given = {"max_new_tokens": ns["rollout.max_new_tokens"]} if ns["rollout.max_new_tokens"] is not None else {}
+        check_group_size(estimator, o.rollout.n_samples_per_prompt)
+    per_step_checks(o, estimator)
+    given = {"max_new_tokens": o.rollout.max_new_tokens} if o.rollout.max_new_tokens is not None else {}
     agent = AgentConfig(env=env, env_kwargs=remote_env_kwargs(env), max_prompt_tokens=rargs.rollout.max_prompt_tokens,
                         **given)
-    if ns["train.agent_func_path"] is None:
-        ns["train.agent_func_path"] = agent_path()
-    elif not Path(ns["train.agent_func_path"]).is_file():
-        raise FlagError("--train.agent_func_path", f"no such file: {ns['train.agent_func_path']}")
-    task_datasets(ns, env, rargs.eval.num_tasks or 0)
+    if o.train.agent_func_path is None:
+        fill["train.agent_func_path"] = agent_path()
+    elif not Path(o.train.agent_func_path).is_file():
+        raise FlagError("--train.agent_func_path", f"no such file: {o.train.agent_func_path}")
+    fill.update(task_datasets(o, env, rargs.eval.num_tasks or 0))
     if rargs.debug.dump_dir:
         _folder("--debug.dump_dir", Path(rargs.debug.dump_dir))
     if rargs.rollout.dynamic_sampling and not ours:
         raise FlagError("--rollout.dynamic_sampling", f"applies to --advantage_estimator in "
                         f"{[e.value for e in ESTIMATORS]} (per-step samples); OpenRLHF's own estimators have "
                         "--algo.dynamic_filtering_enable")
-    for key in [k for k in ns if k in ours_keys or k.startswith("progpo.")]:
-        ns.pop(key)
-    ns.pop("progpo_preset", None)
     dump_dir = rargs.debug.dump_dir and str(Path(rargs.debug.dump_dir).resolve())
-    ns["progpo"] = RayRun(settings=rargs, advantage=advantage, agent=agent, dump_dir=dump_dir, **device)
-    return argparse.Namespace(**ns)
+    run = RayRun(settings=rargs, advantage=advantage, agent=agent, dump_dir=dump_dir, **device)
+    theirs = {k: v for k, v in ns.items() if k not in ours_keys and not k.startswith("progpo")
+              and k != "advantage_estimator"}
+    return argparse.Namespace(**{**theirs, **fill, "algo.advantage.estimator": estimator, "progpo": run})
+
+
+def openrlhf_view(ns: dict[str, Any]) -> SimpleNamespace:
+    """The flat flag mapping ``ns`` (``{"train.batch_size": 128, ...}``) as nested attributes
+    (``view.train.batch_size``), the shape OpenRLHF's own ``hierarchize`` gives its code; for reading only."""
+    root: dict[str, Any] = {}
+    for key, value in ns.items():
+        *path, leaf = key.split(".")
+        node = root
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    def build(node: dict[str, Any]) -> SimpleNamespace:
+        return SimpleNamespace(**{k: build(v) if isinstance(v, dict) else v for k, v in node.items()})
+
+    return build(root)
 
 
 # ---- Ray ------------------------------------------------------------------------------------------
