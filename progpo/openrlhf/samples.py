@@ -47,6 +47,31 @@ STEP_INFO_KEYS: tuple[str, ...] = tuple(STEP_INFO_PREFIX + name for name in Step
 ``Experience.rewards``): lists of str or ``[B]`` tensors; popped before training."""
 
 
+def _step_tensors(step: Any, max_len: int, with_logprobs: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          torch.Tensor | None, int]:
+    """``(sequences [1, P+R], action_mask [1, P+R-1], rollout_log_probs [1, P+R-1] or None, cut)`` of one step:
+    prompt ids then response ids, the oldest ``cut`` prompt tokens dropped to fit ``max_len``.
+
+    Raises:
+        ValueError: the response alone does not fit ``max_len``.
+    """
+    resp = list(step.response_ids)
+    if len(resp) >= max_len:
+        raise ValueError(f"step response of {len(resp)} tokens does not fit --data.max_len={max_len}")
+    prompt_ids = list(step.prompt_ids)
+    cut = max(0, len(prompt_ids) + len(resp) - max_len)
+    prompt_ids = prompt_ids[cut:]
+    n_prompt, n_total = len(prompt_ids), len(prompt_ids) + len(resp)
+    sequences = torch.tensor([prompt_ids + resp], dtype=torch.long)
+    action_mask = torch.zeros(1, n_total - 1, dtype=torch.long)  # OpenRLHF's own dtype (0/1)
+    action_mask[0, n_prompt - 1 :] = 1
+    rollout_log_probs = None
+    if with_logprobs:
+        rollout_log_probs = torch.zeros(1, n_total - 1, dtype=torch.float32)
+        rollout_log_probs[0, n_prompt - 1 :] = torch.tensor(step.logprobs, dtype=torch.float32)
+    return sequences, action_mask, rollout_log_probs, cut
+
+
 def step_experiences(
     episode: Episode,
     *,
@@ -88,22 +113,10 @@ def step_experiences(
     rows = episodes_to_step_batch([dataclasses.replace(episode, uid=uid, traj_id=traj_id, failed=False)]).to_rows()
     out = []
     for t, step in enumerate(episode.steps):
-        resp = list(step.response_ids)
-        if not resp:
+        if not step.response_ids:
             raise ValueError(f"episode {traj_id} step {t} has an empty response")
-        if len(resp) >= max_len:
-            raise ValueError(f"step response of {len(resp)} tokens does not fit --data.max_len={max_len}")
-        prompt_ids = list(step.prompt_ids)
-        cut = max(0, len(prompt_ids) + len(resp) - max_len)
-        prompt_ids = prompt_ids[cut:]
-        n_prompt, n_total = len(prompt_ids), len(prompt_ids) + len(resp)
-        sequences = torch.tensor([prompt_ids + resp], dtype=torch.long)
-        action_mask = torch.zeros(1, n_total - 1, dtype=torch.long)  # OpenRLHF's own dtype (0/1)
-        action_mask[0, n_prompt - 1 :] = 1
-        rollout_log_probs = None
-        if with_logprobs:
-            rollout_log_probs = torch.zeros(1, n_total - 1, dtype=torch.float32)
-            rollout_log_probs[0, n_prompt - 1 :] = torch.tensor(step.logprobs, dtype=torch.float32)
+        sequences, action_mask, rollout_log_probs, cut = _step_tensors(step, max_len, with_logprobs)
+        n_total, resp = sequences.shape[1], step.response_ids
         clipped = step.finish_reason == "length"
         info = {
             "response_clip_ratio": torch.tensor([clipped]),

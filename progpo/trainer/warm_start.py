@@ -30,10 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from tqdm.auto import tqdm
+
+from progpo.run.metrics import MetricsLogger
 from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.run.task_sampler import TaskSampler
 from progpo.trainer.config import (ActorSettings, AdamSettings, CkptSettings, DeepSpeedSettings, LoggerSettings,
                                    SFTSettings, TrainSettings, lora_fields)
+from progpo.trainer.sft import sft_epoch
 
 logger = logging.getLogger(__name__)
 
@@ -148,16 +153,12 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
     """
     import contextlib
 
-    import numpy as np
-    from tqdm.auto import tqdm
-
     from progpo.run.checkpoint import CheckpointManager, atomic_write_text
     from progpo.run.env_setup import open_env_pool
     from progpo.run.evaluation import rate_interval
-    from progpo.run.metrics import MetricsLogger
     from progpo.run.models import resolve_pretrain
     from progpo.trainer.actor import Actor
-    from progpo.trainer.sft import SFTConfig, expert_samples, mean_nll, sft_epoch
+    from progpo.trainer.sft import SFTConfig, expert_samples, mean_nll
 
     out = sys.stdout if out is None else out
     env = args.env
@@ -184,18 +185,28 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
           f"{sum(len(r) for _, r in samples)} response tokens ({t1 - t0:.0f} s)", file=out, flush=True)
     if not samples:
         raise ValueError("no expert step to train on (the expert won no episode); try more --sft.num_tasks")
-    metrics = MetricsLogger(save, tensorboard=False)
-    rng = np.random.default_rng(args.train.seed)
     summary: dict[str, Any] = {
         "env": env.name, "pretrain": actor_cfg.pretrain, "tasks_in_split": total, "expert_success": success,
         "expert_score_mean": float(np.mean([ep.info.get("score", float(ep.won)) for ep in done])) if done else None,
         "samples": len(samples), "response_tokens": sum(len(r) for _, r in samples),
         "prompt_tokens_mean": float(np.mean([len(p) for p, _ in samples])),
-        "settings": dataclasses.asdict(args), "collect_s": t1 - t0, "epochs": [],
+        "settings": dataclasses.asdict(args), "collect_s": t1 - t0,
+        "epochs": _train_epochs(actor, samples, sft, args, ckpt, save, out),
     }
-    steps_per_epoch = -(-len(samples) // sft.batch_size)
-    bar = tqdm(total=sft.epochs * steps_per_epoch, desc="sft", unit="step", disable=not args.logger.progress_bar,
-               file=sys.stderr)
+    summary["final_nll"] = mean_nll(actor, samples[: min(len(samples), 64)])
+    summary["total_s"] = time.perf_counter() - t0
+    atomic_write_text(save / SUMMARY, json.dumps(summary, indent=2, default=str))  # marks the run finished
+    return summary
+
+
+def _train_epochs(actor, samples, sft, args: SFTArgs, ckpt, save: Path, out) -> list[dict[str, Any]]:
+    """``sft.epochs`` passes of behaviour cloning over ``samples`` (token-mean NLL, :func:`progpo.trainer.sft.sft_epoch`),
+    a checkpoint and a ``metrics.jsonl`` record after each; returns one summary row per epoch."""
+    metrics = MetricsLogger(save, tensorboard=False)
+    rng = np.random.default_rng(args.train.seed)
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=sft.epochs * -(-len(samples) // sft.batch_size), desc="sft", unit="step",
+               disable=not args.logger.progress_bar, file=sys.stderr)
     try:
         for epoch in range(1, sft.epochs + 1):
             e0 = time.perf_counter()
@@ -204,16 +215,13 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
             m["perf/epoch_s"] = time.perf_counter() - e0
             metrics.log(epoch, m)
             path = ckpt.save(actor, epoch, {"sft_epoch": epoch, "sft_epochs": sft.epochs, "seed": args.train.seed}, rng)
-            summary["epochs"].append({"epoch": epoch, **m, "checkpoint": str(path)})
+            rows.append({"epoch": epoch, **m, "checkpoint": str(path)})
             bar.write(f"epoch {epoch}: nll={m['loss/sft_nll']:.4f} steps={int(m['loss/optimizer_steps'])} "
                       f"time={m['perf/epoch_s']:.0f}s checkpoint={path}", file=out)
     finally:
         bar.close()
         metrics.close()
-    summary["final_nll"] = mean_nll(actor, samples[: min(len(samples), 64)])
-    summary["total_s"] = time.perf_counter() - t0
-    atomic_write_text(save / SUMMARY, json.dumps(summary, indent=2, default=str))  # marks the run finished
-    return summary
+    return rows
 
 
 # ---- the cached warm start of train -----------------------------------------------------------------
