@@ -29,6 +29,7 @@ register(
     summary="progpo.run.evaluation:webshop_summary",
     download="progpo.run.download:download_webshop",
     data_subdir="webshop",
+    http_pool="progpo.envs.http_pool:make_async_http_pool",
     pool="http",
     reports_score=True,
 )

@@ -92,6 +92,9 @@ class EnvSettings:
             raise ValueError(f"--env.max_failed_frac must be in [0, 1], got {self.max_failed_frac}")
         if self.pool is not None and self.pool not in POOLS:
             raise ValueError(f"--env.pool must be one of {list(POOLS)}, got {self.pool!r}")
+        if self.pool == "http" and s.http_pool is None:
+            raise ValueError(f"--env.pool http: {self.name} is not served over HTTP (its spec names no http_pool); "
+                             "use local or ray")
         if self.url is not None:
             import re
 
