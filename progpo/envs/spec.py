@@ -78,8 +78,9 @@ class EnvSpec:
             env needs nothing started and takes ``max_steps`` (and ``data_dir`` when ``data_subdir`` is set).
         summary: ``"module:function"``, ``episodes -> dict``: env-specific figures of an evaluation
             (``progpo.run.evaluation.summarize``); None: only the common ones.
-        download: ``"module:function"``, ``(root, timeout_s, **options) -> path(s)``: fetches the env's
-            data into ``root/<data_subdir>`` (``python -m progpo.cli.data download``); None: nothing to fetch.
+        download: ``"module:function"``, ``(folder, timeout_s, **options) -> path(s)``: fetches the env's
+            data into ``folder`` = ``<data root>/<data_subdir>`` (``python -m progpo.cli.data download``); None:
+            nothing to fetch.
         data_subdir: folder of its data under the data root (``progpo.paths.data_root``); None: no data.
         data_check: ``"module:function"``, ``(data_dir: str | None) -> None`` raising ``FileNotFoundError``
             (naming what is missing) when the env's data cannot be found from this machine; ``train_ray``
@@ -121,6 +122,8 @@ class EnvSpec:
             raise ValueError(f"EnvSpec {self.id!r}: eval_split {self.eval_split!r} must be one of splits {self.splits}")
         if self.pool not in POOLS:
             raise ValueError(f"EnvSpec {self.id!r}: pool must be one of {POOLS}, got {self.pool!r}")
+        if self.download is not None and self.data_subdir is None:
+            raise ValueError(f"EnvSpec {self.id!r}: a download needs a data_subdir (the folder it fills)")
         if self.pool == "http" and self.http_pool is None:
             raise ValueError(f"EnvSpec {self.id!r}: pool http needs an http_pool")
 

@@ -49,8 +49,9 @@ def webshop_service(settings: EnvSettings) -> Iterator[dict[str, Any]]:
         return
     from envs.webshop_server.process import WebShopServerProcess
 
-    data = data_root(settings.data_dir) / "webshop"
-    require_path(data, "WebShop data folder", "Give --env.data_dir (a folder holding webshop/), set PROGPO_DATA, "
+    subdir = settings.spec.data_subdir
+    data = data_root(settings.data_dir) / subdir
+    require_path(data, "WebShop data folder", f"Give --env.data_dir (a folder holding {subdir}/), set PROGPO_DATA, "
                  "or run: python -m progpo.cli.data download")
     with WebShopServerProcess(data_dir=data) as server:
         logger.info("WebShop server at %s", server.url)
