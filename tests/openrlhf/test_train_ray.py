@@ -265,6 +265,25 @@ def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path)
     assert not any(k.startswith(("cpu.", "debug.")) or k == "device" for k in vars(ns))
 
 
+def test_the_run_settings_reach_every_actor_through_hierarchize_and_pickle(cli, tmp_path):
+    """OpenRLHF's main block nests the namespace (``hierarchize``) and Ray pickles it into every actor;
+    ``args.progpo`` is one key, so the actors read the same typed settings (no ``progpo_*`` strings)."""
+    import pickle
+
+    from openrlhf.utils.config import hierarchize  # OpenRLHF's modules were imported by the cli fixture
+
+    ns = _finalize(cli, BASE + ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--vllm.num_engines",
+                                "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+                                "--rollout.dynamic_sampling", "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
+    nested = pickle.loads(pickle.dumps(hierarchize(ns)))
+    run = cli.launch.ray_run(nested)
+    assert run == ns.progpo and run.device == "cpu" and run.dynamic_sampling_max_rounds == 2
+    assert run.dump_dir == str(tmp_path / "d") and run.advantage.estimator == "progpo"
+    assert run.agent.env.name == "webshop" and run.agent.max_new_tokens == 512  # --rollout.max_new_tokens unset
+    assert not [k for k in vars(ns) if k.startswith("progpo_")]
+    assert cli.launch.ray_run(SimpleNamespace()) == cli.launch.RayRun()  # an actor's unit test: the defaults
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--ds.packing_samples"], "--ds.packing_samples"),
     (["--ds.adam_offload"], "--ds.adam_offload"),
