@@ -25,7 +25,7 @@ from progpo.trainer import config
 
 #: concept -> (its flag, the other spellings it has had). A spelling is the flag's last word, ``-`` read as ``_``.
 #: ``train_ray``'s ``--train.num_episodes`` (OpenRLHF's: passes over the task list) is not ``--train.num_iterations``
-#: (``train``: rollout + update iterations, each drawing ``--rollout.batch_size`` tasks): another quantity.
+#: (rollout + update iterations, each drawing ``--rollout.batch_size`` tasks; on both CLIs): another quantity.
 CONCEPTS = {
     "group size": ("--rollout.n_samples_per_prompt", {"n", "rollouts", "trajectories", "n_rollouts", "alf_rollouts",
                                                        "group_size", "num_rollouts"}),
@@ -137,7 +137,7 @@ def test_the_canonical_flags_are_what_train_and_train_ray_show(clis):
     for concept, (canonical, _) in CONCEPTS.items():
         if concept not in ("policy model", "env") and concept != "KL coefficient":
             assert canonical in clis["train"] or canonical in clis["train_ray"], (concept, canonical)
-    for flag in ("--rollout.backend", "--rollout.gen_batch_size", "--logger.tensorboard_dir"):
+    for flag in ("--rollout.backend", "--rollout.gen_batch_size", "--logger.tensorboard_dir", "--train.num_iterations"):
         assert flag in clis["train"] and flag in clis["train_ray"], flag
     shared = [f for f in clis["train"] if f.startswith("--sft.") and f != "--sft.cache_dir"]
     assert shared == [f for f in clis["sft"] if f.startswith("--sft.")]

@@ -73,6 +73,19 @@ class DebugSettings:
 
 
 @dataclass(frozen=True)
+class RunLength:
+    """The run's length in iterations (``--train.num_iterations``, ``train``'s flag; OpenRLHF's parser holds
+    the other ``--train.*`` flags)."""
+
+    num_iterations: int | None = None
+    """rollout + update iterations, as on train: the task list is this many x --rollout.batch_size tasks (from --env.task_offset, one pass: --train.num_episodes 1). None: --env.num_tasks sets the list, and OpenRLHF's --train.num_episodes the passes over it"""
+
+    def __post_init__(self) -> None:
+        if self.num_iterations is not None and self.num_iterations < 1:
+            raise ValueError(f"--train.num_iterations must be >= 1, got {self.num_iterations}")
+
+
+@dataclass(frozen=True)
 class RayArgs:
     """Our flags of ``train_ray`` (OpenRLHF's parser holds the rest)."""
 
@@ -80,6 +93,7 @@ class RayArgs:
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32), metadata={
         "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
+    train: RunLength = field(default_factory=RunLength)
     cpu: CPUSettings = field(default_factory=CPUSettings)
     debug: DebugSettings = field(default_factory=DebugSettings)
 
@@ -169,9 +183,31 @@ def _folder(flag: str, path: Path) -> None:
         raise FlagError(flag, str(exc).removeprefix(f"{flag} "), text=str(exc)) from None
 
 
-def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int) -> dict[str, Any]:
-    """Write the training (and evaluation) task lists, unless ``--data.prompt_dataset`` / ``--eval.dataset``
-    are given; return OpenRLHF's dataset flags that point at them (``o``: :func:`openrlhf_view`)."""
+def train_task_count(o: Any, env: EnvSettings, length: RunLength) -> int | None:
+    """Tasks in the training list: ``--train.num_iterations`` x ``--rollout.batch_size`` (one pass), else
+    ``--env.num_tasks`` (``o``: :func:`openrlhf_view`).
+
+    Raises:
+        FlagError: both ``--train.num_iterations`` and ``--env.num_tasks`` given, or ``--train.num_iterations``
+            with ``--train.num_episodes`` other than 1 or with ``--data.prompt_dataset``.
+    """
+    if length.num_iterations is None:
+        return env.num_tasks
+    if env.num_tasks is not None:
+        raise FlagError("--train.num_iterations", "and --env.num_tasks both set the task list; give one")
+    if o.train.num_episodes != 1:
+        raise FlagError("--train.num_episodes", f"must be 1 with --train.num_iterations (one pass over the task "
+                                                f"list), got {o.train.num_episodes}")
+    if o.data.prompt_dataset is not None:
+        raise FlagError("--train.num_iterations", "sets the task list; --data.prompt_dataset gives another")
+    return length.num_iterations * o.rollout.batch_size
+
+
+def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int, num_tasks: int | None = None) -> dict[str, Any]:
+    """Write the training (``num_tasks`` tasks; None: ``--env.num_tasks``) and evaluation task lists, unless
+    ``--data.prompt_dataset`` / ``--eval.dataset`` are given; return OpenRLHF's dataset flags that point at
+    them (``o``: :func:`openrlhf_view`)."""
+    num_tasks = env.num_tasks if num_tasks is None else num_tasks
     task_dir = Path(env.task_dir or Path(o.ckpt.path) / "progpo_tasks")
     if not task_dir.is_absolute():  # actors on other nodes / in other working dirs must find it
         task_dir = Path.cwd() / task_dir
@@ -179,10 +215,11 @@ def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int) -> dict[str, An
         _folder("--env.task_dir" if env.task_dir else "--ckpt.path", task_dir)
     fill: dict[str, Any] = {}
     if o.data.prompt_dataset is None:
-        if env.num_tasks is None:
-            raise FlagError("--env.num_tasks", "required (>= 1) when --data.prompt_dataset is not given")
+        if num_tasks is None:
+            raise FlagError("--env.num_tasks", "or --train.num_iterations is required when --data.prompt_dataset "
+                                               "is not given")
         start, size = env.task_offset, env.split_size
-        indices = [(start + i) % size if size else start + i for i in range(env.num_tasks)]
+        indices = [(start + i) % size if size else start + i for i in range(num_tasks)]
         fill.update({"data.prompt_dataset": str(write_tasks(task_dir / "train.jsonl", env.train_split, indices)),
                      "data.input_key": "task", "data.label_key": "label"})
     if num_eval_tasks and o.eval.dataset is None:
@@ -367,7 +404,7 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         fill["train.agent_func_path"] = agent_path()
     elif not Path(o.train.agent_func_path).is_file():
         raise FlagError("--train.agent_func_path", f"no such file: {o.train.agent_func_path}")
-    fill.update(task_datasets(o, env, rargs.eval.num_tasks or 0))
+    fill.update(task_datasets(o, env, rargs.eval.num_tasks or 0, train_task_count(o, env, rargs.train)))
     if rargs.debug.dump_dir:
         _folder("--debug.dump_dir", Path(rargs.debug.dump_dir))
     if rargs.rollout.dynamic_sampling and not ours:

@@ -59,7 +59,7 @@ class EnvSettings:
     eval_split: str | None = None
     """split of evaluation (None: the env spec's: WebShop test, ALFWorld valid_unseen)"""
     num_tasks: int | None = None
-    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the whole split on train; required on train_ray unless --data.prompt_dataset is given)"""
+    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the whole split on train; on train_ray required unless --train.num_iterations or --data.prompt_dataset is given)"""
     task_offset: int = 0
     """first training task index"""
     split_size: int | None = None

@@ -265,6 +265,28 @@ def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path)
     assert not any(k.startswith(("cpu.", "debug.")) or k == "device" for k in vars(ns))
 
 
+def test_the_run_length_in_iterations_is_train_s_flag(cli, tmp_path):
+    """``--train.num_iterations N``: the task list is N x --rollout.batch_size tasks, played once."""
+    base = BASE[:6] + BASE[8:]  # without --env.num_tasks
+    assert "--env.num_tasks" not in base
+    ns = _finalize(cli, base + ["--train.num_iterations", "3", "--env.task_offset", "5"], tmp_path)
+    rows = Path(getattr(ns, "data.prompt_dataset")).read_text().splitlines()
+    assert len(rows) == 3 * 16 and json.loads(json.loads(rows[0])["task"]) == {"split": "train", "index": 5}
+    assert getattr(ns, "train.num_episodes") == 1 and not hasattr(ns, "train.num_iterations")
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--env.num_tasks", "16"], "--train.num_iterations"), (["--train.num_episodes", "2"], "--train.num_episodes"),
+    (["--train.num_iterations", "0"], "--train.num_iterations"),
+])
+def test_the_run_length_is_given_once(cli, tmp_path, capsys, extra, flag):
+    base = BASE[:6] + BASE[8:]  # without --env.num_tasks
+    argv = base + (extra if extra[0] == "--train.num_iterations" else ["--train.num_iterations", "3", *extra])
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, argv, tmp_path)
+    assert exc.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
 def test_the_run_settings_reach_every_actor_through_hierarchize_and_pickle(cli, tmp_path):
     """OpenRLHF's main block nests the namespace (``hierarchize``) and Ray pickles it into every actor;
     ``args.progpo`` is one key, so the actors read the same typed settings (no ``progpo_*`` strings)."""
