@@ -354,7 +354,8 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
 
     Args:
         parser: the bench's parser (or an argument group). root: the settings dataclass that holds ``option``.
-        prefix: the path of ``root`` in the flag tree (``("eval",)`` for ``EvalSettings``). option: the training flag (``--env.max_steps``). dest: the attribute of the parsed namespace
+        prefix: the path of ``root`` in the flag tree (``("eval",)`` for ``EvalSettings``).
+        option: the training flag (``--env.max_steps``). dest: the attribute of the parsed namespace
             (default: the dotted path). default: the bench's default (default: the setting's own).
         note: bench-specific words appended to the help. old: the bench's former names of the setting:
             they parse for one release, with a one-line deprecation naming ``option``.
@@ -370,8 +371,8 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
     kwargs = argparse_kwargs(flag)
     dest = dest or flag.dest
     text = f"{flag.help}; {note}" if note else flag.help
-    parser.add_argument(option, dest=dest, default=default, help=f"{text} (default: {_show(default)})".replace("%", "%%"),
-                        **kwargs)
+    shown = f"{text} (default: {_show(default)})".replace("%", "%%")
+    parser.add_argument(option, dest=dest, default=default, help=shown, **kwargs)
     kwargs.pop("metavar", None)
     for name in old:
         parser.add_argument(name, dest=dest, default=argparse.SUPPRESS, action=_Deprecated, new=option,

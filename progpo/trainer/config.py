@@ -25,6 +25,12 @@ from progpo.trainer.update import KL_ESTIMATORS, UpdateConfig
 
 _SWITCH = {"type": flags.parse_bool, "nargs": "?", "const": True}  # an old true/false flag
 
+
+def _tensorboard_dir(on: bool) -> str | None:
+    """``--logger.tensorboard_dir`` of the former ``--logger.tensorboard true|false``."""
+    return "tensorboard" if on else None
+
+
 #: old flag names that still parse for one release (with a one-line deprecation note).
 DEPRECATED = {
     "--pretrain": "--actor.model_name_or_path",
@@ -37,8 +43,8 @@ DEPRECATED = {
     "--algo.entropy.coef": "--actor.entropy_coef",
     "--ds.gradient_checkpointing": ("--actor.gradient_checkpointing_enable", True),
     "--ds.bf16": ("--ds.param_dtype", "bf16"),
-    "--log.tensorboard": flags.Renamed("--logger.tensorboard_dir", lambda on: "tensorboard" if on else None, _SWITCH),
-    "--logger.tensorboard": flags.Renamed("--logger.tensorboard_dir", lambda on: "tensorboard" if on else None, _SWITCH),
+    "--log.tensorboard": flags.Renamed("--logger.tensorboard_dir", _tensorboard_dir, _SWITCH),
+    "--logger.tensorboard": flags.Renamed("--logger.tensorboard_dir", _tensorboard_dir, _SWITCH),
     "--log.progress_bar": "--logger.progress_bar",
     "--warm_start.num_tasks": "--sft.num_tasks",
     "--warm_start.epochs": "--sft.max_epochs",
@@ -222,8 +228,8 @@ class SFTSettings:
     Why the learning rate's default is 5e-5: it is the rate measured on this project's main job
     (docs/training.md, "The main job" and "A CPU run that learns": SmolLM2-135M-Instruct, 8 expert
     episodes, 2 epochs, batch 8, i.e. about 10 optimizer steps): the NLL per response token fell from
-    1.354 to 0.296 over the 2 epochs and 0.102 after, and the first RL iteration answered in the valid
-    format 84-87% of the time, where the base model answered validly 0 of 48 times. A warm start is
+    1.354 to 0.296 over the 2 epochs and 0.102 after, and the 3 RL iterations after it answered in the
+    valid format 84-87% of the time, where the base model answered validly 0 of 48 times. A warm start is
     only useful if these few steps teach the answer format; 1e-5 (the ``sft`` command's former default)
     has no such measurement and moves the weights 5x less per step.
     """
