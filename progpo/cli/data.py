@@ -23,7 +23,7 @@ from pathlib import Path
 
 from progpo.envs import env_ids, spec
 from progpo.paths import USER_DATA_DIR
-from progpo.run.download import Unreachable
+from progpo.envs.download import Unreachable
 
 def where(root: Path) -> str:
     """The expected layout of the data folder, as text."""
