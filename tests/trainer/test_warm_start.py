@@ -77,7 +77,7 @@ def test_same_settings_reuse_changed_settings_clone_again(tmp_path, webshop_url,
 
 
 def test_a_failed_clone_leaves_nothing_behind(tmp_path, webshop_url, monkeypatch):
-    from progpo.trainer import sft
+    from progpo.trainer import warm_start
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -87,7 +87,7 @@ def test_a_failed_clone_leaves_nothing_behind(tmp_path, webshop_url, monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("killed mid-epoch")
 
-    monkeypatch.setattr(sft, "sft_epoch", boom)
+    monkeypatch.setattr(warm_start, "sft_epoch", boom)  # the name the behaviour cloning calls
     with pytest.raises(RuntimeError, match="killed mid-epoch"):
         _warm(_cfg(tmp_path, webshop_url, cache, "--sft.max_epochs", "2"))
     assert [p.name for p in cache.iterdir()] == [stale.name]  # nothing of ours; a stale one of another key stays
