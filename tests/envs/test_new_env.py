@@ -101,25 +101,30 @@ def test_the_new_env_is_known_everywhere_from_its_register_call(counter):
         EnvSettings(name="counter", pool="http")
 
 
-def test_an_episode_train_and_evaluate_run_on_it(counter, tmp_path, capsys):
-    from progpo.agents.episode import run_episodes
-    from progpo.agents.types import Generation, SamplingParams
-    from progpo.cli import evaluate, train
-    from progpo.envs.local_pool import LocalEnvPool
-    from progpo.run.tiny_model import tiny_model_path
+def test_an_episode_runs_on_it(counter):
     from transformers import AutoTokenizer
 
+    from progpo.agents.episode import run_episodes
+    from progpo.agents.types import Generation, SamplingParams
+    from progpo.envs.local_pool import LocalEnvPool
+    from progpo.run.tiny_model import tiny_model_path
+
     tok = AutoTokenizer.from_pretrained(str(tiny_model_path()))
-    answer = tok("<think>go</think><action>up</action>", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    text = "<think>go</think><action>up</action>"
+    answer = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
 
     async def generate(prompt_ids, sampling):
-        return Generation(token_ids=list(answer), logprobs=[0.0] * len(answer), finish_reason="stop")
+        return Generation(token_ids=list(answer), logprobs=[0.0] * len(answer), text=text, finish_reason="stop")
 
     (episode,) = asyncio.run(run_episodes([("train", 1)], env_pool=LocalEnvPool(counter.CounterEnv, max_envs=1),
                                           generate=generate, tokenizer=tok, env_name="counter", n_samples_per_task=1,
                                           sampling=SamplingParams(max_new_tokens=16), max_steps=4))
     assert episode.won and [s.action for s in episode.steps] == ["up", "up"]
     assert not any(s.format_invalid or s.invalid for s in episode.steps)
+
+
+def test_train_and_evaluate_run_on_it(counter, tmp_path, capsys):
+    from progpo.cli import evaluate, train
 
     run = tmp_path / "run"
     assert train.main(["--env.name", "counter", "--actor.model_name_or_path", "tiny", "--ckpt.path", str(run),
@@ -131,4 +136,4 @@ def test_an_episode_train_and_evaluate_run_on_it(counter, tmp_path, capsys):
     assert evaluate.main(["--env.name", "counter", "--actor.model_name_or_path", str(run), "--eval.num_tasks", "2",
                           "--rollout.max_new_tokens", "8"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["split"] == "test" and result["tasks_in_split"] == 3
+    assert result["split"] == "test" and result["tasks_in_split"] == 3 and result["episodes"] == 2
