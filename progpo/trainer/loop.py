@@ -29,8 +29,10 @@ from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
 from progpo.run.failures import check_failures, failure_metrics
 from progpo.run.metrics import MetricsLogger
-from progpo.trainer.progress import RunProgress
+from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
+from progpo.trainer.progress import RunProgress, TqdmWriter
 from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
+from progpo.trainer.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -40,68 +42,6 @@ _SEED_MIX = 1_000_003
 def iteration_seed(seed: int, iteration: int) -> int:
     """Sampling seed of one iteration (pure function of the run seed and the iteration number)."""
     return (seed * _SEED_MIX + iteration) % (2**31 - 1)
-
-
-@dataclass
-class TaskSampler:
-    """Tasks of one split in seeded epoch-wise random order (every task once per epoch).
-
-    Draws from task indices ``offset .. offset + count - 1`` of the split (``--env.task_offset``,
-    ``--env.num_tasks``; default the whole split).
-
-    Attributes:
-        num_tasks: tasks in the split. seed: run seed. offset, count: the task range drawn from
-            (count None: ``num_tasks - offset``). epoch, pos: where the next draw starts.
-
-    Raises:
-        ValueError: the range does not fit in the split (names ``--env.task_offset`` / ``--env.num_tasks``).
-    """
-
-    num_tasks: int
-    seed: int
-    offset: int = 0
-    count: int | None = None
-    epoch: int = 0
-    pos: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.offset < self.num_tasks:
-            raise ValueError(f"--env.task_offset must be in [0, {self.num_tasks}) (tasks in the split), got {self.offset}")
-        if self.count is None:
-            self.count = self.num_tasks - self.offset
-        if not 1 <= self.count <= self.num_tasks - self.offset:
-            raise ValueError(f"--env.num_tasks must be in [1, {self.num_tasks - self.offset}] (tasks in the split after "
-                             f"--env.task_offset {self.offset}), got {self.count}")
-
-    def _perm(self) -> np.ndarray:
-        return self.offset + np.random.default_rng([self.seed, self.epoch]).permutation(self.count)
-
-    def next(self, k: int) -> list[int]:
-        """The next ``k`` task indices (crossing into the next epoch's permutation when needed)."""
-        out: list[int] = []
-        while len(out) < k:
-            perm = self._perm()
-            take = perm[self.pos:self.pos + k - len(out)].tolist()
-            out.extend(int(i) for i in take)
-            self.pos += len(take)
-            if self.pos >= self.count:
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        """Position in the task order (saved in checkpoints)."""
-        return {"num_tasks": self.num_tasks, "seed": self.seed, "offset": self.offset, "count": self.count,
-                "epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore ``state_dict``; ValueError if the split size, task range or seed changed."""
-        saved = (state["num_tasks"], state["seed"], state.get("offset", 0), state.get("count", state["num_tasks"]))
-        if saved != (self.num_tasks, self.seed, self.offset, self.count):
-            raise ValueError(f"checkpoint task order was for {saved[0]} tasks / seed {saved[1]} / tasks {saved[2]}.."
-                             f"{saved[2] + saved[3] - 1}, this run has {self.num_tasks} / {self.seed} / {self.offset}.."
-                             f"{self.offset + self.count - 1} (--env.train_split, --env.num_tasks, --env.task_offset "
-                             "or --train.seed changed?)")
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
 
 
 def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -207,10 +147,7 @@ class Trainer:
                              "another --ckpt.path")
         check_run_dir(self.save_path)
         pretrain = cfg.actor.model_name_or_path
-        if cfg.warm_start.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
-            from progpo.trainer.progress import TqdmWriter
-            from progpo.trainer.warm_start import warm_start
-
+        if cfg.sft.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
             pretrain = str(warm_start(cfg, envs, out=TqdmWriter()))
             self.warm_start_path = pretrain
         actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(pretrain))
@@ -218,7 +155,7 @@ class Trainer:
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
                                    count=cfg.env.num_tasks)
-        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard)
+        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard_dir)
         (self.save_path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
         start = 0
         if cfg.ckpt.load_enable:

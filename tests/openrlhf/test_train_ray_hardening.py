@@ -85,7 +85,7 @@ def test_cpu_values_refused_before_ray_starts(cli, capsys, tmp_path, argv, says)
     parser = cli.train_ray.build_parser()
     with pytest.raises(SystemExit) as exc:  # --ckpt.path given last wins over the default below
         cli.train_ray.finalize(parser, parser.parse_args(
-            ["--device", "cpu", "--vllm.num_engines", "1", *BASE, "--ckpt.path", str(tmp_path / "ckpt"), *argv]))
+            ["--rollout.backend", "hf", "--vllm.num_engines", "1", *BASE, "--ckpt.path", str(tmp_path / "ckpt"), *argv]))
     assert exc.value.code == 2
     assert f"argument {says.replace('{file}', str(blocker))}" in capsys.readouterr().err
     assert blocker.read_text() == "keep me"

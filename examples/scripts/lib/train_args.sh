@@ -16,7 +16,7 @@
 # ranks). ROLLOUT_MICRO_BATCH / TRAIN_MICRO_BATCH fix a value; MAX_ROLLOUT_MICRO_BATCH /
 # MAX_TRAIN_MICRO_BATCH change the caps (16 / 8).
 #
-# DEVICE=cpu switches to the CPU profile (`--device cpu`: a laptop dry run of the same job, see
+# DEVICE=cpu switches to the CPU profile (`--rollout.backend hf`: a laptop dry run of the same job, see
 # docs/distributed.md): SmolLM2-135M-Instruct, 2 tasks x 4 rollouts, 3 steps, 64 response tokens,
 # 2 iterations, caps 4 / 2, no colocation or sleep mode unless COLOCATE=1 (then the GPU scripts'
 # --train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode has no CPU path).
@@ -91,7 +91,7 @@ progpo_train_args() {
   )
   if [ "$cpu" = 1 ]; then
     # entropy logged (coefficient 0), the weight sync checked after every update
-    PROGPO_ARGS+=(--device cpu --actor.entropy_coef 0 --debug.check_weight_sync)
+    PROGPO_ARGS+=(--rollout.backend hf --actor.entropy_coef 0 --debug.check_weight_sync)
     if [ "${COLOCATE:-0}" = 1 ]; then
       PROGPO_ARGS+=(--train.colocate_all --vllm.enable_sleep)
     fi
