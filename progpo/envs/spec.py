@@ -86,6 +86,10 @@ class EnvSpec:
             calls it at start-up, before any actor starts. None: nothing to check.
         pool: default ``--env.pool`` on the cluster path (``train_ray``): one of :data:`POOLS`.
         reports_score: ``info["score"]`` is a [0, 1] task score (WebShop's), logged as ``env/score_mean``.
+        language_rule: verl-agent's rule against language switches applies: a response holding a CJK ideograph
+            (U+4E00-U+9FFF) anywhere is format-invalid (``progpo.agents.parsing``). False for an env whose own
+            text (tasks, pages, labels) holds such characters, where the rule would refuse answers that click
+            the env's own labels or copy its task's words (WebShop: ``click[1.8米]``, goal #706).
         kwargs: extra constructor keyword arguments of every env instance.
     """
 
@@ -104,6 +108,7 @@ class EnvSpec:
     data_check: str | None = None
     pool: str = "local"
     reports_score: bool = False
+    language_rule: bool = True
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:

@@ -130,8 +130,9 @@ def test_every_label_of_the_real_products_is_clickable_by_the_agent(shop):
           f"{len(options)} option values, {len(unnormal)} not in normal form: {unnormal}")
 
 
-# ----- synthetic labels: whitespace runs, tabs, NBSP, case ------------------------------------------
-RAW_COLORS = ["Black / White", "Navy\tBlue", "Size\u00a0XL", "Light  Grey", "DARK Red", "Red  Blue", "Red Blue"]
+# ----- synthetic labels: whitespace runs, tabs, NBSP, case, CJK and accents ----------------------------
+RAW_COLORS = ["Black / White", "Navy\tBlue", "Size\u00a0XL", "Light  Grey", "DARK Red", "Red  Blue", "Red Blue",
+              "财48 - Wine", "1.8米", "Café ［Noir］ ☕"]  # labels of WebShop's full catalog (issue 34), accents
 RAW_SIZES = ["X-Large", "2  Pack"]
 
 
@@ -180,6 +181,8 @@ def test_synthetic_labels_with_odd_whitespace_and_case_are_clickable(synthetic_d
     assert clicked["navy\tblue"] == {"navy\tblue"} and clicked["size\u00a0xl"] == {"size\u00a0xl"}
     assert clicked["light  grey"] == {"light  grey"} and clicked["2  pack"] == {"2  pack"}
     assert clicked["dark red"] == {"dark red"}
+    assert clicked["财48 - wine"] == {"财48 - wine"} and clicked["1.8米"] == {"1.8米"}
+    assert clicked["café ［noir］ ☕"] == {"café ［noir］ ☕"}
     assert clicked["red  blue"] == {"red blue"}  # its normal form is the other label's exact text
 
 
