@@ -186,9 +186,11 @@ def test_synthetic_labels_with_odd_whitespace_and_case_are_clickable(synthetic_d
     assert clicked["red  blue"] == {"red blue"}  # its normal form is the other label's exact text
 
 
-def test_agent_buys_goal_with_double_spaced_option_over_http(synthetic_dir):
+@pytest.mark.parametrize("color", ["black  |  white", "财48 - wine", "1.8米"])
+def test_agent_buys_goal_with_odd_option_over_http(synthetic_dir, color):
     """End to end (server process + WebShopEnv): the model copies actions from the admissible list,
-    the parser normalises them, and the goal with option ``black  |  white`` is bought with score 1."""
+    the parser normalises them, and the goal with option ``color`` (a double-spaced label, or the CJK labels
+    of issue 34) is bought with score 1."""
     from envs.webshop_server.process import WebShopServerProcess
     from envs.webshop_server.reward import get_reward
     from progpo.envs.webshop import WebShopEnv
@@ -196,7 +198,7 @@ def test_agent_buys_goal_with_double_spaced_option_over_http(synthetic_dir):
     shop = Shop(ShopConfig(data_dir=str(synthetic_dir), preload_nlp=False, use_cache=False))
     lo, hi = shop.splits.range("train")
     index, goal = next((i - lo, shop.goals[i]) for i in range(lo, hi)
-                       if shop.goals[i]["goal_options"]["color"] == "black  |  white")
+                       if shop.goals[i]["goal_options"].get("color") == color)
     product = shop.catalog.by_asin[goal["asin"]]
     assert get_reward(product, goal, shop.catalog.prices[goal["asin"]], goal["goal_options"])[0] == 1.0
     with WebShopServerProcess(data_dir=synthetic_dir, port=0, threads=2, start_timeout_s=PATIENCE_S,
