@@ -118,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     elif missing_gpu_packages():
         parser.error(f"argument --rollout.backend: vllm needs {' and '.join(missing_gpu_packages())} installed (pip install -r "
                      "requirements-gpu.txt); for a CPU dry run of this job add --rollout.backend hf")
+    from progpo.run.answer_format import check_model_answer_format
+
+    try:  # before Ray starts: the policy's tokenizer must carry the answer format (loaded as OpenRLHF's actors do)
+        check_model_answer_format(getattr(args, "actor.model_name_or_path"), run.agent.env.name, trust_remote_code=True)
+    except ValueError as exc:
+        parser.error(f"argument {exc}")
     from progpo.openrlhf.trainer import run_openrlhf_main
     from progpo.run.failures import EXIT_ROLLOUT_FAILED, RolloutFailed
 

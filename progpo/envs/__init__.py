@@ -32,6 +32,7 @@ register(
     http_pool="progpo.envs.http_pool:make_async_http_pool",
     pool="http",
     reports_score=True,
+    language_rule=False,  # its catalog and goals hold CJK (goal #706: "... 1.8米 capacity")
 )
 
 register(

@@ -89,6 +89,10 @@ class EnvSpec:
             served over HTTP (``--env.pool http``); None: the env has none.
         pool: default ``--env.pool`` on the cluster path (``train_ray``): one of :data:`POOLS`.
         reports_score: ``info["score"]`` is a [0, 1] task score (WebShop's), logged as ``env/score_mean``.
+        language_rule: verl-agent's rule against language switches applies: a response holding a CJK ideograph
+            (U+4E00-U+9FFF) anywhere is format-invalid (``progpo.agents.parsing``). False for an env whose own
+            text (tasks, pages, labels) holds such characters, where the rule would refuse answers that click
+            the env's own labels or copy its task's words (WebShop: ``click[1.8米]``, goal #706).
         kwargs: extra constructor keyword arguments of every env instance.
     """
 
@@ -108,6 +112,7 @@ class EnvSpec:
     http_pool: str | None = None
     pool: str = "local"
     reports_score: bool = False
+    language_rule: bool = True
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:

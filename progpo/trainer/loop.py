@@ -22,6 +22,7 @@ from progpo.advantages import compute_advantages
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
 from progpo.agents.episode import TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
+from progpo.run.answer_format import check_model_answer_format
 from progpo.run.checkpoint import CheckpointManager, check_run_dir
 from progpo.run.dynamic_sampling import DynamicSamplingStats, equal_returns, group_returns, keep_signal_groups
 from progpo.trainer.config import TrainConfig
@@ -29,6 +30,7 @@ from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
 from progpo.run.failures import check_failures, failure_metrics
 from progpo.run.metrics import MetricsLogger
+from progpo.run.models import resolve_pretrain
 from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
 from progpo.trainer.progress import RunProgress, TqdmWriter
 from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
@@ -132,7 +134,6 @@ class Trainer:
         import dataclasses
 
         from progpo.trainer.actor import Actor
-        from progpo.run.models import resolve_pretrain
         from progpo.trainer.rollout_backend import make_generator
 
         cfg = self.cfg
@@ -174,6 +175,9 @@ class Trainer:
         """Run the iterations (from the last checkpoint with ``--ckpt.load_enable``); returns the metrics history."""
         cfg = self.cfg
         max_envs = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+        # before any env, service or model starts: the policy's tokenizer must carry the answer format
+        given = cfg.actor.model_name_or_path
+        check_model_answer_format(resolve_pretrain(given), cfg.env.name, given=given)
         loop = asyncio.new_event_loop()
         try:
             with open_env_pool(cfg.env, max_envs) as envs:
