@@ -36,8 +36,8 @@ from progpo.lab.survival import steps_to_target  # noqa: F401  (re-exported: the
 from progpo.run import flags
 from progpo.trainer.config import TrainConfig
 
-DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo", "progpo", "progpo state_key=obs_inventory",
-                      "gigpo state_key=obs_inventory", "hgpo state_key=obs_inventory")
+DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo", "g2po", "progpo", "progpo state_key=obs_inventory",
+                      "gigpo state_key=obs_inventory", "hgpo state_key=obs_inventory", "g2po state_key=obs_inventory")
 LEARN_CFG = AlfworldFamily.learn_cfg
 SWEEP_SEED0 = 1000  #: sweep seeds are 1000, 1001, ... (the final seeds 0..n-1 are never used to pick the lr)
 COLLAPSE_RULE = (f"final success (last {FINAL_WINDOW} iterations) below {COLLAPSE_RATIO:g} x the best {PEAK_WINDOW}-iteration "
