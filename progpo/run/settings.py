@@ -186,6 +186,33 @@ def check_group_size(estimator: str, n_samples_per_prompt: int) -> None:
         raise ValueError(error)
 
 
+def check_prompt_budget(max_prompt_tokens: int | None, max_new_tokens: int, max_len: int, limit: str) -> None:
+    """Refuse a step prompt budget that does not fit the sequence limit with the answer (both backends).
+
+    A step's sequence is its prompt (at most ``--rollout.max_prompt_tokens`` after the context guard) plus its
+    answer (at most ``--rollout.max_new_tokens``); a budget over the limit lets a long history reach the engine
+    as a prompt it must refuse (one failed episode each) instead of being shortened by the guard.
+
+    Args:
+        max_prompt_tokens: ``--rollout.max_prompt_tokens`` (None: the limit minus the answer, which fits).
+        max_new_tokens: ``--rollout.max_new_tokens``, in tokens.
+        max_len: the limit, in tokens.
+        limit: how the limit reads in the message (``--data.max_len 2560``, or the model's context).
+
+    Raises:
+        FlagError: naming ``--rollout.max_prompt_tokens`` (or ``--rollout.max_new_tokens`` when the answer
+            alone leaves no room for a prompt), with both flags, their values, the sum and the limit.
+    """
+    if max_new_tokens >= max_len:
+        raise flags.FlagError("--rollout.max_new_tokens", f"{max_new_tokens} must be < {limit}: the answer alone "
+                                                          "leaves no room for a prompt")
+    if max_prompt_tokens is not None and max_prompt_tokens + max_new_tokens > max_len:
+        text = (f"--rollout.max_prompt_tokens {max_prompt_tokens} + --rollout.max_new_tokens {max_new_tokens} = "
+                f"{max_prompt_tokens + max_new_tokens} tokens do not fit {limit}: lower --rollout.max_prompt_tokens "
+                f"to at most {max_len - max_new_tokens} (or leave it unset), or lower --rollout.max_new_tokens")
+        raise flags.FlagError("--rollout.max_prompt_tokens", text, text=text)
+
+
 # ---- the estimator's flags (shared by train and train_ray) ------------------------------------
 def add_advantage_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
     """``--progpo.preset`` and one ``--progpo.<field>`` flag per ``AdvantageConfig`` field (not ``estimator``)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from transformers import AutoConfig
 
 from progpo.advantages import compute_advantages
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
@@ -29,7 +30,10 @@ from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
 from progpo.run.failures import check_failures, failure_metrics
 from progpo.run.metrics import MetricsLogger
+from progpo.run.models import resolve_pretrain
+from progpo.run.settings import check_prompt_budget
 from progpo.trainer.progress import RunProgress
+from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN
 from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,26 @@ _SEED_MIX = 1_000_003
 def iteration_seed(seed: int, iteration: int) -> int:
     """Sampling seed of one iteration (pure function of the run seed and the iteration number)."""
     return (seed * _SEED_MIX + iteration) % (2**31 - 1)
+
+
+def check_model_context(cfg: TrainConfig) -> None:
+    """The local backend's prompt budget check: ``--rollout.max_prompt_tokens`` + ``--rollout.max_new_tokens``
+    must fit the policy's context (its ``max_position_embeddings``; with ``--rollout.backend vllm`` at most the
+    engine's ``max_model_len``), the local counterpart of train_ray's ``--data.max_len``
+    (:func:`progpo.run.settings.check_prompt_budget`). Reads only the model's config.
+
+    Raises:
+        FlagError: the budget does not fit (both flags, their sum and the context named).
+        FileNotFoundError: ``--actor.model_name_or_path`` is no model (:func:`progpo.run.models.resolve_pretrain`).
+    """
+    name = cfg.actor.model_name_or_path
+    context = getattr(AutoConfig.from_pretrained(resolve_pretrain(name)), "max_position_embeddings", None)
+    if not context:
+        return
+    limit = f"the {context}-token context of --actor.model_name_or_path {name} (max_position_embeddings)"
+    if cfg.rollout.backend == "vllm" and context > VLLM_MAX_MODEL_LEN:
+        context, limit = VLLM_MAX_MODEL_LEN, f"the {VLLM_MAX_MODEL_LEN}-token max_model_len of --rollout.backend vllm"
+    check_prompt_budget(cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, context, limit)
 
 
 @dataclass
@@ -192,7 +216,6 @@ class Trainer:
         import dataclasses
 
         from progpo.trainer.actor import Actor
-        from progpo.run.models import resolve_pretrain
         from progpo.trainer.rollout_backend import make_generator
 
         cfg = self.cfg
@@ -236,6 +259,7 @@ class Trainer:
     def fit(self) -> list[dict[str, float]]:
         """Run the iterations (from the last checkpoint with ``--ckpt.load_enable``); returns the metrics history."""
         cfg = self.cfg
+        check_model_context(cfg)  # before any env starts
         max_envs = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
         loop = asyncio.new_event_loop()
         try:
