@@ -126,7 +126,7 @@ class RolloutSettings:
     max_new_tokens: int = 256
     """response limit per step, in tokens"""
     max_prompt_tokens: int | None = None
-    """context guard of each step prompt, in tokens: oldest history dropped first, then the observation cut (None: --data.max_len - --rollout.max_new_tokens on train_ray)"""
+    """context guard of each step prompt, in tokens: oldest history dropped first, then the observation cut; with --rollout.max_new_tokens it must fit --data.max_len (train_ray) or the model's context (train), else the run is refused at start-up (None: --data.max_len - --rollout.max_new_tokens on train_ray)"""
     gen_batch_size: int = 64
     """train: most requests per transformers generate call"""
     backend: Literal["hf", "vllm"] = "hf"
