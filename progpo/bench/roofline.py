@@ -54,6 +54,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from progpo.run import flags
+from progpo.run.flags import MISSING
+from progpo.trainer.config import TrainConfig
+
 
 @dataclass(frozen=True)
 class MachineBound:
@@ -211,18 +215,20 @@ HEADER = (f"{'phase':<34} {'GFLOP':>8} {'wall_s':>8} {'time_s':>8} {'GFLOP/s':>8
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's flags; their defaults are the main job's batch (a test holds them to run_local.sh)."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.bench roofline", description=__doc__.split("\n")[0])
-    p.add_argument("--actor.model_name_or_path", dest="model", default="smollm2-135m")
-    p.add_argument("--tasks", type=int, default=2, help="tasks per iteration (main job: 2)")
-    p.add_argument("--n", type=int, default=4, help="rollouts per task (main job: 4)")
-    p.add_argument("--max_steps", type=int, default=6, help="steps per episode at most (main job: 6)")
-    p.add_argument("--history_length", type=int, default=2, help="earlier turns in the prompt (main job: 2)")
-    p.add_argument("--max_new_tokens", type=int, default=64)
-    p.add_argument("--max_prompt_tokens", type=int, default=512, help="context guard (main job: 512)")
-    p.add_argument("--micro_batch_size", type=int, default=2)
-    p.add_argument("--batch_size", type=int, default=16, help="samples per optimizer step (main job: 16)")
-    p.add_argument("--ds.lora.rank", dest="lora_rank", type=int, default=0)
-    p.add_argument("--ds.lora.alpha", dest="lora_alpha", type=int, default=16)
-    p.add_argument("--ds.param_dtype", dest="dtype", choices=("fp32", "bf16"), default="fp32")
+    for option, dest, default, note, old in (
+            ("--actor.model_name_or_path", "model", MISSING, "", ()),
+            ("--rollout.batch_size", "tasks", 2, "main job: 2", ("--tasks",)),
+            ("--rollout.n_samples_per_prompt", "n", 4, "main job: 4", ("--n",)),
+            ("--env.max_steps", "max_steps", 6, "main job: 6", ("--max_steps",)),
+            ("--env.history_length", "history_length", 2, "main job: 2", ("--history_length",)),
+            ("--rollout.max_new_tokens", "max_new_tokens", 64, "main job: 64", ("--max_new_tokens",)),
+            ("--rollout.max_prompt_tokens", "max_prompt_tokens", 512, "main job: 512", ("--max_prompt_tokens",)),
+            ("--train.micro_batch_size", "micro_batch_size", 2, "", ("--micro_batch_size",)),
+            ("--train.batch_size", "batch_size", 16, "main job: 16", ("--batch_size",)),
+            ("--ds.lora.rank", "lora_rank", MISSING, "", ()),
+            ("--ds.lora.alpha", "lora_alpha", MISSING, "", ()),
+            ("--ds.param_dtype", "dtype", MISSING, "", ())):
+        flags.restate(p, TrainConfig, option, dest=dest, default=default, note=note, old=old)
     p.add_argument("--machine_seconds", type=float, default=2.0, help="time per machine measurement")
     p.add_argument("--compare", action="store_true",
                    help="measure each phase both ways: rollout with a prefill per row, then shared; update with the "
@@ -253,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             "--rollout.max_prompt_tokens", str(args.max_prompt_tokens), "--train.batch_size", str(args.batch_size),
             "--train.micro_batch_size", str(args.micro_batch_size), "--ds.lora.rank", str(args.lora_rank),
             "--ds.lora.alpha", str(args.lora_alpha), "--ds.param_dtype", args.dtype,
-            "--logger.progress_bar", "false", "--logger.tensorboard", "false"])
+            "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
         trainer = Trainer(cfg)
         loop = asyncio.new_event_loop()
         rollouts, updates = [], []

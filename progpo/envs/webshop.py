@@ -34,7 +34,7 @@ from urllib.parse import unquote
 
 import requests
 
-from progpo.envs.base import EnvFailure, EnvUnreachable, StepResult, normalize_action
+from progpo.envs.base import EnvFailure, EnvUnreachable, StepResult, normalize_action, split_size
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
@@ -132,6 +132,10 @@ class WebShopEnv:
         if self._split_sizes is None:
             self._split_sizes = dict(self._call("GET", "/health")["splits"])
         return self._split_sizes
+
+    def num_tasks(self, split: str) -> int:
+        """Goals in ``split`` (``TextEnv`` protocol). Raises ValueError for a split the server does not serve."""
+        return split_size(self.split_sizes(), split, "webshop")
 
     # ----- protocol --------------------------------------------------------------------------------
     def reset(self, *, split: str, index: int | None = None, seed: int | None = None) -> tuple[str, dict[str, Any]]:

@@ -59,7 +59,7 @@ class EnvSettings:
     eval_split: str | None = None
     """split of evaluation (None: the env spec's: WebShop test, ALFWorld valid_unseen)"""
     num_tasks: int | None = None
-    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the whole split on train; required on train_ray unless --data.prompt_dataset is given)"""
+    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the whole split on train; on train_ray required unless --train.num_iterations or --data.prompt_dataset is given)"""
     task_offset: int = 0
     """first training task index"""
     split_size: int | None = None
@@ -92,6 +92,9 @@ class EnvSettings:
             raise ValueError(f"--env.max_failed_frac must be in [0, 1], got {self.max_failed_frac}")
         if self.pool is not None and self.pool not in POOLS:
             raise ValueError(f"--env.pool must be one of {list(POOLS)}, got {self.pool!r}")
+        if self.pool == "http" and s.http_pool is None:
+            raise ValueError(f"--env.pool http: {self.name} is not served over HTTP (its spec names no http_pool); "
+                             "use local or ray")
         if self.url is not None:
             import re
 
@@ -128,9 +131,9 @@ class RolloutSettings:
     max_prompt_tokens: int | None = None
     """context guard of each step prompt, in tokens: oldest history dropped first, then the observation cut; with --rollout.max_new_tokens it must fit --data.max_len (train_ray) or the model's context (train), else the run is refused at start-up (None: --data.max_len - --rollout.max_new_tokens on train_ray)"""
     gen_batch_size: int = 64
-    """train: most requests per transformers generate call"""
+    """most generation requests batched into one transformers generate call (--rollout.backend hf; train_ray: per engine)"""
     backend: Literal["hf", "vllm"] = "hf"
-    """train: generation engine, hf (transformers generate on the actor's own weights) or vllm"""
+    """generation engine. train: hf (transformers generate on the actor's own weights) or vllm (an in-process vllm.LLM). train_ray: vllm (OpenRLHF as shipped: vLLM, flash-attn, NCCL; GPU nodes) or hf (the same job on CPU for a laptop dry run: local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engines; docs/distributed.md)"""
     dynamic_sampling: bool = False
     """drop groups whose rollouts all got the same return (no learning signal) from the update and draw new tasks until --rollout.batch_size groups carry signal or --rollout.dynamic_sampling_max_rounds extra rounds were played (DAPO's dynamic sampling; beside OpenRLHF's --algo.dynamic_filtering_*)"""
     dynamic_sampling_max_rounds: int = 2

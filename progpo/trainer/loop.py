@@ -23,6 +23,7 @@ from progpo.advantages import compute_advantages
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
 from progpo.agents.episode import TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
+from progpo.run.answer_format import check_model_answer_format
 from progpo.run.checkpoint import CheckpointManager, check_run_dir
 from progpo.run.dynamic_sampling import DynamicSamplingStats, equal_returns, group_returns, keep_signal_groups
 from progpo.trainer.config import TrainConfig
@@ -32,9 +33,11 @@ from progpo.run.failures import check_failures, failure_metrics
 from progpo.run.metrics import MetricsLogger
 from progpo.run.models import resolve_pretrain
 from progpo.run.settings import check_prompt_budget
-from progpo.trainer.progress import RunProgress
+from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
+from progpo.trainer.progress import RunProgress, TqdmWriter
 from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN
 from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
+from progpo.trainer.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -64,68 +67,6 @@ def check_model_context(cfg: TrainConfig) -> None:
     if cfg.rollout.backend == "vllm" and context > VLLM_MAX_MODEL_LEN:
         context, limit = VLLM_MAX_MODEL_LEN, f"the {VLLM_MAX_MODEL_LEN}-token max_model_len of --rollout.backend vllm"
     check_prompt_budget(cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, context, limit)
-
-
-@dataclass
-class TaskSampler:
-    """Tasks of one split in seeded epoch-wise random order (every task once per epoch).
-
-    Draws from task indices ``offset .. offset + count - 1`` of the split (``--env.task_offset``,
-    ``--env.num_tasks``; default the whole split).
-
-    Attributes:
-        num_tasks: tasks in the split. seed: run seed. offset, count: the task range drawn from
-            (count None: ``num_tasks - offset``). epoch, pos: where the next draw starts.
-
-    Raises:
-        ValueError: the range does not fit in the split (names ``--env.task_offset`` / ``--env.num_tasks``).
-    """
-
-    num_tasks: int
-    seed: int
-    offset: int = 0
-    count: int | None = None
-    epoch: int = 0
-    pos: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.offset < self.num_tasks:
-            raise ValueError(f"--env.task_offset must be in [0, {self.num_tasks}) (tasks in the split), got {self.offset}")
-        if self.count is None:
-            self.count = self.num_tasks - self.offset
-        if not 1 <= self.count <= self.num_tasks - self.offset:
-            raise ValueError(f"--env.num_tasks must be in [1, {self.num_tasks - self.offset}] (tasks in the split after "
-                             f"--env.task_offset {self.offset}), got {self.count}")
-
-    def _perm(self) -> np.ndarray:
-        return self.offset + np.random.default_rng([self.seed, self.epoch]).permutation(self.count)
-
-    def next(self, k: int) -> list[int]:
-        """The next ``k`` task indices (crossing into the next epoch's permutation when needed)."""
-        out: list[int] = []
-        while len(out) < k:
-            perm = self._perm()
-            take = perm[self.pos:self.pos + k - len(out)].tolist()
-            out.extend(int(i) for i in take)
-            self.pos += len(take)
-            if self.pos >= self.count:
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        """Position in the task order (saved in checkpoints)."""
-        return {"num_tasks": self.num_tasks, "seed": self.seed, "offset": self.offset, "count": self.count,
-                "epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore ``state_dict``; ValueError if the split size, task range or seed changed."""
-        saved = (state["num_tasks"], state["seed"], state.get("offset", 0), state.get("count", state["num_tasks"]))
-        if saved != (self.num_tasks, self.seed, self.offset, self.count):
-            raise ValueError(f"checkpoint task order was for {saved[0]} tasks / seed {saved[1]} / tasks {saved[2]}.."
-                             f"{saved[2] + saved[3] - 1}, this run has {self.num_tasks} / {self.seed} / {self.offset}.."
-                             f"{self.offset + self.count - 1} (--env.train_split, --env.num_tasks, --env.task_offset "
-                             "or --train.seed changed?)")
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
 
 
 def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -230,10 +171,7 @@ class Trainer:
                              "another --ckpt.path")
         check_run_dir(self.save_path)
         pretrain = cfg.actor.model_name_or_path
-        if cfg.warm_start.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
-            from progpo.trainer.progress import TqdmWriter
-            from progpo.trainer.warm_start import warm_start
-
+        if cfg.sft.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
             pretrain = str(warm_start(cfg, envs, out=TqdmWriter()))
             self.warm_start_path = pretrain
         actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(pretrain))
@@ -241,7 +179,7 @@ class Trainer:
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
                                    count=cfg.env.num_tasks)
-        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard)
+        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard_dir)
         (self.save_path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
         start = 0
         if cfg.ckpt.load_enable:
@@ -259,8 +197,12 @@ class Trainer:
     def fit(self) -> list[dict[str, float]]:
         """Run the iterations (from the last checkpoint with ``--ckpt.load_enable``); returns the metrics history."""
         cfg = self.cfg
-        check_model_context(cfg)  # before any env starts
         max_envs = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+        # before any env, service or model starts: the policy's tokenizer must carry the answer format, and the
+        # prompt budget with the answer must fit its context
+        given = cfg.actor.model_name_or_path
+        check_model_answer_format(resolve_pretrain(given), cfg.env.name, given=given)
+        check_model_context(cfg)
         loop = asyncio.new_event_loop()
         try:
             with open_env_pool(cfg.env, max_envs) as envs:

@@ -82,7 +82,7 @@ def test_cpu_script_runs_the_same_job_small_on_cpu():
     """The CPU script: the GPU scripts' job (ZeRO-3, KL loss, OpenRLHF actors) in the CPU profile."""
     argv = _dry_run(SCRIPTS / "train_progpo_webshop_cpu.sh")
     assert argv[:3] == ["python3", "-m", "progpo.cli.train_ray"]
-    assert _flag(argv, "--device") == "cpu" and _flag(argv, "--advantage_estimator") == "progpo"
+    assert _flag(argv, "--rollout.backend") == "hf" and _flag(argv, "--advantage_estimator") == "progpo"
     assert _flag(argv, "--actor.model_name_or_path") == "smollm2-135m"
     assert (_flag(argv, "--rollout.batch_size"), _flag(argv, "--rollout.n_samples_per_prompt")) == ("2", "4")
     assert _flag(argv, "--env.max_steps") == "3" and _flag(argv, "--env.num_tasks") == "4"  # 2 iterations
@@ -103,7 +103,7 @@ def test_train_script_flags_are_accepted_by_train_ray(tmp_path):
         cpu = {"MODEL": "tiny"} if script.stem.endswith("_cpu") else {}  # not the SmolLM2 conversion here
         argv = _dry_run(script, EVAL_TASKS="8", OUTPUT_DIR=str(tmp_path / script.stem), TRAIN_SPLIT_SIZE="100", **cpu)
         ns = train_ray.finalize(parser, parser.parse_args(argv[3:]))
-        assert ns.progpo_advantage_config.kappa == 4.0
+        assert ns.progpo.advantage.kappa == 4.0
         assert Path(getattr(ns, "data.prompt_dataset")).is_file() and Path(getattr(ns, "eval.dataset")).is_file()
 
 
@@ -330,7 +330,7 @@ def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
     assert argv[:3] == ["python3", "-m", "progpo.cli.train"] and argv[-2:] == ["--progpo.kappa", "4"]
     cfg = config_from_args(argv[3:])
     assert cfg.env.name == "webshop" and cfg.actor.model_name_or_path == "smollm2-135m"
-    assert cfg.warm_start.num_tasks >= 1 and cfg.ds.param_dtype == "fp32"
+    assert cfg.sft.num_tasks >= 1 and cfg.ds.param_dtype == "fp32"
     assert cfg.env.max_steps >= 5  # the WebShop expert needs 4.85 steps on average
     bench = build_parser().parse_args([])
     assert (bench.tasks, bench.n, bench.max_steps, bench.history_length, bench.max_prompt_tokens, bench.max_new_tokens,
@@ -339,4 +339,4 @@ def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
         cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, cfg.train.batch_size, cfg.train.micro_batch_size,
         cfg.actor.model_name_or_path)
     alf = config_from_args(_dry_run(SCRIPTS / "run_local.sh", ENV="alfworld")[3:])
-    assert alf.env.name == "alfworld" and alf.warm_start.num_tasks >= 1
+    assert alf.env.name == "alfworld" and alf.sft.num_tasks >= 1

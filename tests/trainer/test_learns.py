@@ -45,7 +45,7 @@ def test_progpo_raises_success_on_the_training_tasks(tmp_path):
         "--train.num_iterations", str(ITERATIONS), "--train.batch_size", "32",
         "--train.micro_batch_size", "16", "--actor.adam.lr", "1e-3", "--actor.lr_scheduler", "constant_with_warmup",
         "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0", "--train.seed", "1",
-        "--ckpt.save_steps", "1000", "--logger.progress_bar", "false", "--logger.tensorboard", "false"])
+        "--ckpt.save_steps", "1000", "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
     history = Trainer(cfg).fit()
     assert [m["iteration"] for m in history] == list(range(1, ITERATIONS + 1))
     (w0, n0), (w1, n1) = _wins(history[:1]), _wins(history[-2:])

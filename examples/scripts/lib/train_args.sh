@@ -21,7 +21,7 @@
 # engines use exactly the ranks' GPUs (VLLM_TP must divide them). A value these cannot use stops the
 # script with one line naming the variable and the value.
 #
-# DEVICE=cpu switches to the CPU profile (`--device cpu`: a laptop dry run of the same job, see
+# DEVICE=cpu switches to the CPU profile (`--rollout.backend hf`: a laptop dry run of the same job, see
 # docs/distributed.md): SmolLM2-135M-Instruct, 2 tasks x 4 rollouts, 3 steps, 64 response tokens,
 # 2 iterations, caps 4 / 2, no colocation or sleep mode unless COLOCATE=1 (then the GPU scripts'
 # --train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode has no CPU path).
@@ -103,7 +103,7 @@ progpo_train_args() {
   )
   if [ "$cpu" = 1 ]; then
     # entropy logged (coefficient 0), the weight sync checked after every update
-    PROGPO_ARGS+=(--device cpu --actor.entropy_coef 0 --debug.check_weight_sync)
+    PROGPO_ARGS+=(--rollout.backend hf --actor.entropy_coef 0 --debug.check_weight_sync)
     if [ "${COLOCATE:-0}" = 1 ]; then
       PROGPO_ARGS+=(--train.colocate_all --vllm.enable_sleep)
     fi
