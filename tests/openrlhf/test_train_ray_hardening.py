@@ -101,7 +101,7 @@ def test_a_tokenizer_that_breaks_the_answer_format_exits_before_ray(cli, capsys,
 
     monkeypatch.setattr(cpu, "install", lambda: None)  # its torch changes are for Ray workers
     monkeypatch.setattr(cli.launch, "init_ray", never)
-    argv = ["--device", "cpu", "--actor.model_name_or_path", str(uncased_model), "--env.name", "alfworld_like",
+    argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", str(uncased_model), "--env.name", "alfworld_like",
             "--env.num_tasks", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
             "--rollout.micro_batch_size", "4", "--train.batch_size", "8", "--train.micro_batch_size", "2",
             "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
