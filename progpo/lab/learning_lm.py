@@ -262,6 +262,7 @@ def train_flags(env: str, sft_path: str, row: Variant, lr: float, seed: int, arg
             "--env.history_length", str(args["history"]), *pool_flags(args), "--actor.model_name_or_path", sft_path,
             "--ckpt.path", run_dir, *row_flags(row), "--rollout.batch_size", str(args["tasks"]),
             "--rollout.n_samples_per_prompt", str(args["rollouts"]), "--rollout.max_new_tokens", "48",
+            "--rollout.max_prompt_tokens", "2000",  # tiny-agent's 2048-token context less the answer (train checks it)
             "--train.num_iterations", str(args["iterations"]), "--train.batch_size", "32",
             "--train.micro_batch_size", "16", "--actor.adam.lr", f"{lr:g}",
             "--actor.lr_scheduler", "constant_with_warmup", "--actor.lr_warmup_ratio", "0.1",

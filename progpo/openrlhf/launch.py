@@ -27,7 +27,8 @@ from typing import Any
 from progpo.advantages import ESTIMATORS
 from progpo.run import flags
 from progpo.run.flags import FlagError
-from progpo.run.settings import EnvSettings, EvalSettings, RolloutSettings, advantage_config, check_group_size
+from progpo.run.settings import (EnvSettings, EvalSettings, RolloutSettings, advantage_config, check_group_size,
+                                 check_prompt_budget)
 
 logger = logging.getLogger(__name__)
 
@@ -366,6 +367,37 @@ def per_step_checks(o: Any, estimator: str) -> None:
             raise FlagError(f"--{flag}", f"is not supported {why}: it would penalise episodes, not steps")
 
 
+def check_engine_gpus(o: Any) -> None:
+    """Colocated engines (``--train.colocate_all``, synchronous) must fill the policy's GPUs exactly.
+
+    OpenRLHF asserts ``num_engines x tensor_parallel_size = actor.num_nodes x actor.num_gpus_per_node`` only
+    inside ``train()``, after Ray and the policy's placement group are up (a larger total was accepted by
+    its start-up and then could not be placed); this check runs before anything starts.
+
+    Args:
+        o: OpenRLHF's flags as nested attributes (:func:`openrlhf_view`).
+
+    Raises:
+        FlagError: ``--vllm.tensor_parallel_size`` when it is < 1 or does not divide the policy's GPUs,
+            else ``--vllm.num_engines`` when engines x TP differs from them (the message gives the count).
+    """
+    engines, tp = o.vllm.num_engines, o.vllm.tensor_parallel_size
+    if tp < 1:
+        raise FlagError("--vllm.tensor_parallel_size", f"must be >= 1, got {tp}")
+    if not engines or not o.train.colocate_all or o.train.async_enable:
+        return
+    gpus = o.actor.num_nodes * o.actor.num_gpus_per_node
+    shared = (f"the {gpus} GPUs that --train.colocate_all shares (--actor.num_nodes {o.actor.num_nodes} x "
+              f"--actor.num_gpus_per_node {o.actor.num_gpus_per_node})")
+    if gpus % tp:
+        raise FlagError("--vllm.tensor_parallel_size", f"{tp} does not divide {shared}",
+                        text=f"--vllm.tensor_parallel_size {tp} does not divide {shared}")
+    if engines * tp != gpus:
+        text = (f"--vllm.num_engines {engines} x --vllm.tensor_parallel_size {tp} = {engines * tp} GPUs of engines, "
+                f"but they run on {shared}: use --vllm.num_engines {gpus // tp}")
+        raise FlagError("--vllm.num_engines", text, text=text)
+
+
 def finalize(args: argparse.Namespace) -> argparse.Namespace:
     """Check our flags and fold them into the flat namespace OpenRLHF's main block expects.
 
@@ -397,9 +429,12 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     if ours:
         check_group_size(estimator, o.rollout.n_samples_per_prompt)
     per_step_checks(o, estimator)
+    check_engine_gpus(o)
     given = {"max_new_tokens": o.rollout.max_new_tokens} if o.rollout.max_new_tokens is not None else {}
     agent = AgentConfig(env=env, env_kwargs=remote_env_kwargs(env), max_prompt_tokens=rargs.rollout.max_prompt_tokens,
                         **given)
+    check_prompt_budget(agent.max_prompt_tokens, agent.max_new_tokens, o.data.max_len,
+                        f"--data.max_len {o.data.max_len}")
     if o.train.agent_func_path is None:
         fill["train.agent_func_path"] = agent_path()
     elif not Path(o.train.agent_func_path).is_file():

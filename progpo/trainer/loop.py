@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from transformers import AutoConfig
 
 from progpo.advantages import compute_advantages
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
@@ -31,8 +32,10 @@ from progpo.run.env_setup import open_env_pool
 from progpo.run.failures import check_failures, failure_metrics
 from progpo.run.metrics import MetricsLogger
 from progpo.run.models import resolve_pretrain
+from progpo.run.settings import check_prompt_budget
 from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
 from progpo.trainer.progress import RunProgress, TqdmWriter
+from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN
 from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
 from progpo.trainer.warm_start import warm_start
 
@@ -44,6 +47,26 @@ _SEED_MIX = 1_000_003
 def iteration_seed(seed: int, iteration: int) -> int:
     """Sampling seed of one iteration (pure function of the run seed and the iteration number)."""
     return (seed * _SEED_MIX + iteration) % (2**31 - 1)
+
+
+def check_model_context(cfg: TrainConfig) -> None:
+    """The local backend's prompt budget check: ``--rollout.max_prompt_tokens`` + ``--rollout.max_new_tokens``
+    must fit the policy's context (its ``max_position_embeddings``; with ``--rollout.backend vllm`` at most the
+    engine's ``max_model_len``), the local counterpart of train_ray's ``--data.max_len``
+    (:func:`progpo.run.settings.check_prompt_budget`). Reads only the model's config.
+
+    Raises:
+        FlagError: the budget does not fit (both flags, their sum and the context named).
+        FileNotFoundError: ``--actor.model_name_or_path`` is no model (:func:`progpo.run.models.resolve_pretrain`).
+    """
+    name = cfg.actor.model_name_or_path
+    context = getattr(AutoConfig.from_pretrained(resolve_pretrain(name)), "max_position_embeddings", None)
+    if not context:
+        return
+    limit = f"the {context}-token context of --actor.model_name_or_path {name} (max_position_embeddings)"
+    if cfg.rollout.backend == "vllm" and context > VLLM_MAX_MODEL_LEN:
+        context, limit = VLLM_MAX_MODEL_LEN, f"the {VLLM_MAX_MODEL_LEN}-token max_model_len of --rollout.backend vllm"
+    check_prompt_budget(cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, context, limit)
 
 
 def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -175,9 +198,11 @@ class Trainer:
         """Run the iterations (from the last checkpoint with ``--ckpt.load_enable``); returns the metrics history."""
         cfg = self.cfg
         max_envs = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
-        # before any env, service or model starts: the policy's tokenizer must carry the answer format
+        # before any env, service or model starts: the policy's tokenizer must carry the answer format, and the
+        # prompt budget with the answer must fit its context
         given = cfg.actor.model_name_or_path
         check_model_answer_format(resolve_pretrain(given), cfg.env.name, given=given)
+        check_model_context(cfg)
         loop = asyncio.new_event_loop()
         try:
             with open_env_pool(cfg.env, max_envs) as envs:

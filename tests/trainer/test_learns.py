@@ -41,7 +41,8 @@ def test_progpo_raises_success_on_the_training_tasks(tmp_path):
     cfg = config_from_args(ENV + [
         "--actor.model_name_or_path", str(tmp_path / "sft"), "--ckpt.path", str(tmp_path / "rl"),
         "--advantage_estimator", "progpo", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "32",
-        "--rollout.max_new_tokens", "48", "--train.num_iterations", str(ITERATIONS), "--train.batch_size", "32",
+        "--rollout.max_new_tokens", "48", "--rollout.max_prompt_tokens", "2000",  # tiny-agent's context: 2048
+        "--train.num_iterations", str(ITERATIONS), "--train.batch_size", "32",
         "--train.micro_batch_size", "16", "--actor.adam.lr", "1e-3", "--actor.lr_scheduler", "constant_with_warmup",
         "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0", "--train.seed", "1",
         "--ckpt.save_steps", "1000", "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
