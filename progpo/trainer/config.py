@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from progpo.advantages import AdvantageConfig, Estimator
 from progpo.run import flags
+from progpo.run.precision import MixedPrecision
 from progpo.run.settings import EnvSettings, RolloutSettings, add_advantage_flags, advantage_config, check_group_size
 from progpo.trainer.actor import ActorConfig
 from progpo.trainer.update import KL_ESTIMATORS, UpdateConfig
@@ -124,12 +125,17 @@ class DeepSpeedSettings:
     zero_stage: int = 0
     """ZeRO stage 0-3"""
     param_dtype: Literal["bf16", "fp32"] = "fp32"
-    """training dtype of the actor (and reference)"""
+    """dtype of the actor's (and reference's) weights and AdamW state; bf16 weights learn less (use --ds.mixed_precision instead)"""
+    mixed_precision: MixedPrecision = "auto"
+    """bf16 matmuls under torch.autocast with fp32 weights and AdamW state, for the warm start, the log-prob passes and the training pass (auto: where the CPU has native bf16, amx_bf16 or avx512_bf16, or on a CUDA GPU with bf16; fp32 elsewhere, where bf16 is emulated and slower; off: fp32). The choice and its reason are logged at start-up"""
     lora: LoraSettings = field(default_factory=LoraSettings)
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--ds.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.param_dtype == "bf16" and self.mixed_precision == "bf16":
+            raise ValueError("--ds.mixed_precision bf16 keeps fp32 weights under bf16 matmuls, but --ds.param_dtype "
+                             "bf16 makes the weights bf16: pass one of them")
 
 
 @dataclass(frozen=True)
@@ -280,7 +286,8 @@ class TrainConfig:
         return ActorConfig(
             pretrain=self.actor.model_name_or_path, lr=self.actor.adam.lr, weight_decay=self.actor.adam.weight_decay,
             betas=self.actor.adam.betas, grad_clip=self.actor.max_norm, zero_stage=self.ds.zero_stage,
-            bf16=self.ds.param_dtype == "bf16", micro_batch_size=self.train.micro_batch_size,
+            bf16=self.ds.param_dtype == "bf16", mixed_precision=self.ds.mixed_precision,
+            micro_batch_size=self.train.micro_batch_size,
             gradient_checkpointing=self.actor.gradient_checkpointing_enable, use_ref=self.algo.kl.init_coef > 0,
             seed=self.train.seed, lr_scheduler=self.actor.lr_scheduler, lr_warmup_ratio=self.actor.lr_warmup_ratio,
             min_lr_ratio=self.actor.min_lr_ratio, scheduler_steps=self.max_optimizer_steps(), **lora_fields(self.ds.lora))

@@ -90,6 +90,7 @@ def _actor_config(args: SFTArgs):
     return ActorConfig(pretrain=args.actor.model_name_or_path, lr=args.actor.adam.lr,
                        weight_decay=args.actor.adam.weight_decay, betas=args.actor.adam.betas,
                        grad_clip=args.actor.max_norm, zero_stage=args.ds.zero_stage, bf16=args.ds.param_dtype == "bf16",
+                       mixed_precision=args.ds.mixed_precision,
                        micro_batch_size=args.train.micro_batch_size,
                        gradient_checkpointing=args.actor.gradient_checkpointing_enable, use_ref=False,
                        seed=args.train.seed, **lora_fields(args.ds.lora))
