@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from progpo.run.precision import resolve_precision
 from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.trainer.config import (ActorSettings, AdamSettings, CkptSettings, DeepSpeedSettings, LoggerSettings,
                                    TrainSettings, lora_fields)
@@ -43,7 +46,7 @@ WARM_START_DIR = Path.home() / ".cache" / "progpo" / "warm_start"
 
 #: source files whose code shapes the cloned samples or their training (part of the cache key).
 KEY_SOURCES = ("agents/templates.py", "agents/experts.py", "agents/episode.py", "agents/parsing.py",
-               "trainer/sft.py", "trainer/warm_start.py", "trainer/actor.py")
+               "trainer/sft.py", "trainer/warm_start.py", "trainer/actor.py", "run/precision.py")
 
 
 @dataclass(frozen=True)
@@ -262,16 +265,20 @@ def _files_digest(folder: Path) -> list[tuple[str, int, str]]:
 def cache_key(args: SFTArgs, base_model_dir: str, data_identity: dict[str, Any]) -> dict[str, Any]:
     """What the cloned model depends on, as a JSON-ready dict (its sha256 names the cache folder).
 
-    ``settings``: every SFT setting but the output folder and logging; ``base_model``: name, size and
-    sha256 of each file of the resolved base model folder; ``data``: the env's data folder and split
-    size; ``code``: sha256 of the source files that build and train on the samples (:data:`KEY_SOURCES`).
+    ``settings``: every SFT setting but the output folder and logging; ``precision``: what
+    ``--ds.mixed_precision`` resolves to on this machine (``auto`` is bf16-mixed on one CPU and fp32 on
+    another, and the two clone different models); ``base_model``: name, size and sha256 of each file of
+    the resolved base model folder; ``data``: the env's data folder and split size; ``code``: sha256 of
+    the source files that build and train on the samples (:data:`KEY_SOURCES`).
     """
     settings = dataclasses.asdict(dataclasses.replace(args, ckpt=CkptSettings(max_num=1), logger=LoggerSettings()))
     settings["env"].pop("url", None)  # where a server runs, not what it serves (the data says that)
     root = Path(__file__).resolve().parent.parent
     code = {src: hashlib.sha256((root / src).read_bytes()).hexdigest() for src in KEY_SOURCES}
-    return {"settings": settings, "base_model": _files_digest(Path(base_model_dir)), "data": data_identity,
-            "code": code}
+    precision = resolve_precision(args.ds.mixed_precision, param_dtype=args.ds.param_dtype,
+                                  device_type="cuda" if torch.cuda.is_available() else "cpu").name
+    return {"settings": settings, "precision": precision, "base_model": _files_digest(Path(base_model_dir)),
+            "data": data_identity, "code": code}
 
 
 def _key_digest(key: dict[str, Any]) -> str:

@@ -144,3 +144,24 @@ def tiny_model_path():
     from progpo.run.tiny_model import tiny_model_path as path
 
     return path()
+
+
+@pytest.mark.parametrize("setting", ["auto", "off", "bf16"])
+def test_the_warm_start_cache_key_holds_the_resolved_precision(tmp_path, monkeypatch, setting):
+    """``auto`` clones in bf16-mixed on a native-bf16 CPU and in fp32 elsewhere: two different models, two keys."""
+    import dataclasses
+
+    from progpo.run import precision
+    from progpo.trainer.warm_start import SFTArgs, _key_digest, cache_key
+
+    (tmp_path / "config.json").write_text("{}")
+    args = SFTArgs()
+    args = dataclasses.replace(args, ds=dataclasses.replace(args.ds, mixed_precision=setting))
+    keys = {}
+    for native in (False, True):
+        monkeypatch.setattr(precision, "bf16_capability",
+                            lambda device_type="cpu", native=native: Bf16Capability(native, device_type, "test CPU"))
+        keys[native] = cache_key(args, str(tmp_path), {"data": 1})
+    expected = {"auto": ("fp32", "bf16-mixed"), "off": ("fp32", "fp32"), "bf16": ("bf16-mixed", "bf16-mixed")}[setting]
+    assert (keys[False]["precision"], keys[True]["precision"]) == expected
+    assert (_key_digest(keys[False]) == _key_digest(keys[True])) == (expected[0] == expected[1])
