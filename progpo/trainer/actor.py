@@ -48,7 +48,7 @@ class ActorConfig:
         bf16: bf16 weights and AdamW state (``--ds.param_dtype bf16``); fp32 otherwise.
         mixed_precision: ``auto``, ``bf16`` or ``off`` (``--ds.mixed_precision``): forward passes under
             ``torch.autocast`` bf16 with fp32 weights (:mod:`progpo.run.precision`; auto: where the
-            hardware has native bf16). Default ``off`` here; the CLIs default to ``auto``.
+            hardware has native bf16).
         micro_batch_size: samples per forward/backward (``--train.micro_batch_size``).
         gradient_checkpointing: recompute activations in backward (``--actor.gradient_checkpointing_enable``).
         use_ref: keep a frozen reference model (needed when the KL coefficient is > 0); with LoRA
@@ -73,7 +73,7 @@ class ActorConfig:
     grad_clip: float = 1.0
     zero_stage: int = 0
     bf16: bool = False
-    mixed_precision: str = "off"
+    mixed_precision: str = "auto"
     micro_batch_size: int = 4
     gradient_checkpointing: bool = False
     use_ref: bool = True
