@@ -113,6 +113,21 @@ FP32 = Precision(False, "cpu", "fp32")
 """Plain fp32 (no autocast)."""
 
 
+def check_precision_settings(setting: str, param_dtype: str = "fp32") -> None:
+    """Refuse an unknown ``--ds.mixed_precision`` / ``--ds.param_dtype`` or the two bf16s together.
+
+    Raises:
+        ValueError: naming the flag and the value.
+    """
+    if setting not in MIXED_PRECISION_CHOICES:
+        raise ValueError(f"--ds.mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}, got {setting!r}")
+    if param_dtype not in ("fp32", "bf16"):
+        raise ValueError(f"--ds.param_dtype must be fp32 or bf16, got {param_dtype!r}")
+    if param_dtype == "bf16" and setting == "bf16":
+        raise ValueError("--ds.mixed_precision bf16 keeps fp32 weights under bf16 matmuls, but --ds.param_dtype "
+                         "bf16 makes the weights bf16: pass one of them")
+
+
 def resolve_precision(setting: str, *, param_dtype: str = "fp32", device_type: str = "cpu",
                       capability: Bf16Capability | None = None) -> Precision:
     """Turn ``--ds.mixed_precision`` into a :class:`Precision`.
@@ -130,14 +145,8 @@ def resolve_precision(setting: str, *, param_dtype: str = "fp32", device_type: s
         ValueError: an unknown ``setting`` or ``param_dtype``, or ``bf16`` with ``--ds.param_dtype bf16``
             (each names the flag and the value).
     """
-    if setting not in MIXED_PRECISION_CHOICES:
-        raise ValueError(f"--ds.mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}, got {setting!r}")
-    if param_dtype not in ("fp32", "bf16"):
-        raise ValueError(f"--ds.param_dtype must be fp32 or bf16, got {param_dtype!r}")
+    check_precision_settings(setting, param_dtype)
     if param_dtype == "bf16":
-        if setting == "bf16":
-            raise ValueError("--ds.mixed_precision bf16 keeps fp32 weights under bf16 matmuls, but --ds.param_dtype "
-                             "bf16 makes the weights bf16: pass one of them")
         return Precision(False, device_type, "--ds.param_dtype bf16: the weights themselves are bf16 (no autocast)")
     if setting == "off":
         return Precision(False, device_type, "--ds.mixed_precision off")

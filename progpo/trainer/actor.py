@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from progpo.run.models import disable_dropout
-from progpo.run.precision import MIXED_PRECISION_CHOICES, Precision, fp32_output_head, resolve_precision
+from progpo.run.precision import Precision, check_precision_settings, fp32_output_head, resolve_precision
 from progpo.trainer.ppo import entropy_from_logits
 
 logger = logging.getLogger(__name__)
@@ -110,12 +110,7 @@ class ActorConfig:
             raise ValueError(f"--train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.grad_clip < 0:
             raise ValueError(f"--actor.max_norm must be >= 0, got {self.grad_clip}")
-        if self.mixed_precision not in MIXED_PRECISION_CHOICES:
-            raise ValueError(f"--ds.mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}, "
-                             f"got {self.mixed_precision!r}")
-        if self.bf16 and self.mixed_precision == "bf16":
-            raise ValueError("--ds.mixed_precision bf16 keeps fp32 weights under bf16 matmuls, but --ds.param_dtype "
-                             "bf16 makes the weights bf16: pass one of them")
+        check_precision_settings(self.mixed_precision, "bf16" if self.bf16 else "fp32")
 
 
 def _free_port() -> int:

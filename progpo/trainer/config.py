@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from progpo.advantages import AdvantageConfig, Estimator
 from progpo.run import flags
-from progpo.run.precision import MixedPrecision
+from progpo.run.precision import MixedPrecision, check_precision_settings
 from progpo.run.settings import EnvSettings, RolloutSettings, add_advantage_flags, advantage_config, check_group_size
 from progpo.trainer.actor import ActorConfig
 from progpo.trainer.update import KL_ESTIMATORS, UpdateConfig
@@ -133,9 +133,7 @@ class DeepSpeedSettings:
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"--ds.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.param_dtype == "bf16" and self.mixed_precision == "bf16":
-            raise ValueError("--ds.mixed_precision bf16 keeps fp32 weights under bf16 matmuls, but --ds.param_dtype "
-                             "bf16 makes the weights bf16: pass one of them")
+        check_precision_settings(self.mixed_precision, self.param_dtype)
 
 
 @dataclass(frozen=True)
