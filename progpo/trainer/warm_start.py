@@ -87,26 +87,13 @@ class SFTArgs:
         return Path(self.ckpt.path or f"runs/sft_{self.env.name}")
 
 
-def sft_mixed_precision(setting: str) -> str:
-    """The ``--ds.mixed_precision`` behaviour cloning runs with: ``auto`` is fp32 here (``off``); ``bf16`` / ``off`` as given.
-
-    Why: the bundled base model's weights lie on the bf16 grid (its checkpoint is bf16), and behaviour
-    cloning's steps (lr 5e-5, a fifth of a bf16 spacing of a typical weight) are rounded away by the bf16
-    cast of the forward pass until they add up to half a spacing, so the cloned model learns less in its
-    few steps. Measured (SmolLM2-135M, WebShop, 4 expert episodes, 2 epochs, seed 42): NLL per epoch
-    2.103 / 1.177 under bf16 matmuls against 1.674 / 0.628 in fp32. RL after it starts from weights
-    that cloning moved off the grid, where bf16 matmuls see the updates on average.
-    """
-    return "off" if setting == "auto" else setting
-
-
 def _actor_config(args: SFTArgs):
     from progpo.trainer.actor import ActorConfig
 
     return ActorConfig(pretrain=args.actor.model_name_or_path, lr=args.actor.adam.lr,
                        weight_decay=args.actor.adam.weight_decay, betas=args.actor.adam.betas,
                        grad_clip=args.actor.max_norm, zero_stage=args.ds.zero_stage, bf16=args.ds.param_dtype == "bf16",
-                       mixed_precision=sft_mixed_precision(args.ds.mixed_precision),
+                       mixed_precision=args.ds.mixed_precision,
                        micro_batch_size=args.train.micro_batch_size,
                        gradient_checkpointing=args.actor.gradient_checkpointing_enable, use_ref=False,
                        seed=args.train.seed, **lora_fields(args.ds.lora))
@@ -279,8 +266,8 @@ def cache_key(args: SFTArgs, base_model_dir: str, data_identity: dict[str, Any])
     """What the cloned model depends on, as a JSON-ready dict (its sha256 names the cache folder).
 
     ``settings``: every SFT setting but the output folder and logging; ``precision``: what
-    ``--ds.mixed_precision`` resolves to on this machine for cloning (:func:`sft_mixed_precision`; ``bf16``
-    clones another model than fp32); ``base_model``: name, size and sha256 of each file of
+    ``--ds.mixed_precision`` resolves to on this machine (``bf16`` clones another model than fp32);
+    ``base_model``: name, size and sha256 of each file of
     the resolved base model folder; ``data``: the env's data folder and split size; ``code``: sha256 of
     the source files that build and train on the samples (:data:`KEY_SOURCES`).
     """
@@ -288,7 +275,7 @@ def cache_key(args: SFTArgs, base_model_dir: str, data_identity: dict[str, Any])
     settings["env"].pop("url", None)  # where a server runs, not what it serves (the data says that)
     root = Path(__file__).resolve().parent.parent
     code = {src: hashlib.sha256((root / src).read_bytes()).hexdigest() for src in KEY_SOURCES}
-    precision = resolve_precision(sft_mixed_precision(args.ds.mixed_precision), param_dtype=args.ds.param_dtype,
+    precision = resolve_precision(args.ds.mixed_precision, param_dtype=args.ds.param_dtype,
                                   device_type="cuda" if torch.cuda.is_available() else "cpu").name
     return {"settings": settings, "precision": precision, "base_model": _files_digest(Path(base_model_dir)),
             "data": data_identity, "code": code}
