@@ -1,24 +1,25 @@
-"""The precision of a run's matmuls: bf16 mixed precision where the hardware has native bf16, fp32 elsewhere.
+"""The precision of a run's matmuls: fp32 by default, bf16 mixed precision on request, and the machine's bf16 capability.
 
 Mixed precision here is PyTorch's own automatic mixed precision: the forward passes (warm start, the
-behaviour / reference log-prob passes, the training pass) run under
+behaviour / reference log-prob passes, the training pass, generation) run under
 ``torch.autocast(device_type, dtype=torch.bfloat16)``, so matmuls and linear layers compute in bf16
 while the weights, their gradients and the AdamW state stay fp32 (the master weights are the model's
 own fp32 parameters; the backward pass runs outside the context, as PyTorch's AMP recipe says).
-``log_softmax`` is on autocast's fp32 list, and :func:`progpo.trainer.actor.sequence_logprobs` casts
-the (bf16) logits to fp32 before it, so log-probs and losses are fp32.
+``log_softmax`` is on autocast's fp32 list, the output head runs in fp32 (:func:`fp32_output_head`) and
+:func:`progpo.trainer.actor.sequence_logprobs` casts the logits to fp32, so log-probs and losses are fp32.
 
-Whether bf16 is worth it depends on the machine, and is decided once, from the CPU's flags as torch
-reads them (``torch.cpu.get_capabilities()``, cpuinfo's view of CPUID): ``amx_bf16`` (Intel AMX) or
-``avx512_bf16`` (AVX512-BF16 dot products) mean that oneDNN runs bf16 GEMMs natively (measured: 1,787
-vs 293 GFLOP/s fp32 on an AMX machine; 2.4x fp32 on an AMD EPYC with avx512_bf16); without them bf16
-is emulated (an AVX2-only EPYC: under 1 GFLOP/s against 149 fp32, a SmolLM2-135M forward 5.5x slower
-under autocast). The flags, not a timed probe, decide: a probe on a machine shared with other jobs
-can swing either way from run to run (measured here: the same fp32 GEMM at 180 and 21 GFLOP/s a
-minute apart), and a run's precision must not change between a run and its resume (or the warm-start
-cache key). ``bench roofline`` measures both GEMM rates and prints them beside the choice.
+The capability is read from the CPU's flags as torch reads them (``torch.cpu.get_capabilities()``,
+cpuinfo's view of CPUID): ``amx_bf16`` (Intel AMX) or ``avx512_bf16`` (AVX512-BF16 dot products) mean
+that oneDNN runs bf16 GEMMs natively (measured: 1,787 vs 293 GFLOP/s fp32 on an AMX machine; 2.3x fp32
+on an AMD EPYC with avx512_bf16); without them bf16 is emulated (an AVX2-only EPYC: under 1 GFLOP/s
+against 149 fp32, a SmolLM2-135M forward 5.5x slower under autocast). The flags, not a timed probe, are
+read: a probe on a machine shared with other jobs swings from run to run (measured here: the same fp32
+GEMM at 180 and 21 GFLOP/s a minute apart), and a run's precision must not change between a run and its
+resume (or the warm-start cache key). ``bench roofline`` measures both GEMM rates beside it.
 
-On a CUDA device the choice is ``torch.cuda.is_bf16_supported()``.
+``auto`` is fp32 even where bf16 is native: the autocast forward rounds the weights to bf16, and the
+small steps of fine-tuning are lost to that rounding (:func:`resolve_precision`; docs/training.md,
+"Precision"). On a CUDA device the capability is ``torch.cuda.is_bf16_supported()``.
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ class ActorConfig:
         grad_clip: max global grad norm (``--actor.max_norm``; 0 = off).
         zero_stage: DeepSpeed ZeRO stage 0-3 (``--ds.zero_stage``).
         bf16: bf16 weights and AdamW state (``--ds.param_dtype bf16``); fp32 otherwise.
-        mixed_precision: ``auto``, ``bf16`` or ``off`` (``--ds.mixed_precision``): forward passes under
-            ``torch.autocast`` bf16 with fp32 weights (:mod:`progpo.run.precision`; auto: where the
-            hardware has native bf16).
+        mixed_precision: ``auto``, ``bf16`` or ``off`` (``--ds.mixed_precision``): ``bf16`` runs the forward
+            passes under ``torch.autocast`` bf16 with fp32 weights; ``auto`` and ``off`` are fp32
+            (:mod:`progpo.run.precision`).
         micro_batch_size: samples per forward/backward (``--train.micro_batch_size``).
         gradient_checkpointing: recompute activations in backward (``--actor.gradient_checkpointing_enable``).
         use_ref: keep a frozen reference model (needed when the KL coefficient is > 0); with LoRA
