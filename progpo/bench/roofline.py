@@ -27,8 +27,11 @@ this machine's bound, measured in the same run.
      every weight trained, 2 with LoRA (no weight gradient for frozen weights; the adapter is small).
 
    The bound of a phase is ``max(FLOPs / matmul rate, bytes / bandwidth)``, per decode pass (each reads
-   every weight once; the KV cache is counted too), at the dtype the model runs in. Prefill and the
-   update are compute-bound at these sizes; decode passes of a few rows are bandwidth-bound.
+   every weight once; the KV cache is counted too), at the precision its matmuls run in: bf16 under
+   ``--ds.mixed_precision`` bf16 (autocast: the bf16 GEMM rate, weights read and KV cache held in bf16)
+   or ``--ds.param_dtype bf16``, fp32 otherwise. Prefill and the update are compute-bound at these
+   sizes; decode passes of a few rows are bandwidth-bound. The CPU's bf16 capability (its flags, as
+   ``progpo.run.precision`` reads them) and the precision chosen are printed first.
 
 Prints one table (work, wall time, time, rate, bound, time over bound) and the peak resident memory of
 the update (sampled every 20 ms). ``time`` is the CPU time of this process divided by torch's threads:
@@ -57,6 +60,7 @@ import torch
 from progpo.run import flags
 from progpo.run.flags import MISSING
 from progpo.trainer.config import TrainConfig
+from progpo.run.precision import bf16_capability
 
 
 @dataclass(frozen=True)
@@ -148,9 +152,11 @@ class ModelShape:
         return 2.0 * self.linear * tokens + 2.0 * self.layers * self.d_attn * causal_sq + 2.0 * self.hidden * self.vocab * logit_rows
 
 
-def generation_work(shape: ModelShape, steps: list[tuple[tuple[int, ...], int]]) -> dict[str, float]:
+def generation_work(shape: ModelShape, steps: list[tuple[tuple[int, ...], int]],
+                    compute_dtype: torch.dtype | None = None) -> dict[str, float]:
     """Useful FLOPs of generating every ``(prompt ids, r)`` step: the prefill of each distinct prompt once
-    (the N rollouts of a task start from one prompt) and every decode position (see module docstring)."""
+    (the N rollouts of a task start from one prompt) and every decode position (see module docstring);
+    ``decode_kv_bytes`` counts the KV cache in ``compute_dtype`` (None: the weights' dtype)."""
     distinct = np.array([len(q) for q in {prompt for prompt, _ in steps}], dtype=np.float64)
     p = np.array([len(s[0]) for s in steps], dtype=np.float64)
     r = np.array([s[1] for s in steps], dtype=np.float64)
@@ -158,7 +164,7 @@ def generation_work(shape: ModelShape, steps: list[tuple[tuple[int, ...], int]])
     dec = np.maximum(r - 1, 0)
     ctx2 = (2 * (dec * p + dec * (dec + 1) / 2)).sum()  # sum over decoded tokens j=1..r-1 of 2 (p + j)
     decode = shape.forward(dec.sum(), ctx2, dec.sum())
-    kv_bytes = 2.0 * shape.layers * shape.kv_dim * (ctx2 / 2) * torch.finfo(shape.dtype).bits / 8
+    kv_bytes = 2.0 * shape.layers * shape.kv_dim * (ctx2 / 2) * torch.finfo(compute_dtype or shape.dtype).bits / 8
     return {"prefill_flops": prefill, "decode_flops": decode, "decode_kv_bytes": kv_bytes,
             "decode_tokens": float(dec.sum()), "prompt_tokens": float(p.sum()), "distinct_prompt_tokens": float(distinct.sum())}
 
@@ -227,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
             ("--train.batch_size", "batch_size", 16, "main job: 16", ("--batch_size",)),
             ("--ds.lora.rank", "lora_rank", MISSING, "", ()),
             ("--ds.lora.alpha", "lora_alpha", MISSING, "", ()),
-            ("--ds.param_dtype", "dtype", MISSING, "", ())):
+            ("--ds.param_dtype", "dtype", MISSING, "", ()),
+            ("--ds.mixed_precision", "mixed_precision", MISSING, "", ())):
         flags.restate(p, TrainConfig, option, dest=dest, default=default, note=note, old=old)
     p.add_argument("--machine_seconds", type=float, default=2.0, help="time per machine measurement")
     p.add_argument("--compare", action="store_true",
@@ -244,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     from progpo.run.process import setup_logging
     from progpo.trainer.config import config_from_args
     from progpo.trainer.loop import Trainer
-    from progpo.trainer.update import TrainSample, ppo_update, prepare
+    from progpo.trainer.update import TrainSample, ppo_update, prepare, rollout_mismatch
 
     setup_logging("WARNING")
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: stop the WebShop server
@@ -259,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "--rollout.max_prompt_tokens", str(args.max_prompt_tokens), "--train.batch_size", str(args.batch_size),
             "--train.micro_batch_size", str(args.micro_batch_size), "--ds.lora.rank", str(args.lora_rank),
             "--ds.lora.alpha", str(args.lora_alpha), "--ds.param_dtype", args.dtype,
+            "--ds.mixed_precision", args.mixed_precision,
             "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
         trainer = Trainer(cfg)
         loop = asyncio.new_event_loop()
@@ -276,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                 rollouts.append((share, {k: trainer.generator.stats[k] - stats0[k] for k in stats0}, wall,
                                  [s for ep in roll.episodes for s in ep.steps]))
             steps = rollouts[-1][3]
-            samples = [TrainSample(list(s.prompt_ids), list(s.response_ids), 1.0 if k % 2 else -1.0)
+            samples = [TrainSample(list(s.prompt_ids), list(s.response_ids), 1.0 if k % 2 else -1.0,
+                                   rollout_logprobs=torch.tensor(s.logprobs, dtype=torch.float32))
                        for k, s in enumerate(steps) if s.response_ids]
             actor, ucfg = trainer.actor, trainer.update_cfg
             for defer in (False, True) if args.compare else (True,):
@@ -289,22 +298,29 @@ def main(argv: list[str] | None = None) -> int:
                 lp_share = m["perf/logprobs_s"] / max(t3 - t2, 1e-9)  # the up-front behaviour pass inside it
                 updates.append((defer, t2 - t1 + m["perf/logprobs_s"], c2 - c1 + lp_share * (c3 - c2),
                                 t3 - t2 - m["perf/logprobs_s"], (1 - lp_share) * (c3 - c2), mem))
+                mismatch = rollout_mismatch(prepared)  # the behaviour log-probs of the first update vs the generator's
         loop.close()
     shape = ModelShape.of(actor.model)
-    peak = machine.flops(shape.dtype)
+    compute = torch.bfloat16 if actor.precision.autocast else shape.dtype  # the dtype the matmuls run in
+    peak = machine.flops(compute)
+    weight_bytes = shape.weight_bytes * torch.finfo(compute).bits / torch.finfo(shape.dtype).bits  # read per decode pass
+    cap = bf16_capability(actor.precision.device)
     print(f"roofline | model {args.model} ({shape.dtype}, {shape.weight_bytes / 2**20:.0f} MiB weights, N_lin "
           f"{shape.linear / 1e6:.1f}M, V {shape.vocab}) | LoRA rank {args.lora_rank} | load average "
           f"{load0[0]:.1f} -> {os.getloadavg()[0]:.1f} | torch threads {torch.get_num_threads()}")
-    print(f"machine: matmul fp32 {machine.fp32_flops / 1e9:.1f} GFLOP/s, bf16 {machine.bf16_flops / 1e9:.1f} GFLOP/s; "
-          f"copy bandwidth {machine.bandwidth / 1e9:.1f} GB/s (best of {args.machine_seconds:g} s each)")
+    print(f"machine: matmul fp32 {machine.fp32_flops / 1e9:.1f} GFLOP/s, bf16 {machine.bf16_flops / 1e9:.1f} GFLOP/s "
+          f"({machine.bf16_flops / machine.fp32_flops:.2f}x fp32); copy bandwidth {machine.bandwidth / 1e9:.1f} GB/s "
+          f"(best of {args.machine_seconds:g} s each)")
+    print(f"bf16: {'native' if cap.native else 'emulated'} ({cap.detail}); precision {actor.precision.name} "
+          f"({actor.precision.reason}); bounds at the {str(compute).removeprefix('torch.')} matmul rate")
     print("time_s = CPU seconds of this process / torch threads (its wall time on an idle machine); bound_s = "
           "max(FLOPs / matmul rate, bytes / bandwidth)")
     print(HEADER)
     for share, gen, wall, steps_r in rollouts:
-        g = generation_work(shape, [(tuple(s.prompt_ids), len(s.response_ids)) for s in steps_r])
+        g = generation_work(shape, [(tuple(s.prompt_ids), len(s.response_ids)) for s in steps_r], compute)
         prefill_bound = g["prefill_flops"] / peak
         decode_bound = max(g["decode_flops"] / peak,
-                           (gen["decode_steps"] * shape.weight_bytes + g["decode_kv_bytes"]) / machine.bandwidth)
+                           (gen["decode_steps"] * weight_bytes + g["decode_kv_bytes"]) / machine.bandwidth)
         tag = "shared prefill" if share else "prefill per row"
         print(f"-- generation, {tag}: {len(steps_r)} steps, prompt {g['prompt_tokens'] / len(steps_r):.0f} tokens "
               f"({g['distinct_prompt_tokens'] / g['prompt_tokens']:.2f} distinct), response "
@@ -331,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         print(_row("update: train step", u["train_flops"], tr_wall, tr_cpu, tr_bound))
         print(_row("update (total)", u["logprobs_flops"] + u["train_flops"], lp_wall + tr_wall, lp_cpu + tr_cpu,
                    lp_bound + tr_bound))
+    if mismatch:
+        print(f"generator vs trainer log-probs of the same {sum(len(s.response_ids) for s in samples)} tokens (first "
+              f"update, {actor.precision.name}): |ratio - 1| median {mismatch['rollout/ratio_dev_p50']:.2e}, p99 "
+              f"{mismatch['rollout/ratio_dev_p99']:.2e}, max {mismatch['rollout/ratio_dev_max']:.2e}; "
+              f"mismatch KL {mismatch['rollout/mismatch_kl']:+.2e}")
     return 0
 
 

@@ -34,6 +34,7 @@ import torch
 
 from progpo.agents.templates import decode_response
 from progpo.agents.types import Generation, SamplingParams
+from progpo.run.precision import FP32, Precision
 
 logger = logging.getLogger(__name__)
 
@@ -148,17 +149,22 @@ class HFGenerator:
         seed: iteration seed used for requests that carry no ``sampling.seed`` (see ``set_seed``).
         share_prefill: prefill identical prompts of one batch once (the N rollouts of a task start from
             the same prompt) and copy the KV cache to their rows; False prefills every row.
+        precision: the actor's ``progpo.run.precision.Precision``; each decode runs in its context (bf16
+            matmuls under mixed precision, entered in the worker thread: autocast state is per thread).
+            None: fp32.
 
     Call ``await gen(prompt_ids, sampling)`` from any number of concurrent coroutines.
     """
 
-    def __init__(self, model, tokenizer, *, max_batch_size: int = 32, seed: int = 0, share_prefill: bool = True) -> None:
+    def __init__(self, model, tokenizer, *, max_batch_size: int = 32, seed: int = 0, share_prefill: bool = True,
+                 precision: Precision | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.share_prefill = share_prefill
+        self.precision = FP32 if precision is None else precision
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         eos = model.generation_config.eos_token_id
         eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
@@ -229,7 +235,8 @@ class HFGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
-            tokens = self._decode(prompts, sampler, limits)
+            with self.precision.context():
+                tokens = self._decode(prompts, sampler, limits)
         finally:
             self.model.train(was_training)
         results = []

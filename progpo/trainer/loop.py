@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 from transformers import AutoConfig
 
 from progpo.advantages import compute_advantages
@@ -36,7 +37,7 @@ from progpo.run.settings import check_prompt_budget
 from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
 from progpo.trainer.progress import RunProgress, TqdmWriter
 from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN
-from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
+from progpo.trainer.update import TrainSample, num_micro_batches, ppo_update, prepare, rollout_mismatch
 from progpo.trainer.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
@@ -332,7 +333,9 @@ class Trainer:
             raise ValueError(f"estimator {self.cfg.advantage_estimator!r} returned advantages of shape {adv.shape} "
                              f"(finite: {bool(np.all(np.isfinite(adv)))}), expected ({batch.num_steps},) finite")
         steps = training_steps(episodes)
-        samples = [TrainSample(s.prompt_ids, s.response_ids, float(a)) for s, a in zip(steps, adv) if s.response_ids]
+        samples = [TrainSample(s.prompt_ids, s.response_ids, float(a),
+                               rollout_logprobs=torch.tensor(s.logprobs, dtype=torch.float32) if s.logprobs else None)
+                   for s, a in zip(steps, adv) if s.response_ids]
         metrics = {k if k.startswith("adv/") else f"adv/{k}": float(v) for k, v in result.diagnostics.items()}
         for name, value in (("adv/mean", adv.mean()), ("adv/std", adv.std()), ("adv/frac_zero", np.mean(adv == 0.0))):
             metrics.setdefault(name, float(value))
@@ -379,6 +382,7 @@ class Trainer:
                              ref_follows_old=self.policy_is_reference)
         metrics["perf/logprobs_s"] += t1 - t0
         metrics["loss/update_skipped"] = 0.0
+        metrics.update(rollout_mismatch(samples))  # generator vs trainer log-probs of the same tokens
         if metrics.get("loss/optimizer_steps", 0.0) > 0:
             self.policy_is_reference = False
         self.last_samples = samples

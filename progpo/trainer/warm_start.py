@@ -31,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from progpo.run.metrics import MetricsLogger
+from progpo.run.precision import resolve_precision
 from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.run.task_sampler import TaskSampler
 from progpo.trainer.config import (ActorSettings, AdamSettings, CkptSettings, DeepSpeedSettings, LoggerSettings,
@@ -49,7 +51,7 @@ WARM_START_DIR = Path.home() / ".cache" / "progpo" / "warm_start"
 
 #: source files whose code shapes the cloned samples or their training (part of the cache key).
 KEY_SOURCES = ("agents/templates.py", "agents/experts.py", "agents/episode.py", "agents/parsing.py",
-               "trainer/sft.py", "trainer/warm_start.py", "trainer/actor.py")
+               "trainer/sft.py", "trainer/warm_start.py", "trainer/actor.py", "run/precision.py")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ def _actor_config(args: SFTArgs):
     return ActorConfig(pretrain=args.actor.model_name_or_path, lr=args.sft.lr,
                        weight_decay=args.actor.adam.weight_decay, betas=args.actor.adam.betas,
                        grad_clip=args.actor.max_norm, zero_stage=args.ds.zero_stage, bf16=args.ds.param_dtype == "bf16",
+                       mixed_precision=args.ds.mixed_precision,
                        micro_batch_size=args.train.micro_batch_size,
                        gradient_checkpointing=args.actor.gradient_checkpointing_enable, use_ref=False,
                        seed=args.train.seed, **lora_fields(args.ds.lora))
@@ -257,16 +260,20 @@ def _files_digest(folder: Path) -> list[tuple[str, int, str]]:
 def cache_key(args: SFTArgs, base_model_dir: str, data_identity: dict[str, Any]) -> dict[str, Any]:
     """What the cloned model depends on, as a JSON-ready dict (its sha256 names the cache folder).
 
-    ``settings``: every SFT setting but the output folder and logging; ``base_model``: name, size and
-    sha256 of each file of the resolved base model folder; ``data``: the env's data folder and split
-    size; ``code``: sha256 of the source files that build and train on the samples (:data:`KEY_SOURCES`).
+    ``settings``: every SFT setting but the output folder and logging; ``precision``: what
+    ``--ds.mixed_precision`` resolves to on this machine (``bf16`` clones another model than fp32);
+    ``base_model``: name, size and sha256 of each file of
+    the resolved base model folder; ``data``: the env's data folder and split size; ``code``: sha256 of
+    the source files that build and train on the samples (:data:`KEY_SOURCES`).
     """
     settings = dataclasses.asdict(dataclasses.replace(args, ckpt=CkptSettings(max_num=1), logger=LoggerSettings()))
     settings["env"].pop("url", None)  # where a server runs, not what it serves (the data says that)
     root = Path(__file__).resolve().parent.parent
     code = {src: hashlib.sha256((root / src).read_bytes()).hexdigest() for src in KEY_SOURCES}
-    return {"settings": settings, "base_model": _files_digest(Path(base_model_dir)), "data": data_identity,
-            "code": code}
+    precision = resolve_precision(args.ds.mixed_precision, param_dtype=args.ds.param_dtype,
+                                  device_type="cuda" if torch.cuda.is_available() else "cpu").name
+    return {"settings": settings, "precision": precision, "base_model": _files_digest(Path(base_model_dir)),
+            "data": data_identity, "code": code}
 
 
 def _key_digest(key: dict[str, Any]) -> str:

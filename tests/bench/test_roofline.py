@@ -19,6 +19,9 @@ def test_generation_counts_each_distinct_prompt_once_and_every_decode_position()
     assert g["decode_flops"] == pytest.approx(2 * 10 * 3 + 2 * 1 * 2 * 22 + 2 * 3 * 4 * 3)
     assert g["decode_kv_bytes"] == pytest.approx(2 * 1 * 2 * 11 * 4)  # K and V of every context token, fp32
     assert (g["prompt_tokens"], g["distinct_prompt_tokens"], g["decode_tokens"]) == (8, 5, 3)
+    bf16 = generation_work(SHAPE, steps, torch.bfloat16)  # mixed precision: the KV cache is held in bf16
+    assert bf16["decode_kv_bytes"] == pytest.approx(2 * 1 * 2 * 11 * 2)
+    assert bf16["decode_flops"] == g["decode_flops"]
 
 
 def test_update_counts_log_prob_passes_and_the_training_pass():

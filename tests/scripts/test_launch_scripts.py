@@ -334,9 +334,9 @@ def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
     assert cfg.env.max_steps >= 5  # the WebShop expert needs 4.85 steps on average
     bench = build_parser().parse_args([])
     assert (bench.tasks, bench.n, bench.max_steps, bench.history_length, bench.max_prompt_tokens, bench.max_new_tokens,
-            bench.batch_size, bench.micro_batch_size, bench.model) == (
+            bench.batch_size, bench.micro_batch_size, bench.model, bench.mixed_precision) == (
         cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt, cfg.env.max_steps, cfg.env.history_length,
         cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, cfg.train.batch_size, cfg.train.micro_batch_size,
-        cfg.actor.model_name_or_path)
+        cfg.actor.model_name_or_path, cfg.ds.mixed_precision)
     alf = config_from_args(_dry_run(SCRIPTS / "run_local.sh", ENV="alfworld")[3:])
     assert alf.env.name == "alfworld" and alf.sft.num_tasks >= 1
