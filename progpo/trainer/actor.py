@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -136,15 +137,23 @@ def init_single_process_distributed() -> float:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return time.perf_counter() - t0
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    init_method = None
     if world == 1:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        if "MASTER_PORT" not in os.environ:
+            # A file rendezvous: a free port picked here can be taken by another process before the TCP store
+            # binds it (EADDRINUSE, seen with Ray and other trainers starting beside this one).
+            init_method = "file://" + os.path.join(tempfile.mkdtemp(prefix="progpo-dist-"), "store")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))  # DeepSpeed wants it set; unused with a file rendezvous
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend)
+    if init_method is None:
+        deepspeed.init_distributed(dist_backend=backend)
+    else:
+        deepspeed.init_distributed(dist_backend=backend, init_method=init_method, rank=0, world_size=1)
     return time.perf_counter() - t0
 
 
