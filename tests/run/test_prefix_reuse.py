@@ -142,3 +142,16 @@ def test_two_tasks_and_nothing_shared_sample_the_same(model_and_tok):
 def test_random_prompt_sets_sample_the_same_with_and_without_reuse(model_and_tok, spec):
     model, tok = model_and_tok
     _both(model, tok, [[t * 50 for t in p] for p in _build(spec)], max_new_tokens=4)
+
+
+def test_work_counters_count_a_shared_prefix_once(model_and_tok):
+    model, tok = model_and_tok
+    prompts = [HEAD + [30, 31], HEAD + [40], HEAD + [50, 51, 52]]
+    reuse, plain, _ = _both(model, tok, prompts, max_new_tokens=2)
+    s = reuse.stats
+    assert (s["prompt_tokens"], s["prefill_passes"], s["prefill_logit_rows"]) == (26, 2, 4)
+    # 20 shared tokens: 20 x 21; then 2, 1 and 3 tokens after 20 each: 2 x 20 x r + r (r + 1)
+    assert s["prefill_causal_sq"] == 420 + (80 + 6) + (40 + 2) + (120 + 12)
+    assert (s["prefill_rows"], s["prefill_tokens"]) == (4, 20 + 3 * 3)
+    p = plain.stats  # one pass of 3 rows, 23 columns: 22 x 23 + 21 x 22 + 23 x 24
+    assert (p["prompt_tokens"], p["prefill_causal_sq"], p["prefill_tokens"]) == (66, 506 + 462 + 552, 69)
