@@ -20,8 +20,10 @@ this machine's bound, measured in the same run.
    * forward of ``n`` tokens: ``2 N_lin n`` (Kaplan et al. 2020, arXiv 2001.08361, table 1) plus
      attention ``2 L d_attn n^2`` for a causal ``n``-token prefix (scores and values), plus ``2 d V``
      per position whose logits are computed;
-   * generation: per step, the prefill of its ``p`` prompt tokens (logits of the last position only)
-     and ``r - 1`` decode positions (one token each, logits every time, attention over ``p + j``);
+   * generation: the prefill of the prompt tokens the generator computed (a prefix shared by several
+     prompts once; each token's attention over the real tokens before it; the logits of one position
+     per row of each prefill pass: :func:`prefill_work`) and per step ``r - 1`` decode positions (one
+     token each, logits every time, attention over ``p + j``);
    * update: the behaviour and (with a KL term) reference log-probs are a forward of ``p + r`` tokens
      with logits on the ``r`` response positions; training is forward + backward = 3 forwards with
      every weight trained, 2 with LoRA (no weight gradient for frozen weights; the adapter is small).
@@ -36,8 +38,9 @@ this machine's bound, measured in the same run.
 Prints one table (work, wall time, time, rate, bound, time over bound) and the peak resident memory of
 the update (sampled every 20 ms). ``time`` is the CPU time of this process divided by torch's threads:
 its wall time on an idle machine, and a figure that other jobs sharing the cores change little (the wall
-time is printed beside it). ``--compare`` measures the rollout with a prefill per row and then with a
-shared prefill, and the update with every behaviour log-prob recomputed and then with those of the first
+time is printed beside it). ``--compare`` measures the rollout with identical prompts prefilled once and
+then with the prefix that different prompts share prefilled once too (prefix reuse; it checks that both
+rollouts sampled the same tokens), and the update with every behaviour log-prob recomputed and then with those of the first
 optimizer step taken from its own forward pass: before / after of the steps taken toward the bound.
 ``--ds.lora.rank R`` measures the update with a LoRA adapter.
 """
@@ -169,6 +172,20 @@ def generation_work(shape: ModelShape, steps: list[tuple[tuple[int, ...], int]],
             "decode_tokens": float(dec.sum()), "prompt_tokens": float(p.sum()), "distinct_prompt_tokens": float(distinct.sum())}
 
 
+def prefill_work(shape: ModelShape, stats: dict) -> float:
+    """FLOPs of the prefills an ``HFGenerator`` computed, from its ``stats`` counters: its real prompt tokens
+    (``prompt_tokens``; a shared prefix once), ``prefill_causal_sq`` (sum over them of twice the real
+    tokens each attends to) and the rows whose logits were computed (``prefill_logit_rows``)."""
+    return shape.forward(stats["prompt_tokens"], stats["prefill_causal_sq"], stats["prefill_logit_rows"])
+
+
+def same_samples(a: list, b: list) -> tuple[int, int]:
+    """``(steps with the same prompt and response tokens, steps)`` of two rollouts' step lists, in order."""
+    same = sum(list(x.prompt_ids) == list(y.prompt_ids) and list(x.response_ids) == list(y.response_ids)
+               for x, y in zip(a, b))
+    return same, max(len(a), len(b))
+
+
 def update_work(shape: ModelShape, samples: list[tuple[int, int]], *, logprob_passes: int, train_forwards: float) -> dict[str, float]:
     """Useful FLOPs of the update on ``(p, r)`` samples: ``logprob_passes`` forwards (behaviour,
     reference) and one training pass of ``train_forwards`` forwards (3 full, 2 LoRA)."""
@@ -238,8 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
         flags.restate(p, TrainConfig, option, dest=dest, default=default, note=note, old=old)
     p.add_argument("--machine_seconds", type=float, default=2.0, help="time per machine measurement")
     p.add_argument("--compare", action="store_true",
-                   help="measure each phase both ways: rollout with a prefill per row, then shared; update with the "
-                        "behaviour log-probs recomputed for every sample, then deferred (the same tasks and samples)")
+                   help="measure each phase both ways: rollout with identical prompts prefilled once, then with shared "
+                        "prefixes prefilled once too (same seed: the same tokens); update with the behaviour log-probs "
+                        "recomputed for every sample, then deferred (the same tasks and samples)")
     return p
 
 
@@ -274,14 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         with open_env_pool(cfg.env, args.tasks * args.n) as envs:
             trainer.envs = envs
             trainer._build(envs)
-            for share in (False, True) if args.compare else (True,):
-                trainer.generator.share_prefill = share
+            for reuse in (False, True) if args.compare else (True,):
+                trainer.generator.reuse_prefix = reuse
                 trainer.sampler = type(trainer.sampler)(trainer.sampler.num_tasks, cfg.train.seed)  # same tasks
                 stats0 = dict(trainer.generator.stats)
                 t0 = time.perf_counter()
                 roll = trainer.rollout(1, loop)
                 wall = time.perf_counter() - t0
-                rollouts.append((share, {k: trainer.generator.stats[k] - stats0[k] for k in stats0}, wall,
+                rollouts.append((reuse, {k: trainer.generator.stats[k] - stats0[k] for k in stats0}, wall,
                                  [s for ep in roll.episodes for s in ep.steps]))
             steps = rollouts[-1][3]
             samples = [TrainSample(list(s.prompt_ids), list(s.response_ids), 1.0 if k % 2 else -1.0,
@@ -316,21 +334,32 @@ def main(argv: list[str] | None = None) -> int:
     print("time_s = CPU seconds of this process / torch threads (its wall time on an idle machine); bound_s = "
           "max(FLOPs / matmul rate, bytes / bandwidth)")
     print(HEADER)
-    for share, gen, wall, steps_r in rollouts:
+    for reuse, gen, wall, steps_r in rollouts:
         g = generation_work(shape, [(tuple(s.prompt_ids), len(s.response_ids)) for s in steps_r], compute)
-        prefill_bound = g["prefill_flops"] / peak
+        prefill_flops = prefill_work(shape, gen)
+        prefill_bound = prefill_flops / peak
         decode_bound = max(g["decode_flops"] / peak,
                            (gen["decode_steps"] * weight_bytes + g["decode_kv_bytes"]) / machine.bandwidth)
-        tag = "shared prefill" if share else "prefill per row"
+        tag = "shared prefixes prefilled once" if reuse else "identical prompts prefilled once"
         print(f"-- generation, {tag}: {len(steps_r)} steps, prompt {g['prompt_tokens'] / len(steps_r):.0f} tokens "
               f"({g['distinct_prompt_tokens'] / g['prompt_tokens']:.2f} distinct), response "
               f"{np.mean([len(s.response_ids) for s in steps_r]):.1f} tokens (means); {int(gen['calls'])} generate "
               f"calls, {int(gen['prefill_rows'])} prefill rows, {int(gen['decode_steps'])} decode passes; rollout wall "
               f"{wall:.1f} s")
-        print(_row("generate: prefill", g["prefill_flops"], gen["prefill_s"], gen["prefill_cpu_s"], prefill_bound))
+        print(f"   prefill: {int(gen['prompt_tokens'])} prompt tokens computed ({gen['prompt_tokens'] / g['prompt_tokens']:.2f}"
+              f" of all, {gen['prompt_tokens'] / g['distinct_prompt_tokens']:.2f} of the distinct prompts') in "
+              f"{int(gen['prefill_passes'])} passes of {int(gen['prefill_tokens'])} padded tokens")
+        if reuse and len(rollouts) == 2:
+            same, total = same_samples(rollouts[0][3], steps_r)
+            before = prefill_work(shape, rollouts[0][1])
+            print(f"   same samples as without prefix reuse: {same} of {total} steps (prompt and response tokens); "
+                  f"prefill {before / 1e9:.1f} -> {prefill_flops / 1e9:.1f} GFLOP ({1 - prefill_flops / before:.0%} saved), "
+                  f"time {rollouts[0][1]['prefill_cpu_s'] / torch.get_num_threads():.1f} -> "
+                  f"{gen['prefill_cpu_s'] / torch.get_num_threads():.1f} s")
+        print(_row("generate: prefill", prefill_flops, gen["prefill_s"], gen["prefill_cpu_s"], prefill_bound))
         print(_row("generate: decode", g["decode_flops"], gen["seconds"] - gen["prefill_s"], gen["decode_cpu_s"],
                    decode_bound))
-        print(_row("generate (total)", g["prefill_flops"] + g["decode_flops"], gen["seconds"],
+        print(_row("generate (total)", prefill_flops + g["decode_flops"], gen["seconds"],
                    gen["prefill_cpu_s"] + gen["decode_cpu_s"], prefill_bound + decode_bound))
     pairs = [(len(s.prompt_ids), len(s.response_ids)) for s in samples]
     later = max(len(samples) - args.batch_size, 0) / max(len(samples), 1)
