@@ -28,7 +28,7 @@ import contextlib
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -36,7 +36,8 @@ import torch
 MixedPrecision = Literal["auto", "bf16", "off"]
 """The ``--ds.mixed_precision`` setting."""
 
-MIXED_PRECISION_CHOICES: tuple[str, ...] = ("auto", "bf16", "off")
+MIXED_PRECISION_CHOICES: tuple[str, ...] = get_args(MixedPrecision)
+"""The choices, read from the Literal (written once)."""
 
 NATIVE_BF16_FLAGS: tuple[str, ...] = ("amx_bf16", "avx512_bf16")
 """``torch.cpu.get_capabilities()`` keys that mean native bf16 matmuls (either one suffices)."""
