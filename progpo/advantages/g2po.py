@@ -12,16 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from progpo.advantages._prep import episode_term, group_stats, normalise, prepare, sample_std
+from progpo.advantages._prep import episode_term, group_normalise, group_stats, prepare
 from progpo.advantages.batch import StepBatch
 from progpo.advantages.config import AdvantageConfig
 from progpo.advantages.result import StepAdvantages, finish
-
-
-def _normalised(codes: np.ndarray, k: int, x: np.ndarray, mode: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
-    """``x`` normalised (``mode``) within the groups of ``codes``; returns (values ``[S]``, group size ``[S]``)."""
-    cnt, mean, ssd = group_stats(codes, k, x)
-    return normalise(x, mean[codes], sample_std(cnt, ssd)[codes], mode, eps), cnt[codes]
 
 
 def g2po(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages:
@@ -75,9 +69,9 @@ def g2po(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages
     v_next[:-1] = v[1:]
     v_next[p.last] = 0.0
     q = p.r + cfg.gamma * v_next
-    a_node, size = _normalised(node, k, q, cfg.gigpo_mode, cfg.eps)
+    a_node, size = group_normalise(node, k, q, cfg.gigpo_mode, cfg.eps)
     a_node = np.where(size >= 2, a_node, 0.0)
     delta = q - (v if cfg.g2po_edge == "td" else cfg.gamma * v)
-    a_edge, _ = _normalised(p.task, p.n_tasks, delta, cfg.gigpo_mode, cfg.eps)
+    a_edge, _ = group_normalise(p.task, p.n_tasks, delta, cfg.gigpo_mode, cfg.eps)
     adv = episode_term(p, cfg.episode_norm) + cfg.omega * (a_node + a_edge)
     return finish(p, adv, {"adv/frac_anchor_ge2": float(np.mean(size >= 2)), "adv/g2po_nodes": float(k)})
