@@ -26,6 +26,18 @@ POOLS = ("local", "ray", "http")
 ``http`` (WebShop over async HTTP, no threads)."""
 
 
+ANSWER_FORMAT = (
+    "Now it's your turn to take an action.\n"
+    "First reason step by step about the current situation; this reasoning MUST be enclosed "
+    "within <think> </think> tags.\n"
+    "Then choose exactly one admissible action for the current step and give it within "
+    "<action> </action> tags."
+)
+"""The answer-format instruction the verl-agent / GiGPO prompts end with (the real envs' templates and the
+synthetic families built on them): reason in ``<think> </think>``, answer one admissible action in
+``<action> </action>`` (the tags ``progpo.agents.parsing`` checks)."""
+
+
 @dataclass(frozen=True)
 class PromptTemplate:
     """The prompt of one environment, as data (rendered by ``progpo.agents.templates``).

@@ -29,15 +29,55 @@ import ast
 import json
 import math
 import random
+import re
 from typing import Any
 from urllib.parse import unquote
 
 import requests
 
 from progpo.envs.base import EnvFailure, EnvUnreachable, StepResult, normalize_action, split_size
+from progpo.envs.spec import ANSWER_FORMAT, PromptTemplate
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
+
+WEBSHOP_TEMPLATE = PromptTemplate(
+    env_name="webshop",
+    with_history=(
+        "You are an expert autonomous agent shopping in the WebShop e-commerce environment.\n"
+        "Your task is to: {task}.\n"
+        "Before this step you have taken {step_count} step(s). Here are the most recent "
+        "{history_length} observations and the actions you took:\n{history}\n"
+        "You are now at step {current_step} and your current observation is: {observation}\n"
+        "Your admissible actions in the current situation are:\n[\n{actions}\n].\n\n"
+        + ANSWER_FORMAT.replace(
+            "situation;", "situation and which admissible action best advances the shopping goal;"
+        )
+    ),
+    no_history=(
+        "You are an expert autonomous agent shopping in the WebShop e-commerce environment.\n"
+        "Your task is to: {task}.\n"
+        "Your current observation is: {observation}\n"
+        "Your admissible actions in the current situation are:\n[\n{actions}\n].\n\n"
+        + ANSWER_FORMAT.replace(
+            "situation;", "situation and which admissible action best advances the shopping goal;"
+        )
+    ),
+    history_turn="[Observation {step}: '{observation}', Action {step}: '{action}']",
+    history_separator="\n",
+    action_item="'{action}'",
+    action_separator=",\n",
+)
+"""WebShop's prompt (its spec's ``template``): verl-agent's WebShop prompt (Feng et al. 2025, arXiv:2505.10978,
+Appendix prompts), rendered by ``progpo.agents.templates``."""
+
+WEBSHOP_ACTION = re.compile(r"(search|click)\[((?:[^\[]+\[?)|\[)\]", re.DOTALL)
+"""One WebShop action (``fullmatch`` on the normalised action); see ``progpo.agents.parsing``'s module docstring."""
+
+
+def webshop_syntax_ok(action: str) -> bool:
+    """WebShop's spec ``syntax``: the action is one command of the server's grammar (:data:`WEBSHOP_ACTION`)."""
+    return WEBSHOP_ACTION.fullmatch(action) is not None
 
 
 class WebShopEnv:

@@ -14,9 +14,7 @@ import hashlib
 import pytest
 
 from progpo.agents.templates import (
-    ALFWORLD_TEMPLATE,
     TRUNCATION_MARKER,
-    WEBSHOP_TEMPLATE,
     HistoryTurn,
     build_messages,
     build_prompt,
@@ -26,6 +24,8 @@ from progpo.agents.templates import (
     prefix_key,
     render_user_message,
 )
+from progpo.envs.alfworld import ALFWORLD_TEMPLATE
+from progpo.envs.webshop import WEBSHOP_TEMPLATE
 
 ALF_HISTORY = [
     HistoryTurn("You are in the middle of a room. Looking quickly around you, you see a sinkbasin 1.",
