@@ -21,6 +21,10 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+REF_FIELDS: tuple[str, ...] = ("entry_point", "template", "syntax", "expert", "service", "summary", "download",
+                               "data_check", "http_pool")
+"""The :class:`EnvSpec` fields that name code as ``"module:attribute"`` (:meth:`EnvSpec.load`)."""
+
 POOLS = ("local", "ray", "http")
 """Env pools: ``local`` (envs in this process, stepped in threads), ``ray`` (one Ray actor per env),
 ``http`` (WebShop over async HTTP, no threads)."""
@@ -128,8 +132,7 @@ class EnvSpec:
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("entry_point", "template", "syntax", "expert", "service", "summary", "download", "data_check",
-                     "http_pool"):
+        for name in REF_FIELDS:
             ref = getattr(self, name)
             if ref is not None and (not isinstance(ref, str) or ref.count(":") != 1):
                 raise ValueError(f"EnvSpec {self.id!r}: {name} must be a 'module:attribute' string, got {ref!r}")

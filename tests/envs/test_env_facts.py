@@ -12,15 +12,11 @@ import pytest
 
 from progpo.cli import envs as envs_cli
 from progpo.envs import env_ids, spec
-from progpo.envs.spec import EnvSpec, replace_spec
+from progpo.envs.spec import REF_FIELDS, EnvSpec, replace_spec
 from progpo.paths import REPO_ROOT
 
 MAX_UPWARD = 4
 """At most this many ``"module:attr"`` references of the registry point up out of ``progpo.envs`` (issue 33 item 4)."""
-
-REF_FIELDS = ("entry_point", "template", "syntax", "expert", "service", "summary", "download", "data_check",
-              "http_pool")
-"""The spec fields that name code as ``"module:attr"`` (:meth:`progpo.envs.spec.EnvSpec.load`)."""
 
 
 def upward_refs(specs: list[EnvSpec]) -> list[str]:
