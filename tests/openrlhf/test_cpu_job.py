@@ -20,8 +20,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,8 +91,15 @@ def warm_started_tiny_model(out: Path, steps: int = 80, lr: float = 5e-3, seed: 
 
 
 def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, iters: int,
-                extra: list[str], script: Path = SCRIPT, timeout_s: float = 1500, **env_vars: str) -> dict:
-    """Run a CPU launch script once; returns its paths, exit status, log and wall time."""
+                extra: list[str], script: Path = SCRIPT, timeout_s: float = 1500,
+                during: Callable[[dict], Any] | None = None, **env_vars: str) -> dict:
+    """Run a CPU launch script once; returns its paths, exit status, log and wall time.
+
+    ``during(live)``, when given, runs in a thread while the job runs (fault injection: it may kill
+    the job's actors or stop its servers); ``live`` holds ``proc``, ``stderr_path`` (the job's stderr
+    so far), ``dump``, ``ray_tmp`` and ``webshop_port``. What it returns is ``["during"]`` of the
+    result; an exception in it is re-raised after the job ended.
+    """
     out, dump = root / "out", root / "dump"
     ray_tmp = Path("/tmp") / f"pg_ray_{os.getpid()}_{estimator}_{root.name[-6:]}"  # short: Ray's socket paths < 108
     webshop_port = _free_port()
@@ -98,19 +108,36 @@ def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, i
                WEBSHOP_DATA_DIR=str(shared_data / "webshop"), WEBSHOP_PORT=str(webshop_port), WEBSHOP_THREADS="4",
                RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **env_vars)
     t0 = time.monotonic()
-    proc = subprocess.Popen(["bash", str(script), "--debug.dump_dir", str(dump), *extra], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out_path, err_path = root / "job.stdout", root / "job.stderr"
+    with out_path.open("w") as out_f, err_path.open("w") as err_f:
+        proc = subprocess.Popen(["bash", str(script), "--debug.dump_dir", str(dump), *extra], cwd=REPO, env=env,
+                                stdout=out_f, stderr=err_f, text=True, start_new_session=True)
+    live = {"proc": proc, "stderr_path": err_path, "dump": dump, "ray_tmp": str(ray_tmp), "webshop_port": webshop_port}
+    injected: dict[str, Any] = {}
+    injector = None
+    if during is not None:
+        def inject() -> None:
+            try:
+                injected["result"] = during(live)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread below
+                injected["error"] = exc
+
+        injector = threading.Thread(target=inject, daemon=True)
+        injector.start()
+    killed = ""
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:  # SIGTERM its process group: the script's trap stops what it started
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            stdout, stderr = proc.communicate(timeout=180)
+            proc.wait(timeout=180)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-        stderr += f"\n[test] killed after {timeout_s:.0f} s\n"
-    res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+            proc.wait()
+        killed = f"\n[test] killed after {timeout_s:.0f} s\n"
+    if injector is not None:
+        injector.join(PATIENCE_S)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out_path.read_text(), err_path.read_text() + killed)
     wall = time.monotonic() - t0
     leftover = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     ray_sessions = [*ray_tmp.glob("ray/session_*"), *ray_tmp.glob("session_*")]  # ray.init / ray start layout
@@ -118,8 +145,12 @@ def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, i
     log = res.stdout + res.stderr
     (root / "job.log").write_text(log)
     print(f"\n[{script.name} {estimator} x{iters}] wall {wall:.0f} s, exit {res.returncode}, load {os.getloadavg()}")
+    if "error" in injected:
+        raise AssertionError(f"the fault injection failed (job exit {res.returncode}); job log tail:\n{log[-4000:]}") \
+            from injected["error"]
     return {"rc": res.returncode, "log": log, "stderr": res.stderr, "wall": wall, "out": out, "dump": dump,
-            "leftover": leftover, "ray_tmp": str(ray_tmp), "ray_sessions": ray_sessions, "webshop_port": webshop_port}
+            "leftover": leftover, "ray_tmp": str(ray_tmp), "ray_sessions": ray_sessions, "webshop_port": webshop_port,
+            "during": injected.get("result")}
 
 
 def tensorboard_scalars(out: Path) -> dict[str, list[float]]:
