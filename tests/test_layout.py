@@ -1,4 +1,4 @@
-"""The package's import graph runs one way, with no cycle (design: cli -> bench/lab -> backends -> run ->
+"""The package's import graph runs one way, with no cycle between packages or modules (design: cli -> bench/lab -> backends -> run ->
 agents -> envs -> advantages), and the WebShop server imports no training code.
 
 Walks every module's imports with ``ast`` (top-level and function-level ``import`` statements alike).
@@ -82,6 +82,55 @@ def test_no_package_cycle():
 
     cycles = sorted(p for p in edges if reaches(p, p, set()))
     assert not cycles, f"packages on an import cycle: {cycles}"
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module of ``graph`` (module -> the modules it
+    imports, at any level; an import of a package's submodule is an edge to that submodule only)."""
+    edges = {m: sorted(t for t in targets if t in graph and t != m) for m, targets in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+    for root in sorted(edges):  # Tarjan's algorithm, iterative (no recursion limit)
+        if root in index:
+            continue
+        work = [(root, iter(edges[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        x = stack.pop()
+                        comp.append(x)
+                        if x == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+            elif w not in index:
+                index[w] = low[w] = len(index)
+                stack.append(w)
+                work.append((w, iter(edges[w])))
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+    return out
+
+
+def test_no_module_cycle():
+    """Not even through a function-level import (trainer.loop <-> trainer.warm_start once was one)."""
+    assert module_cycles(GRAPH) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c", "x.attr"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert module_cycles(graph) == [["a", "b", "c"]]
 
 
 @pytest.mark.parametrize("pair", [("progpo.openrlhf.cpu.engine", "progpo.openrlhf.cpu.launch"),

@@ -3,7 +3,7 @@
 #   * two Ray nodes: a head and a second raylet joining it (`ray start --address`, as on a second
 #     host), each declaring GPU_SLOTS logical GPUs, so that OpenRLHF's own placement groups, GPU
 #     bundles and colocation fractions land on them as on 2 nodes x GPU_SLOTS GPUs;
-#   * ProGPO on ALFWorld through `python -m progpo.cli.train_ray --device cpu`, with the GPU scripts'
+#   * ProGPO on ALFWorld through `python -m progpo.cli.train_ray --rollout.backend hf`, with the GPU scripts'
 #     placement and colocation flags (--train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode
 #     has no CPU path): 2 x GPU_SLOTS policy ranks and as many reference ranks under ZeRO-3 over gloo,
 #     as many CPU engines, each building its ALFWorld env actors inside itself;

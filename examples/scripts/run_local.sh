@@ -11,7 +11,7 @@
 # expert on 8 train tasks (2 epochs), so the model writes the <think>/<action> format and its groups
 # differ in return (the base model answers in no valid format at all: every batch would be flat). The
 # cloned model is cached in ~/.cache/progpo/warm_start (keyed by every setting that shapes it) and
-# reused by later runs; --warm_start.num_tasks 0 turns the warm start off. Then trains a few ProGPO
+# reused by later runs; --sft.num_tasks 0 turns the warm start off. Then trains a few ProGPO
 # iterations and prints metrics per iteration (valid-format share `valid`, WebShop `score`, `adv_std`,
 # `flat`). PROGPO_DRY_RUN=1 prints the command instead. Extra arguments are passed to
 # `python -m progpo.cli.train` (see docs/training.md).
@@ -44,8 +44,8 @@ CMD=(python3 -m progpo.cli.train
   --train.micro_batch_size 2
   --actor.adam.lr 1e-5
   --ds.zero_stage 0
-  --warm_start.num_tasks 8
-  --warm_start.keep_failed true
+  --sft.num_tasks 8
+  --sft.keep_failed true
   "$@")
 if [ "${PROGPO_DRY_RUN:-0}" = 1 ]; then printf '%s\n' "${CMD[@]}"; exit 0; fi  # the command, nothing installed or run
 bash scripts/install.sh

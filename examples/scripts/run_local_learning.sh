@@ -91,8 +91,8 @@ log "2/6 SFT on expert episodes of $SFT_TASKS train tasks"
 if [ ! -e "$OUT/sft/sft_summary.json" ]; then
   rm -rf "$OUT/sft"  # an SFT run cut short: start it again
   python3 -m progpo.cli.sft --actor.model_name_or_path "$PRETRAIN" --ckpt.path "$OUT/sft" "${PROTOCOL[@]}" \
-  --sft.num_tasks "$SFT_TASKS" --train.max_epochs "$SFT_EPOCHS" --train.batch_size 8 --train.micro_batch_size 2 \
-  --actor.adam.lr "$SFT_LR"
+  --sft.num_tasks "$SFT_TASKS" --sft.max_epochs "$SFT_EPOCHS" --sft.batch_size 8 --train.micro_batch_size 2 \
+  --sft.lr "$SFT_LR"
 fi
 log "3/6 SFT model on the $RL_TASKS RL tasks (x$EVAL_SAMPLES) and $EVAL_TEST_TASKS test tasks"
 rl_tasks "$OUT/sft" "$OUT/eval_sft_rltasks.json"

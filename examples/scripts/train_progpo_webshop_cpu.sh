@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ProGPO on WebShop through the distributed path, on CPU only (`--device cpu`): a dry run of a
+# ProGPO on WebShop through the distributed path, on CPU only (`--rollout.backend hf`): a dry run of a
 # cluster launch on a laptop. Starts the WebShop server here, then `python -m progpo.cli.train_ray`
 # starts a local Ray head and runs OpenRLHF's own PPO trainer, policy (DeepSpeed ZeRO-3 over gloo)
 # and reference actors, and a transformers generation engine behind OpenRLHF's engine interface,

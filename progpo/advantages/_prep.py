@@ -102,6 +102,13 @@ def normalise(x: np.ndarray, mean: np.ndarray, std: np.ndarray, mode: str, eps: 
     return (x - mean) / (std + eps)
 
 
+def group_normalise(codes: np.ndarray, k: int, x: np.ndarray, mode: str, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """``x [N]`` normalised (:func:`normalise`, ``mode``) within the ``k`` groups of ``codes [N]``, with the
+    group's mean and sample std (:func:`sample_std`); returns (values ``[N]``, size of each entry's group ``[N]``)."""
+    cnt, mean, ssd = group_stats(codes, k, x)
+    return normalise(x, mean[codes], sample_std(cnt, ssd)[codes], mode, eps), cnt[codes]
+
+
 @dataclass
 class Prepared:
     """Sorted, coded view of a batch (all ``[S]`` arrays are in sorted row order).
@@ -282,6 +289,5 @@ def episode_term(p: Prepared, mode: str) -> np.ndarray:
 
     Sample std (n-1); a task with one trajectory has A^E = 0 (R_i - mean = 0 exactly).
     """
-    cnt, mean, ssd = group_stats(p.traj_task, p.n_tasks, p.R)
-    a_traj = normalise(p.R, mean[p.traj_task], sample_std(cnt, ssd)[p.traj_task], mode, p.cfg.eps)
+    a_traj, _ = group_normalise(p.traj_task, p.n_tasks, p.R, mode, p.cfg.eps)
     return a_traj[p.traj]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from progpo.advantages._prep import episode_term, group_stats, normalise, prepare, sample_std
+from progpo.advantages._prep import episode_term, group_normalise, group_stats, prepare
 from progpo.advantages.batch import StepBatch
 from progpo.advantages.config import AdvantageConfig
 from progpo.advantages.result import StepAdvantages, finish
@@ -37,9 +37,7 @@ def rloo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages
 
 def _step_group_adv(p, codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Normalised ``G`` inside groups of ``codes`` (``cfg.gigpo_mode``); returns (adv [S], size [S])."""
-    cnt, mean, ssd = group_stats(codes, k, p.G)
-    adv = normalise(p.G, mean[codes], sample_std(cnt, ssd)[codes], p.cfg.gigpo_mode, p.cfg.eps)
-    size = cnt[codes]
+    adv, size = group_normalise(codes, k, p.G, p.cfg.gigpo_mode, p.cfg.eps)
     return np.where(size >= 2, adv, 0.0), size
 
 

@@ -24,6 +24,7 @@ class Estimator(enum.StrEnum):
     PROGPO = "progpo"
     RLOO = "rloo"
     HGPO = "hgpo"
+    G2PO = "g2po"
 
 
 NormMode = Literal["mean_std_norm", "mean_norm"]
@@ -34,13 +35,13 @@ class AdvantageConfig:
     """Settings of every step-level advantage estimator (one flag each: ``--progpo.<field>``).
 
     Attributes:
-        estimator: which estimator runs: grpo | gigpo | progpo | rloo | hgpo.
+        estimator: which estimator runs: grpo | gigpo | progpo | rloo | hgpo | g2po.
         gamma: discount of the return-to-go G (spec notation; unitless, in [0, 1]).
         eps: added to every standard deviation before dividing (reward units).
-        omega: weight of the step-level term (GiGPO A^S, HGPO, ProGPO peer+credit), eq. (7).
+        omega: weight of the step-level term (GiGPO A^S, HGPO, G2PO node + edge terms, ProGPO peer+credit), eq. (7).
         beta_episode: weight of the episode term A^E in ProGPO, eq. (7) (GiGPO/HGPO/GRPO use 1).
         episode_norm: episode term (1): mean_std_norm divides by (std_u R + eps); mean_norm does not.
-        gigpo_mode: GiGPO/HGPO step-group normalisation: mean_std_norm or mean_norm.
+        gigpo_mode: GiGPO/HGPO step-group normalisation, and G2PO's node and edge terms (the released code's one ``mode``): mean_std_norm or mean_norm.
         prefix_mode: ProGPO peer key (2): prompt = hash of the exact context; history = (o_0, a_0, ..., o_t).
         kappa: peer reliability rho = (|P|-1)/(|P|-1+kappa), eq. (2); > 0.
         use_peer: ProGPO ablation: include the exact-prefix peer term (2) (False: rho = 0 everywhere).
@@ -61,8 +62,9 @@ class AdvantageConfig:
         credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1]; ProGPO only; credit='action' needs 0.
         rms_cap: ProGPO only: every advantage of the batch is scaled by min(1, rms_cap / RMS), RMS = the root mean square of the advantages of the steps that zero_signal leaves non-zero, so that the step-level terms share credit among steps without enlarging the update (1 = the RMS of a standardised episode term; unitless); 0 = off (spec (7) unscaled); >= 0.
         zero_signal: advantage exactly 0 where the episode returns R carry no signal, from every term, for every estimator: off; task = on every task whose trajectories all have the same R; batch = on the whole batch when every task does (e.g. every return -0.4); auto = task for progpo, off for the others (True/False mean task/off).
-        state_key: anchor state for depth/graph/GiGPO/HGPO keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo on a batch that carries state_extra, obs otherwise (``for_batch``).
+        state_key: anchor state for depth/graph/GiGPO/HGPO/G2PO keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo on a batch that carries state_extra, obs otherwise (``for_batch``).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
+        g2po_edge: G2PO's edge (TD) error on its state graph (arXiv 2606.22995): td = r + gamma V(n') - V(n), the textbook TD error the paper's text names (default; a lone trajectory gets 0); progress = r + gamma V(n') - gamma V(n), the released code's V(next) - V(node) with both values discounted to the episode's outcome (a step toward the outcome gets positive credit even on a lone trajectory).
         max_steps: H, the env's step limit, horizon of the graph backward induction (E1); >= 1.
         diagnostics: full (every estimator also reports the batch's peer/depth-pool fragmentation) or basic.
     """
@@ -96,6 +98,7 @@ class AdvantageConfig:
     zero_signal: Literal["auto", "off", "task", "batch"] = "auto"
     state_key: Literal["auto", "obs", "obs_inventory"] = "auto"
     hgpo_alpha: float = 1.0
+    g2po_edge: Literal["td", "progress"] = "td"
     max_steps: int = 50
     diagnostics: Literal["full", "basic"] = "full"
 

@@ -1,4 +1,4 @@
-"""Slow, readable per-step loop versions of ``progpo`` and ``gigpo`` (test oracle only).
+"""Slow, readable per-step loop versions of ``progpo``, ``gigpo`` and ``g2po`` (test oracle only).
 
 They follow the spec text line by line with Python lists and dicts, O(S^2) per task, and share no
 code with the vectorised estimators (except ``AdvantageConfig``). ``tests/advantages`` checks that the
@@ -138,6 +138,31 @@ def reference_gigpo(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
         out[s["row"]] = b.finish(s, b.episode_term(s) + cfg.omega * a_s)
     return out
 
+
+
+def reference_g2po(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
+    """G2PO by loops (arXiv 2606.22995): node value V = mean G of the node's visits, edge value
+    Q = r + gamma V(next node) (0 after the last step), ``A = A^E + omega (A^node + A^edge)``: Q normalised
+    among the node's visits (singleton -> 0) plus the TD error (``g2po_edge``: Q - V or Q - gamma V)
+    normalised over the task's steps. ``[S]`` in row order."""
+    b = _Batch(batch, cfg)
+    value, q, delta = {}, {}, {}
+    for s in b.steps:
+        visits = [v["G"] for v in b.tasks[s["uid"]] if b.depth_key(v, 0) == b.depth_key(s, 0)]
+        value[s["row"]] = _mean(visits)
+    for s in b.steps:
+        traj = s["traj_steps"]
+        nxt = value[traj[s["step_index"] + 1]["row"]] if s["step_index"] + 1 < len(traj) else 0.0
+        q[s["row"]] = s["reward"] + cfg.gamma * nxt
+        own = value[s["row"]] if cfg.g2po_edge == "td" else cfg.gamma * value[s["row"]]
+        delta[s["row"]] = q[s["row"]] - own
+    out = np.zeros(len(b.steps))
+    for s in b.steps:
+        node = [q[v["row"]] for v in b.tasks[s["uid"]] if b.depth_key(v, 0) == b.depth_key(s, 0)]
+        a_node = _norm(q[s["row"]], node, cfg.gigpo_mode, cfg.eps) if len(node) >= 2 else 0.0
+        a_edge = _norm(delta[s["row"]], [delta[v["row"]] for v in b.tasks[s["uid"]]], cfg.gigpo_mode, cfg.eps)
+        out[s["row"]] = b.finish(s, b.episode_term(s) + cfg.omega * (a_node + a_edge))
+    return out
 
 def _peer(b: _Batch, s):
     cfg = b.cfg

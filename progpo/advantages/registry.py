@@ -7,6 +7,7 @@ from collections.abc import Callable
 from progpo.advantages.baselines import gigpo, grpo, hgpo, rloo
 from progpo.advantages.batch import StepBatch
 from progpo.advantages.config import AdvantageConfig, Estimator
+from progpo.advantages.g2po import g2po
 from progpo.advantages.progpo import progpo
 from progpo.advantages.result import StepAdvantages
 from progpo.advantages.semantic import Encoder
@@ -20,6 +21,7 @@ ESTIMATORS: dict[Estimator, EstimatorFn] = {
     Estimator.PROGPO: progpo,
     Estimator.RLOO: rloo,
     Estimator.HGPO: hgpo,
+    Estimator.G2PO: g2po,
 }
 
 
@@ -31,7 +33,7 @@ def group_size_error(n_samples_per_prompt: int) -> str | None:
     """The one line that refuses a group size under which the group estimators learn nothing, or None.
 
     Every estimator of :data:`ESTIMATORS` compares the ``N`` rollouts of a task with each other (the
-    episode term of GRPO/GiGPO/HGPO/ProGPO, RLOO's leave-one-out baseline): with ``N = 1`` there is no
+    episode term of GRPO/GiGPO/HGPO/G2PO/ProGPO, RLOO's leave-one-out baseline): with ``N = 1`` there is no
     episode-level signal (GRPO, RLOO and ProGPO give every step exactly zero advantage). Both backends
     print this line (``train`` and ``train_ray``), so it names the flag.
 

@@ -184,19 +184,24 @@ async def run_episodes(
             on_episode_end(ep)
 
     await asyncio.gather(*(one(ep) for ep in episodes))
+    _log_outcome(episodes, cfg.max_prompt_tokens)
+    return episodes
+
+
+def _log_outcome(episodes: list[Episode], max_prompt_tokens: int | None) -> None:
+    """One log line for the prompts the context guard shortened, one for the episodes that failed."""
     steps = [s for ep in episodes for s in ep.steps]
     cut = [s for s in steps if s.prompt_truncated_turns or s.prompt_obs_truncated_tokens]
     if cut:
         logger.info(
             "context guard shortened %d of %d prompts (limit %s tokens): %d history turn(s) dropped, "
             "%d observation token(s) cut",
-            len(cut), len(steps), cfg.max_prompt_tokens, sum(s.prompt_truncated_turns for s in cut),
+            len(cut), len(steps), max_prompt_tokens, sum(s.prompt_truncated_turns for s in cut),
             sum(s.prompt_obs_truncated_tokens for s in cut),
         )
     n_failed = sum(ep.failed for ep in episodes)
     if n_failed:
         logger.warning("%d of %d episodes failed (env died); they are dropped from training", n_failed, len(episodes))
-    return episodes
 
 
 async def _play(

@@ -4,13 +4,19 @@ The protocol (verl-agent / GiGPO): the model answers ``<think>...</think><action
 A response is **valid** when all of these hold:
 
 * exactly one ``<think>`` ... ``</think>`` block and exactly one ``<action>`` ... ``</action>``
-  block (tags matched case-insensitively), the think block closing before the action block opens;
-* the action text (normalised by ``progpo.envs.base.normalize_action``: stripped, lower-cased,
-  every whitespace run collapsed to one space; the envs match their labels after the same
-  normalisation, so any clickable or admissible action can be named) is non-empty, one line,
-  holds no further tag, and no CJK characters appear in the response (verl-agent's language rule);
-* env syntax (the env spec's ``syntax``, :func:`syntax_check`): the action is ONE command of the env's own grammar, so that a
-  format-valid answer is exactly an answer the env's parser reads as that one command:
+  block (tags matched case-insensitively, :data:`ANSWER_TAGS`), the think block closing before the
+  action block opens;
+* the language rule, where the env spec keeps it (``language_rule``: ALFWorld and the synthetic
+  families): no CJK ideograph in the response (verl-agent's rule against language switches). WebShop
+  turns it off: its own pages and goals hold CJK (``click[1.8米]``, goal #706), so the rule refused
+  answers that click the env's own labels or copy its task;
+* env syntax (the env spec's ``syntax``, :func:`syntax_check`) of the action text normalised by
+  ``progpo.envs.base.normalize_action`` (stripped, lower-cased, every whitespace run, line breaks
+  included, collapsed to one space; that is what is sent, and the envs match their labels after the
+  same normalisation): the action is ONE command of the env's own grammar, so that a format-valid
+  answer is exactly an answer the env's parser reads as that one command. Nothing else is asked of
+  the action's characters: any script, bracket, emoji or markup the env reads as one command passes
+  (``tests/agents/test_env_grammar.py`` draws them from the whole of Unicode):
 
   - WebShop: ``search[<query>]`` or ``click[<label>]`` with at least one character inside the brackets
     and no ``[`` in it but as its last character. The server (``envs/webshop_server/engine.py``, the
@@ -43,10 +49,15 @@ from collections.abc import Callable, Sequence
 from progpo.envs.base import normalize_action
 from progpo.envs.spec import spec
 
-_TAG = re.compile(r"<(/?)(think|action)>", re.IGNORECASE)
+ANSWER_TAGS: tuple[str, ...] = ("<think>", "</think>", "<action>", "</action>")
+"""The answer format's tags (matched case-insensitively). A tokenizer may hold them as ordinary text, added
+tokens or special tokens; ``progpo.agents.templates.decode_response`` keeps them in every case."""
+
+ANSWER_TAG = re.compile(r"<(/?)(think|action)>", re.IGNORECASE)
+"""One answer tag (:data:`ANSWER_TAGS`, any case); group 1 is ``/`` for a closing tag, group 2 its name."""
+
 _ACTION_BLOCK = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 _CJK = re.compile(r"[\u4e00-\u9fff]")
-_ANY_TAG = re.compile(r"</?[a-z_]+>", re.IGNORECASE)
 
 WEBSHOP_ACTION = re.compile(r"(search|click)\[((?:[^\[]+\[?)|\[)\]", re.DOTALL)
 """One WebShop action (``fullmatch`` on the normalised action); see the module docstring."""
@@ -91,7 +102,7 @@ def alfworld_like_syntax_ok(action: str) -> bool:
     return alfworld_syntax_ok(action) or ALFWORLD_LIKE_PUT.fullmatch(action) is not None
 
 
-__all__ = ["ALFWORLD_COMMAND", "ALFWORLD_COMMANDS", "ALFWORLD_LIKE_PUT", "alfworld_like_syntax_ok", "WEBSHOP_ACTION", "alfworld_syntax_ok", "normalize_action",
+__all__ = ["ANSWER_TAG", "ANSWER_TAGS", "ALFWORLD_COMMAND", "ALFWORLD_COMMANDS", "ALFWORLD_LIKE_PUT", "alfworld_like_syntax_ok", "WEBSHOP_ACTION", "alfworld_syntax_ok", "normalize_action",
            "parse_action", "parse_actions", "syntax_check", "webshop_syntax_ok"]
 
 
@@ -108,7 +119,7 @@ def syntax_check(env_name: str) -> Callable[[str], bool]:
 
 def _tags_ok(text: str) -> bool:
     """Exactly one think and one action block, well nested, think before action."""
-    tags = [(m.group(1) == "/", m.group(2).lower()) for m in _TAG.finditer(text)]
+    tags = [(m.group(1) == "/", m.group(2).lower()) for m in ANSWER_TAG.finditer(text)]
     return tags == [(False, "think"), (True, "think"), (False, "action"), (True, "action")]
 
 
@@ -129,17 +140,9 @@ def parse_action(text: str, env_name: str) -> tuple[str, bool]:
     block = _ACTION_BLOCK.search(text)
     if block is None:
         return text.strip(), False
-    raw = block.group(1)
-    action = normalize_action(raw)
-    valid = (
-        _tags_ok(text)
-        and action != ""
-        and "\n" not in raw.strip()
-        and _ANY_TAG.search(raw) is None
-        and _CJK.search(text) is None
-        and check(action)
-    )
-    return action, valid
+    action = normalize_action(block.group(1))
+    language_ok = not spec(env_name).language_rule or _CJK.search(text) is None
+    return action, _tags_ok(text) and language_ok and check(action)
 
 
 def parse_actions(texts: Sequence[str], env_name: str) -> tuple[list[str], list[bool]]:

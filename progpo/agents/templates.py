@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from progpo.agents.parsing import ANSWER_TAG
 from progpo.envs.spec import PromptTemplate, spec
 
 logger = logging.getLogger(__name__)
@@ -224,16 +225,33 @@ def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[str
     return text, ids
 
 
+def control_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids :func:`decode_response` drops: every special token of ``tokenizer`` (its named ones, EOS, pad,
+    BOS, UNK, ``additional_special_tokens``, and every added token marked special: what
+    ``skip_special_tokens=True`` drops) except an answer tag (:data:`~progpo.agents.parsing.ANSWER_TAGS`, any
+    case) registered as one, which is part of the answer the model writes.
+    """
+    added = tokenizer.added_tokens_decoder
+    special = {i for i, t in added.items() if t.special} | set(tokenizer.all_special_ids)
+    text = {i: added[i].content if i in added else tokenizer.convert_ids_to_tokens(i) for i in special}
+    return frozenset(i for i in special if ANSWER_TAG.fullmatch(str(text[i])) is None)
+
+
 def decode_response(tokenizer: Any, token_ids: Sequence[int]) -> str:
     """The text of a sampled response ``[R]``: the one decoding rule of every backend.
 
-    ``skip_special_tokens=True`` (verl-agent's rule; the local sampler and the CPU engine): control
-    tokens the model emitted (its EOS, a stray ``<|im_start|>``) are not text, so they never reach the
-    action, the env or the history. vLLM's own ``RequestOutput.text`` (OpenRLHF leaves
-    ``skip_special_tokens=False``) is not used: the episode loop decodes the ids with this function, so
-    both backends record the same text for the same ids.
+    The control tokens the model emitted (:func:`control_token_ids`: its EOS, pad, a stray
+    ``<|im_start|>``) are not text, so they never reach the action, the env or the history; every other
+    token is decoded as it is, answer tags included. A tokenizer that registers ``<think>``,
+    ``</think>``, ``<action>``, ``</action>`` as special tokens (a common SFT recipe) thus keeps them:
+    ``skip_special_tokens=True`` (verl-agent's rule, used here before issue 34) dropped them and the
+    parser saw ``the mug is heretake mug 1 from counterto``. For a tokenizer whose tags are not special
+    the text equals ``skip_special_tokens=True``'s. vLLM's own ``RequestOutput.text`` (OpenRLHF leaves
+    ``skip_special_tokens=False``, so it keeps EOS and control tokens) is not used: the episode loop
+    decodes the ids with this function, so both backends record the same text for the same ids.
     """
-    return tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    drop = control_token_ids(tokenizer)
+    return tokenizer.decode([t for t in token_ids if t not in drop], skip_special_tokens=False)
 
 
 def prefix_key(prompt_ids: Sequence[int]) -> str:

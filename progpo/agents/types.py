@@ -96,7 +96,8 @@ class StepRecord:
         prompt_ids: ``[P]`` token ids of the full policy context ``x_{i,t}`` (chat template applied).
         response_ids: ``[R]`` sampled response token ids.
         logprobs: ``[R]`` behaviour log-probabilities (nats) of ``response_ids``.
-        response_text: ``decode_response(tokenizer, response_ids)`` (special tokens skipped, on every backend).
+        response_text: ``decode_response(tokenizer, response_ids)`` (control tokens dropped, answer tags kept, on
+            every backend).
         action: the parsed action sent to the env (raw response when unparsable).
         invalid: response had no parsable action, or the env flagged it invalid.
         env_reward: the env's reward for this step.

@@ -18,6 +18,8 @@ import time
 from progpo.advantages import ESTIMATORS, AdvantageConfig, compute_advantages
 from progpo.advantages.progpo import progpo_estimate
 from progpo.advantages.synthetic import alfworld_like_batch
+from progpo.run import flags
+from progpo.trainer.config import TrainConfig
 
 VARIANTS = {
     "progpo loo": dict(potential_pool="loo"),
@@ -83,15 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print markdown tables; returns 0."""
     ap = argparse.ArgumentParser(prog="python -m progpo.cli.bench advantages", description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=20, help="timed calls per row (median reported)")
-    ap.add_argument("--tasks", type=int, default=16)
-    ap.add_argument("--trajectories", type=int, default=8)
-    ap.add_argument("--max-steps", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=0)
+    for option, dest, default, old in (
+            ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
+            ("--rollout.n_samples_per_prompt", "trajectories", 8, ("--trajectories",)),
+            ("--env.max_steps", "max_steps", 50, ("--max-steps",)), ("--train.seed", "seed", 0, ("--seed",))):
+        flags.restate(ap, TrainConfig, option, dest=dest, default=default, old=old)
     ap.add_argument("--no-embeddings", action="store_true", help="skip the MiniLM semantic-expansion rows")
     args = ap.parse_args(argv)
-    for name in ("runs", "tasks", "trajectories", "max_steps"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for flag, value in (("--runs", args.runs), ("--rollout.batch_size", args.tasks),
+                        ("--rollout.n_samples_per_prompt", args.trajectories), ("--env.max_steps", args.max_steps)):
+        if value is None or value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f} at start (timings scale with contention)")

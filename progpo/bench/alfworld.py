@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 
 from progpo.envs.alfworld import AlfWorldEnv
+from progpo.run import flags
+from progpo.trainer.config import TrainConfig
 
 
 @dataclass
@@ -119,21 +121,25 @@ def bench_pool(args: argparse.Namespace, num_actors: int) -> _Timings:
 def main(argv: list[str]) -> int:
     """Run the benchmark and print one table row per configuration."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.bench alfworld", description=__doc__)
-    p.add_argument("--data_dir", default=None, help="json_2.1.1 folder (default: see docs/alfworld.md)")
-    p.add_argument("--split", default="valid_seen")
-    p.add_argument("--max_steps", type=int, default=50)
+    flags.restate(p, TrainConfig, "--env.data_dir", dest="data_dir", old=("--data_dir",))
+    p.add_argument("--split", default="valid_seen", help="ALFWorld split whose games are played")
+    flags.restate(p, TrainConfig, "--env.max_steps", dest="max_steps", default=50, old=("--max_steps",))
     p.add_argument("--single_episodes", type=int, default=4, help="episodes in one process")
     p.add_argument("--actors", default="2,4,8", help="comma-separated Ray pool sizes")
-    p.add_argument("--episodes_per_actor", type=int, default=2, help="timed episodes per actor")
-    p.add_argument("--num_cpus_per_actor", type=float, default=0.25)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timed_episodes_per_actor", dest="episodes_per_actor", type=int, default=2,
+                   help="timed episodes per actor (not --env.episodes_per_actor: each actor hosts one at a time)")
+    p.add_argument("--episodes_per_actor", dest="episodes_per_actor", type=int, action=flags.Deprecated,
+                   new="--timed_episodes_per_actor", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    flags.restate(p, TrainConfig, "--env.num_cpus_per_actor", dest="num_cpus_per_actor", old=("--num_cpus_per_actor",))
+    flags.restate(p, TrainConfig, "--train.seed", dest="seed", default=0, note="of the random policy",
+                  old=("--seed",))
     args = p.parse_args(argv)
     try:
         actor_counts = [int(a) for a in args.actors.split(",") if a.strip()]
     except ValueError:
         p.error(f"--actors must be comma-separated integers, got {args.actors!r}")
     if any(a < 1 for a in actor_counts) or args.single_episodes < 1 or args.episodes_per_actor < 1:
-        p.error("--actors entries, --single_episodes and --episodes_per_actor must be >= 1")
+        p.error("--actors entries, --single_episodes and --timed_episodes_per_actor must be >= 1")
 
     args.n_games = AlfWorldEnv(data_dir=args.data_dir).num_tasks(args.split)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -20,21 +20,27 @@ this machine's bound, measured in the same run.
    * forward of ``n`` tokens: ``2 N_lin n`` (Kaplan et al. 2020, arXiv 2001.08361, table 1) plus
      attention ``2 L d_attn n^2`` for a causal ``n``-token prefix (scores and values), plus ``2 d V``
      per position whose logits are computed;
-   * generation: per step, the prefill of its ``p`` prompt tokens (logits of the last position only)
-     and ``r - 1`` decode positions (one token each, logits every time, attention over ``p + j``);
+   * generation: the prefill of the prompt tokens the generator computed (a prefix shared by several
+     prompts once; each token's attention over the real tokens before it; the logits of one position
+     per row of each prefill pass: :func:`prefill_work`) and per step ``r - 1`` decode positions (one
+     token each, logits every time, attention over ``p + j``);
    * update: the behaviour and (with a KL term) reference log-probs are a forward of ``p + r`` tokens
      with logits on the ``r`` response positions; training is forward + backward = 3 forwards with
      every weight trained, 2 with LoRA (no weight gradient for frozen weights; the adapter is small).
 
    The bound of a phase is ``max(FLOPs / matmul rate, bytes / bandwidth)``, per decode pass (each reads
-   every weight once; the KV cache is counted too), at the dtype the model runs in. Prefill and the
-   update are compute-bound at these sizes; decode passes of a few rows are bandwidth-bound.
+   every weight once; the KV cache is counted too), at the precision its matmuls run in: bf16 under
+   ``--ds.mixed_precision`` bf16 (autocast: the bf16 GEMM rate, weights read and KV cache held in bf16)
+   or ``--ds.param_dtype bf16``, fp32 otherwise. Prefill and the update are compute-bound at these
+   sizes; decode passes of a few rows are bandwidth-bound. The CPU's bf16 capability (its flags, as
+   ``progpo.run.precision`` reads them) and the precision chosen are printed first.
 
 Prints one table (work, wall time, time, rate, bound, time over bound) and the peak resident memory of
 the update (sampled every 20 ms). ``time`` is the CPU time of this process divided by torch's threads:
 its wall time on an idle machine, and a figure that other jobs sharing the cores change little (the wall
-time is printed beside it). ``--compare`` measures the rollout with a prefill per row and then with a
-shared prefill, and the update with every behaviour log-prob recomputed and then with those of the first
+time is printed beside it). ``--compare`` measures the rollout with identical prompts prefilled once and
+then with the prefix that different prompts share prefilled once too (prefix reuse; it checks that both
+rollouts sampled the same tokens), and the update with every behaviour log-prob recomputed and then with those of the first
 optimizer step taken from its own forward pass: before / after of the steps taken toward the bound.
 ``--ds.lora.rank R`` measures the update with a LoRA adapter.
 """
@@ -53,6 +59,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from progpo.run import flags
+from progpo.run.flags import MISSING
+from progpo.trainer.config import TrainConfig
+from progpo.run.precision import bf16_capability
 
 
 @dataclass(frozen=True)
@@ -144,9 +155,11 @@ class ModelShape:
         return 2.0 * self.linear * tokens + 2.0 * self.layers * self.d_attn * causal_sq + 2.0 * self.hidden * self.vocab * logit_rows
 
 
-def generation_work(shape: ModelShape, steps: list[tuple[tuple[int, ...], int]]) -> dict[str, float]:
+def generation_work(shape: ModelShape, steps: list[tuple[tuple[int, ...], int]],
+                    compute_dtype: torch.dtype | None = None) -> dict[str, float]:
     """Useful FLOPs of generating every ``(prompt ids, r)`` step: the prefill of each distinct prompt once
-    (the N rollouts of a task start from one prompt) and every decode position (see module docstring)."""
+    (the N rollouts of a task start from one prompt) and every decode position (see module docstring);
+    ``decode_kv_bytes`` counts the KV cache in ``compute_dtype`` (None: the weights' dtype)."""
     distinct = np.array([len(q) for q in {prompt for prompt, _ in steps}], dtype=np.float64)
     p = np.array([len(s[0]) for s in steps], dtype=np.float64)
     r = np.array([s[1] for s in steps], dtype=np.float64)
@@ -154,9 +167,23 @@ def generation_work(shape: ModelShape, steps: list[tuple[tuple[int, ...], int]])
     dec = np.maximum(r - 1, 0)
     ctx2 = (2 * (dec * p + dec * (dec + 1) / 2)).sum()  # sum over decoded tokens j=1..r-1 of 2 (p + j)
     decode = shape.forward(dec.sum(), ctx2, dec.sum())
-    kv_bytes = 2.0 * shape.layers * shape.kv_dim * (ctx2 / 2) * torch.finfo(shape.dtype).bits / 8
+    kv_bytes = 2.0 * shape.layers * shape.kv_dim * (ctx2 / 2) * torch.finfo(compute_dtype or shape.dtype).bits / 8
     return {"prefill_flops": prefill, "decode_flops": decode, "decode_kv_bytes": kv_bytes,
             "decode_tokens": float(dec.sum()), "prompt_tokens": float(p.sum()), "distinct_prompt_tokens": float(distinct.sum())}
+
+
+def prefill_work(shape: ModelShape, stats: dict) -> float:
+    """FLOPs of the prefills an ``HFGenerator`` computed, from its ``stats`` counters: its real prompt tokens
+    (``prompt_tokens``; a shared prefix once), ``prefill_causal_sq`` (sum over them of twice the real
+    tokens each attends to) and the rows whose logits were computed (``prefill_logit_rows``)."""
+    return shape.forward(stats["prompt_tokens"], stats["prefill_causal_sq"], stats["prefill_logit_rows"])
+
+
+def same_samples(a: list, b: list) -> tuple[int, int]:
+    """``(steps with the same prompt and response tokens, steps)`` of two rollouts' step lists, in order."""
+    same = sum(list(x.prompt_ids) == list(y.prompt_ids) and list(x.response_ids) == list(y.response_ids)
+               for x, y in zip(a, b))
+    return same, max(len(a), len(b))
 
 
 def update_work(shape: ModelShape, samples: list[tuple[int, int]], *, logprob_passes: int, train_forwards: float) -> dict[str, float]:
@@ -211,22 +238,26 @@ HEADER = (f"{'phase':<34} {'GFLOP':>8} {'wall_s':>8} {'time_s':>8} {'GFLOP/s':>8
 def build_parser() -> argparse.ArgumentParser:
     """The benchmark's flags; their defaults are the main job's batch (a test holds them to run_local.sh)."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.bench roofline", description=__doc__.split("\n")[0])
-    p.add_argument("--actor.model_name_or_path", dest="model", default="smollm2-135m")
-    p.add_argument("--tasks", type=int, default=2, help="tasks per iteration (main job: 2)")
-    p.add_argument("--n", type=int, default=4, help="rollouts per task (main job: 4)")
-    p.add_argument("--max_steps", type=int, default=6, help="steps per episode at most (main job: 6)")
-    p.add_argument("--history_length", type=int, default=2, help="earlier turns in the prompt (main job: 2)")
-    p.add_argument("--max_new_tokens", type=int, default=64)
-    p.add_argument("--max_prompt_tokens", type=int, default=512, help="context guard (main job: 512)")
-    p.add_argument("--micro_batch_size", type=int, default=2)
-    p.add_argument("--batch_size", type=int, default=16, help="samples per optimizer step (main job: 16)")
-    p.add_argument("--ds.lora.rank", dest="lora_rank", type=int, default=0)
-    p.add_argument("--ds.lora.alpha", dest="lora_alpha", type=int, default=16)
-    p.add_argument("--ds.param_dtype", dest="dtype", choices=("fp32", "bf16"), default="fp32")
+    for option, dest, default, note, old in (
+            ("--actor.model_name_or_path", "model", MISSING, "", ()),
+            ("--rollout.batch_size", "tasks", 2, "main job: 2", ("--tasks",)),
+            ("--rollout.n_samples_per_prompt", "n", 4, "main job: 4", ("--n",)),
+            ("--env.max_steps", "max_steps", 6, "main job: 6", ("--max_steps",)),
+            ("--env.history_length", "history_length", 2, "main job: 2", ("--history_length",)),
+            ("--rollout.max_new_tokens", "max_new_tokens", 64, "main job: 64", ("--max_new_tokens",)),
+            ("--rollout.max_prompt_tokens", "max_prompt_tokens", 512, "main job: 512", ("--max_prompt_tokens",)),
+            ("--train.micro_batch_size", "micro_batch_size", 2, "", ("--micro_batch_size",)),
+            ("--train.batch_size", "batch_size", 16, "main job: 16", ("--batch_size",)),
+            ("--ds.lora.rank", "lora_rank", MISSING, "", ()),
+            ("--ds.lora.alpha", "lora_alpha", MISSING, "", ()),
+            ("--ds.param_dtype", "dtype", MISSING, "", ()),
+            ("--ds.mixed_precision", "mixed_precision", MISSING, "", ())):
+        flags.restate(p, TrainConfig, option, dest=dest, default=default, note=note, old=old)
     p.add_argument("--machine_seconds", type=float, default=2.0, help="time per machine measurement")
     p.add_argument("--compare", action="store_true",
-                   help="measure each phase both ways: rollout with a prefill per row, then shared; update with the "
-                        "behaviour log-probs recomputed for every sample, then deferred (the same tasks and samples)")
+                   help="measure each phase both ways: rollout with identical prompts prefilled once, then with shared "
+                        "prefixes prefilled once too (same seed: the same tokens); update with the behaviour log-probs "
+                        "recomputed for every sample, then deferred (the same tasks and samples)")
     return p
 
 
@@ -238,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     from progpo.run.process import setup_logging
     from progpo.trainer.config import config_from_args
     from progpo.trainer.loop import Trainer
-    from progpo.trainer.update import TrainSample, ppo_update, prepare
+    from progpo.trainer.update import TrainSample, ppo_update, prepare, rollout_mismatch
 
     setup_logging("WARNING")
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwind: stop the WebShop server
@@ -253,24 +284,26 @@ def main(argv: list[str] | None = None) -> int:
             "--rollout.max_prompt_tokens", str(args.max_prompt_tokens), "--train.batch_size", str(args.batch_size),
             "--train.micro_batch_size", str(args.micro_batch_size), "--ds.lora.rank", str(args.lora_rank),
             "--ds.lora.alpha", str(args.lora_alpha), "--ds.param_dtype", args.dtype,
-            "--logger.progress_bar", "false", "--logger.tensorboard", "false"])
+            "--ds.mixed_precision", args.mixed_precision,
+            "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
         trainer = Trainer(cfg)
         loop = asyncio.new_event_loop()
         rollouts, updates = [], []
         with open_env_pool(cfg.env, args.tasks * args.n) as envs:
             trainer.envs = envs
             trainer._build(envs)
-            for share in (False, True) if args.compare else (True,):
-                trainer.generator.share_prefill = share
+            for reuse in (False, True) if args.compare else (True,):
+                trainer.generator.reuse_prefix = reuse
                 trainer.sampler = type(trainer.sampler)(trainer.sampler.num_tasks, cfg.train.seed)  # same tasks
                 stats0 = dict(trainer.generator.stats)
                 t0 = time.perf_counter()
                 roll = trainer.rollout(1, loop)
                 wall = time.perf_counter() - t0
-                rollouts.append((share, {k: trainer.generator.stats[k] - stats0[k] for k in stats0}, wall,
+                rollouts.append((reuse, {k: trainer.generator.stats[k] - stats0[k] for k in stats0}, wall,
                                  [s for ep in roll.episodes for s in ep.steps]))
             steps = rollouts[-1][3]
-            samples = [TrainSample(list(s.prompt_ids), list(s.response_ids), 1.0 if k % 2 else -1.0)
+            samples = [TrainSample(list(s.prompt_ids), list(s.response_ids), 1.0 if k % 2 else -1.0,
+                                   rollout_logprobs=torch.tensor(s.logprobs, dtype=torch.float32))
                        for k, s in enumerate(steps) if s.response_ids]
             actor, ucfg = trainer.actor, trainer.update_cfg
             for defer in (False, True) if args.compare else (True,):
@@ -283,32 +316,50 @@ def main(argv: list[str] | None = None) -> int:
                 lp_share = m["perf/logprobs_s"] / max(t3 - t2, 1e-9)  # the up-front behaviour pass inside it
                 updates.append((defer, t2 - t1 + m["perf/logprobs_s"], c2 - c1 + lp_share * (c3 - c2),
                                 t3 - t2 - m["perf/logprobs_s"], (1 - lp_share) * (c3 - c2), mem))
+                mismatch = rollout_mismatch(prepared)  # the behaviour log-probs of the first update vs the generator's
         loop.close()
     shape = ModelShape.of(actor.model)
-    peak = machine.flops(shape.dtype)
+    compute = torch.bfloat16 if actor.precision.autocast else shape.dtype  # the dtype the matmuls run in
+    peak = machine.flops(compute)
+    weight_bytes = shape.weight_bytes * torch.finfo(compute).bits / torch.finfo(shape.dtype).bits  # read per decode pass
+    cap = bf16_capability(actor.precision.device)
     print(f"roofline | model {args.model} ({shape.dtype}, {shape.weight_bytes / 2**20:.0f} MiB weights, N_lin "
           f"{shape.linear / 1e6:.1f}M, V {shape.vocab}) | LoRA rank {args.lora_rank} | load average "
           f"{load0[0]:.1f} -> {os.getloadavg()[0]:.1f} | torch threads {torch.get_num_threads()}")
-    print(f"machine: matmul fp32 {machine.fp32_flops / 1e9:.1f} GFLOP/s, bf16 {machine.bf16_flops / 1e9:.1f} GFLOP/s; "
-          f"copy bandwidth {machine.bandwidth / 1e9:.1f} GB/s (best of {args.machine_seconds:g} s each)")
+    print(f"machine: matmul fp32 {machine.fp32_flops / 1e9:.1f} GFLOP/s, bf16 {machine.bf16_flops / 1e9:.1f} GFLOP/s "
+          f"({machine.bf16_flops / machine.fp32_flops:.2f}x fp32); copy bandwidth {machine.bandwidth / 1e9:.1f} GB/s "
+          f"(best of {args.machine_seconds:g} s each)")
+    print(f"bf16: {'native' if cap.native else 'emulated'} ({cap.detail}); precision {actor.precision.name} "
+          f"({actor.precision.reason}); bounds at the {str(compute).removeprefix('torch.')} matmul rate")
     print("time_s = CPU seconds of this process / torch threads (its wall time on an idle machine); bound_s = "
           "max(FLOPs / matmul rate, bytes / bandwidth)")
     print(HEADER)
-    for share, gen, wall, steps_r in rollouts:
-        g = generation_work(shape, [(tuple(s.prompt_ids), len(s.response_ids)) for s in steps_r])
-        prefill_bound = g["prefill_flops"] / peak
+    for reuse, gen, wall, steps_r in rollouts:
+        g = generation_work(shape, [(tuple(s.prompt_ids), len(s.response_ids)) for s in steps_r], compute)
+        prefill_flops = prefill_work(shape, gen)
+        prefill_bound = prefill_flops / peak
         decode_bound = max(g["decode_flops"] / peak,
-                           (gen["decode_steps"] * shape.weight_bytes + g["decode_kv_bytes"]) / machine.bandwidth)
-        tag = "shared prefill" if share else "prefill per row"
+                           (gen["decode_steps"] * weight_bytes + g["decode_kv_bytes"]) / machine.bandwidth)
+        tag = "shared prefixes prefilled once" if reuse else "identical prompts prefilled once"
         print(f"-- generation, {tag}: {len(steps_r)} steps, prompt {g['prompt_tokens'] / len(steps_r):.0f} tokens "
               f"({g['distinct_prompt_tokens'] / g['prompt_tokens']:.2f} distinct), response "
               f"{np.mean([len(s.response_ids) for s in steps_r]):.1f} tokens (means); {int(gen['calls'])} generate "
               f"calls, {int(gen['prefill_rows'])} prefill rows, {int(gen['decode_steps'])} decode passes; rollout wall "
               f"{wall:.1f} s")
-        print(_row("generate: prefill", g["prefill_flops"], gen["prefill_s"], gen["prefill_cpu_s"], prefill_bound))
+        print(f"   prefill: {int(gen['prompt_tokens'])} prompt tokens computed ({gen['prompt_tokens'] / g['prompt_tokens']:.2f}"
+              f" of all, {gen['prompt_tokens'] / g['distinct_prompt_tokens']:.2f} of the distinct prompts') in "
+              f"{int(gen['prefill_passes'])} passes of {int(gen['prefill_tokens'])} padded tokens")
+        if reuse and len(rollouts) == 2:
+            same, total = same_samples(rollouts[0][3], steps_r)
+            before = prefill_work(shape, rollouts[0][1])
+            print(f"   same samples as without prefix reuse: {same} of {total} steps (prompt and response tokens); "
+                  f"prefill {before / 1e9:.1f} -> {prefill_flops / 1e9:.1f} GFLOP ({1 - prefill_flops / before:.0%} saved), "
+                  f"time {rollouts[0][1]['prefill_cpu_s'] / torch.get_num_threads():.1f} -> "
+                  f"{gen['prefill_cpu_s'] / torch.get_num_threads():.1f} s")
+        print(_row("generate: prefill", prefill_flops, gen["prefill_s"], gen["prefill_cpu_s"], prefill_bound))
         print(_row("generate: decode", g["decode_flops"], gen["seconds"] - gen["prefill_s"], gen["decode_cpu_s"],
                    decode_bound))
-        print(_row("generate (total)", g["prefill_flops"] + g["decode_flops"], gen["seconds"],
+        print(_row("generate (total)", prefill_flops + g["decode_flops"], gen["seconds"],
                    gen["prefill_cpu_s"] + gen["decode_cpu_s"], prefill_bound + decode_bound))
     pairs = [(len(s.prompt_ids), len(s.response_ids)) for s in samples]
     later = max(len(samples) - args.batch_size, 0) / max(len(samples), 1)
@@ -325,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         print(_row("update: train step", u["train_flops"], tr_wall, tr_cpu, tr_bound))
         print(_row("update (total)", u["logprobs_flops"] + u["train_flops"], lp_wall + tr_wall, lp_cpu + tr_cpu,
                    lp_bound + tr_bound))
+    if mismatch:
+        print(f"generator vs trainer log-probs of the same {sum(len(s.response_ids) for s in samples)} tokens (first "
+              f"update, {actor.precision.name}): |ratio - 1| median {mismatch['rollout/ratio_dev_p50']:.2e}, p99 "
+              f"{mismatch['rollout/ratio_dev_p99']:.2e}, max {mismatch['rollout/ratio_dev_max']:.2e}; "
+              f"mismatch KL {mismatch['rollout/mismatch_kl']:+.2e}")
     return 0
 
 

@@ -19,21 +19,24 @@ import sys
 import tempfile
 import time
 
+from progpo.run import flags
+from progpo.run.flags import MISSING
+from progpo.trainer.config import TrainConfig
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table (exit code 0)."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.bench train", description=__doc__.split("\n")[0])
     from progpo.advantages import Estimator
-    from progpo.envs import env_ids
 
-    p.add_argument("--actor.model_name_or_path", dest="model", default="smollm2-135m")
-    p.add_argument("--env.name", dest="env", default="webshop", choices=env_ids())
+    for option, dest, default, old in (
+            ("--actor.model_name_or_path", "model", MISSING, ()), ("--env.name", "env", MISSING, ()),
+            ("--rollout.batch_size", "tasks", 2, ("--tasks",)), ("--rollout.n_samples_per_prompt", "n", 4, ("--n",)),
+            ("--env.max_steps", "max_steps", 5, ("--max_steps",)),
+            ("--rollout.max_new_tokens", "max_new_tokens", 64, ("--max_new_tokens",)),
+            ("--train.micro_batch_size", "micro_batch_size", 2, ("--micro_batch_size",))):
+        flags.restate(p, TrainConfig, option, dest=dest, default=default, old=old)
     p.add_argument("--estimators", default=",".join(e.value for e in Estimator))
-    p.add_argument("--tasks", type=int, default=2, help="tasks per iteration")
-    p.add_argument("--n", type=int, default=4, help="rollouts per task")
-    p.add_argument("--max_steps", type=int, default=5)
-    p.add_argument("--max_new_tokens", type=int, default=64)
-    p.add_argument("--micro_batch_size", type=int, default=2)
     args = p.parse_args(argv)
 
     from progpo.advantages import AdvantageConfig
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             "--rollout.batch_size", str(args.tasks), "--rollout.n_samples_per_prompt", str(args.n),
             "--env.max_steps", str(args.max_steps), "--rollout.max_new_tokens", str(args.max_new_tokens),
             "--train.batch_size", "1000000", "--train.micro_batch_size", str(args.micro_batch_size),
-            "--logger.progress_bar", "false", "--logger.tensorboard", "false",
+            "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none",
         ])
         trainer = Trainer(cfg)
         loop = asyncio.new_event_loop()

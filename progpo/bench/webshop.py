@@ -45,6 +45,8 @@ import requests
 from envs.webshop_server import synth
 from envs.webshop_server.process import WebShopServerProcess
 from progpo.paths import data_root
+from progpo.run import flags
+from progpo.run.settings import EnvSettings, RolloutSettings
 
 
 
@@ -434,6 +436,16 @@ def prepare_data(args: argparse.Namespace) -> Path:
     return out
 
 
+class _OldEpisodes(argparse.Action):
+    """``--episodes TASKS ROLLOUTS``, the former name of ``--rollout.batch_size`` and ``--rollout.n_samples_per_prompt``
+    (parses for one release, with a one-line deprecation)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stderr.write(f"warning: {option_string} is deprecated and goes in the next release; use "
+                         f"--rollout.batch_size {values[0]} --rollout.n_samples_per_prompt {values[1]}\n")
+        namespace.episode_tasks, namespace.episode_rollouts = values
+
+
 BENCH_CACHE_MARKER = ".progpo-bench-cache"  # a folder holding it is the benchmark's own: emptied freely
 
 
@@ -443,7 +455,8 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 "--workers": (args.workers, 1), "--search-queries": (args.search_queries, 0),
                 "--search-cache": (args.search_cache, 0), "--human-goals": (args.human_goals, 0),
                 "--original-products": (args.original_products, 0)}
-    at_least.update({"--sessions": (min(args.sessions), 1), "--episodes": (min(args.episodes), 0)})
+    at_least.update({"--sessions": (min(args.sessions), 1), "--rollout.batch_size": (args.episodes[0], 0),
+                     "--rollout.n_samples_per_prompt": (args.episodes[1], 0)})
     for flag, (value, low) in at_least.items():
         if value < low:
             p.error(f"{flag} must be >= {low}, got {value}")
@@ -468,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--products", type=int, default=synth.FULL_PRODUCTS, help="synthetic catalog size")
     p.add_argument("--human-goals", type=int, default=synth.HUMAN_GOALS)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", default=None, help="an existing WebShop data folder instead of a synthetic one")
+    flags.restate(p, EnvSettings, "--env.data_dir", prefix=("env",), dest="data_dir",
+                  note="here: an existing WebShop data folder instead of a synthetic one", old=("--data-dir",))
     p.add_argument("--synth-dir", default=None, help="where the synthetic catalog is (or goes)")
     p.add_argument("--cache-dir", default=None, help="the benchmark's own cache folder, emptied first "
                    "(default: <catalog folder>.bench-cache)")
@@ -482,11 +496,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--original-mem-gb", type=float, default=8.0, help="stop the original past this RSS")
     p.add_argument("--original-time-s", type=float, default=1800.0)
     p.add_argument("--original-products", type=int, default=0, help="also run the original on this many first products")
-    p.add_argument("--episodes", type=int, nargs=2, default=[16, 8], metavar=("TASKS", "ROLLOUTS"),
-                   help="scripted episodes through the episode loop (0 0: none)")
+    flags.restate(p, RolloutSettings, "--rollout.batch_size", prefix=("rollout",), dest="episode_tasks", default=16,
+                  note="here: tasks of the scripted episodes played through the episode loop (0: none)")
+    flags.restate(p, RolloutSettings, "--rollout.n_samples_per_prompt", prefix=("rollout",), dest="episode_rollouts",
+                  default=8, note="here: scripted episodes per task (0: none)")
+    p.add_argument("--episodes", type=int, nargs=2, action=_OldEpisodes, help=argparse.SUPPRESS)
     p.add_argument("--skip", nargs="*", default=[], choices=["cold", "latency", "search"])
     p.add_argument("--json-out", default=None)
     args = p.parse_args(argv)
+    args.episodes = [args.episode_tasks, args.episode_rollouts]
     _check_args(p, args)
     src = data_root() / "webshop"
     if args.cache_dir:

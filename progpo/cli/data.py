@@ -23,7 +23,7 @@ from pathlib import Path
 
 from progpo.envs import env_ids, spec
 from progpo.paths import USER_DATA_DIR
-from progpo.run.download import Unreachable
+from progpo.envs.download import Unreachable
 
 def where(root: Path) -> str:
     """The expected layout of the data folder, as text."""
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in env_ids():
             if spec(name).download is None or args.only not in (None, name):
                 continue
-            got = spec(name).load("download")(root, args.timeout_s, webshop=args.webshop)
+            got = spec(name).load("download")(root / spec(name).data_subdir, args.timeout_s, webshop=args.webshop)
             for path in got if isinstance(got, list) else [got]:
                 print(f"ok {path}")
     except (Unreachable, OSError, RuntimeError, subprocess.CalledProcessError) as exc:

@@ -22,16 +22,15 @@ def tables() -> dict[str, str]:
     """``name -> markdown`` of every generated table."""
     from progpo.cli import evaluate, sft
     from progpo.openrlhf.cpu import import_shims
-    from progpo.run.flags import markdown_table
+    from progpo.run.flags import iter_flags, markdown_table
     from progpo.trainer import config
 
     with import_shims():
         from progpo.cli import train_ray
+        from progpo.openrlhf import launch
 
         ray = train_ray.build_parser()
-    ours = ("advantage_estimator", "progpo", "env.", "rollout.max_prompt_tokens", "rollout.dynamic_sampling",
-            "eval.num_tasks", "device",
-            "cpu.", "debug.")
+    ours = ("advantage_estimator", "progpo", *(f.dest for f in iter_flags(launch.RayArgs)))
     return {"train": markdown_table(config.build_parser()), "sft": markdown_table(sft.build_parser()),
             "evaluate": markdown_table(evaluate.build_parser()), "train_ray": markdown_table(ray, only=ours)}
 

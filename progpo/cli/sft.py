@@ -26,9 +26,14 @@ from progpo.trainer.warm_start import SUMMARY, SFTArgs, SFTSettings  # noqa: F40
 
 logger = logging.getLogger(__name__)
 
-DEPRECATED = {k: v for k, v in TRAIN_DEPRECATED.items() if k not in ("--resume", "--rollout.invalid_penalty",
-                                                                       "--algo.eps_clip_low_high", "--algo.entropy.coef",
-                                                                       "--log.tensorboard")}
+DEPRECATED = {
+    **{k: v for k, v in TRAIN_DEPRECATED.items()
+       if not k.startswith("--warm_start.") and k not in ("--resume", "--rollout.invalid_penalty", "--algo.eps_clip_low_high",
+                                                          "--algo.entropy.coef", "--log.tensorboard", "--logger.tensorboard")},
+    "--actor.adam.lr": "--sft.lr",  # the sft command's names before train's warm start and it shared --sft.*
+    "--train.max_epochs": "--sft.max_epochs",
+    "--train.batch_size": "--sft.batch_size",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, uncha
 * ``--progpo.<field>`` / ``--progpo.preset NAME`` -- the estimator's settings, as on ``train``;
 * ``--env.*``, ``--rollout.max_prompt_tokens``, ``--eval.num_tasks`` -- the environment, episode loop and
   task list, the same settings classes (and so the same flags) as ``train``;
-* ``--device cpu`` and ``--cpu.*`` -- the whole job on CPU (a local Ray head, OpenRLHF's own actors,
+* ``--rollout.backend hf`` and ``--cpu.*`` -- the whole job on CPU (a local Ray head, OpenRLHF's own actors,
   DeepSpeed over gloo, a transformers engine; :mod:`progpo.openrlhf.cpu`), to debug a launch on a
   laptop before a cluster run;
 * ``--debug.*`` -- run checks (weight sync, dumps of the step batches and the rows the actor trained on).
@@ -101,7 +101,7 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, then run OpenRLHF's training with our trainer actor (blocks until done).
 
-    Returns 0 when training finished; a bad flag, or ``--device cuda`` without vLLM / flash-attn
+    Returns 0 when training finished; a bad flag, or ``--rollout.backend vllm`` without vLLM / flash-attn
     installed, exits with status 2 (one line naming the flag, plus a hint); a rollout batch whose
     failed episodes crossed ``--env.max_failed_frac`` (or all failed) exits with status 3 and one
     line naming the cause (``progpo.run.failures``), before anything more is trained or saved; a
@@ -111,17 +111,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = finalize(parser, parser.parse_args(argv))
     from progpo.openrlhf.cpu import install, missing_gpu_packages
-    from progpo.openrlhf.launch import init_ray
+    from progpo.openrlhf.launch import init_ray, ray_run
 
-    if args.progpo_device == "cpu":
+    run = ray_run(args)
+    if run.device == "cpu":
         install()
     elif missing_gpu_packages():
-        parser.error(f"argument --device: cuda needs {' and '.join(missing_gpu_packages())} installed (pip install -r "
-                     "requirements-gpu.txt); for a CPU dry run of this job add --device cpu")
+        parser.error(f"argument --rollout.backend: vllm needs {' and '.join(missing_gpu_packages())} installed (pip install -r "
+                     "requirements-gpu.txt); for a CPU dry run of this job add --rollout.backend hf")
+    from progpo.run.answer_format import check_model_answer_format
+
+    try:  # before Ray starts: the policy's tokenizer must carry the answer format (loaded as OpenRLHF's actors do)
+        check_model_answer_format(getattr(args, "actor.model_name_or_path"), run.agent.env.name, trust_remote_code=True)
+    except ValueError as exc:
+        parser.error(f"argument {exc}")
     from progpo.openrlhf.trainer import run_openrlhf_main
     from progpo.run.failures import EXIT_ENGINE_DIED, EXIT_ROLLOUT_FAILED, EngineDied, RolloutFailed
 
-    os.environ["PROGPO_AGENT_CONFIG"] = args.progpo_agent_config_json
+    os.environ["PROGPO_AGENT_CONFIG"] = run.agent.to_json()
     started = init_ray(args)
     failure, status = None, 0
     try:

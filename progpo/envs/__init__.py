@@ -27,10 +27,12 @@ register(
     expert="progpo.agents.experts:webshop_expert",
     service="progpo.run.env_setup:webshop_service",
     summary="progpo.run.evaluation:webshop_summary",
-    download="progpo.run.download:download_webshop",
+    download="progpo.envs.download:download_webshop",
     data_subdir="webshop",
+    http_pool="progpo.envs.http_pool:make_async_http_pool",
     pool="http",
     reports_score=True,
+    language_rule=False,  # its catalog and goals hold CJK (goal #706: "... 1.8米 capacity")
 )
 
 register(
@@ -42,8 +44,8 @@ register(
     template="progpo.agents.templates:ALFWORLD_TEMPLATE",
     syntax="progpo.agents.parsing:alfworld_syntax_ok",
     expert="progpo.agents.experts:alfworld_expert",
-    summary="progpo.run.evaluation:alfworld_summary",
-    download="progpo.run.download:download_alfworld",
+    summary="progpo.envs.alfworld:alfworld_summary",
+    download="progpo.envs.download:download_alfworld",
     data_subdir="alfworld",
     data_check="progpo.envs.alfworld_data:check_data",
     pool="ray",

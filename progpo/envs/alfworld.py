@@ -327,3 +327,11 @@ def success_by_task_type(
         low, high = wilson_interval(wins, n, confidence)
         out[name] = SuccessRate(n, wins, wins / n if n else math.nan, low, high)
     return out
+
+
+def alfworld_summary(episodes: Sequence[Any]) -> dict[str, Any]:
+    """ALFWorld's spec ``summary`` of finished evaluation episodes (``progpo.agents.types.Episode``: their
+    ``info["task_type"]`` and ``won``): success per task type with Wilson 95% intervals."""
+    by_type = success_by_task_type([str(ep.info.get("task_type")) for ep in episodes], [ep.won for ep in episodes])
+    return {"success_by_task_type": {k: {"rate": v.rate, "low": v.low, "high": v.high, "n": v.n, "wins": v.wins}
+                                     for k, v in by_type.items() if k != "overall"}}

@@ -71,6 +71,13 @@ def normalize_action(text: str) -> str:
     return " ".join(str(text).lower().split())
 
 
+def split_size(sizes: dict[str, int], split: str, env_name: str) -> int:
+    """``sizes[split]``, or ValueError naming the split flags and the env's splits."""
+    if split not in sizes:
+        raise ValueError(f"--env.train_split/--env.eval_split {split!r} is not a split of {env_name!r} ({sorted(sizes)})")
+    return int(sizes[split])
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one ``env.step(action)`` returns.
@@ -104,6 +111,11 @@ class TextEnv(Protocol):
     def reset(
         self, *, split: str, index: int | None = None, seed: int | None = None
     ) -> tuple[str, dict[str, Any]]: ...
+
+    def num_tasks(self, split: str) -> int:
+        """Tasks in ``split`` (``reset(index=i)`` takes ``0 <= i < num_tasks(split)``); ValueError for an
+        unknown split."""
+        ...
 
     def step(self, action: str) -> StepResult: ...
 

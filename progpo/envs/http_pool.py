@@ -177,14 +177,12 @@ class AsyncWebShopPool:
             self._client = None
 
 
-def make_async_http_pool(env_name: str, env_kwargs: dict[str, Any], max_envs: int = 256) -> AsyncWebShopPool:
-    """The async HTTP pool for ``env_name`` (only ``webshop`` speaks HTTP).
+def make_async_http_pool(env_kwargs: dict[str, Any], max_envs: int = 256) -> AsyncWebShopPool:
+    """The async HTTP pool of WebShop (its env spec's ``http_pool``).
 
     Raises:
-        ValueError: another env, or no ``base_url`` in ``env_kwargs``.
+        ValueError: no ``base_url`` in ``env_kwargs``.
     """
-    if env_name != "webshop":
-        raise ValueError(f"env.pool=http only serves webshop, not {env_name!r} (use env.pool=ray)")
     kwargs = dict(env_kwargs)
     if "base_url" not in kwargs:
         raise ValueError("env.pool=http needs the WebShop server URL (--env.url)")

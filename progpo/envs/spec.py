@@ -78,14 +78,21 @@ class EnvSpec:
             env needs nothing started and takes ``max_steps`` (and ``data_dir`` when ``data_subdir`` is set).
         summary: ``"module:function"``, ``episodes -> dict``: env-specific figures of an evaluation
             (``progpo.run.evaluation.summarize``); None: only the common ones.
-        download: ``"module:function"``, ``(root, timeout_s, **options) -> path(s)``: fetches the env's
-            data into ``root/<data_subdir>`` (``python -m progpo.cli.data download``); None: nothing to fetch.
+        download: ``"module:function"``, ``(folder, timeout_s, **options) -> path(s)``: fetches the env's
+            data into ``folder`` = ``<data root>/<data_subdir>`` (``python -m progpo.cli.data download``); None:
+            nothing to fetch.
         data_subdir: folder of its data under the data root (``progpo.paths.data_root``); None: no data.
         data_check: ``"module:function"``, ``(data_dir: str | None) -> None`` raising ``FileNotFoundError``
             (naming what is missing) when the env's data cannot be found from this machine; ``train_ray``
             calls it at start-up, before any actor starts. None: nothing to check.
+        http_pool: ``"module:function"``, ``(env_kwargs, max_envs) -> EnvPool``: the async HTTP pool of an env
+            served over HTTP (``--env.pool http``); None: the env has none.
         pool: default ``--env.pool`` on the cluster path (``train_ray``): one of :data:`POOLS`.
         reports_score: ``info["score"]`` is a [0, 1] task score (WebShop's), logged as ``env/score_mean``.
+        language_rule: verl-agent's rule against language switches applies: a response holding a CJK ideograph
+            (U+4E00-U+9FFF) anywhere is format-invalid (``progpo.agents.parsing``). False for an env whose own
+            text (tasks, pages, labels) holds such characters, where the rule would refuse answers that click
+            the env's own labels or copy its task's words (WebShop: ``click[1.8米]``, goal #706).
         kwargs: extra constructor keyword arguments of every env instance.
     """
 
@@ -102,12 +109,15 @@ class EnvSpec:
     download: str | None = None
     data_subdir: str | None = None
     data_check: str | None = None
+    http_pool: str | None = None
     pool: str = "local"
     reports_score: bool = False
+    language_rule: bool = True
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("entry_point", "template", "syntax", "expert", "service", "summary", "download", "data_check"):
+        for name in ("entry_point", "template", "syntax", "expert", "service", "summary", "download", "data_check",
+                     "http_pool"):
             ref = getattr(self, name)
             if ref is not None and (not isinstance(ref, str) or ref.count(":") != 1):
                 raise ValueError(f"EnvSpec {self.id!r}: {name} must be a 'module:attribute' string, got {ref!r}")
@@ -117,6 +127,10 @@ class EnvSpec:
             raise ValueError(f"EnvSpec {self.id!r}: eval_split {self.eval_split!r} must be one of splits {self.splits}")
         if self.pool not in POOLS:
             raise ValueError(f"EnvSpec {self.id!r}: pool must be one of {POOLS}, got {self.pool!r}")
+        if self.download is not None and self.data_subdir is None:
+            raise ValueError(f"EnvSpec {self.id!r}: a download needs a data_subdir (the folder it fills)")
+        if self.pool == "http" and self.http_pool is None:
+            raise ValueError(f"EnvSpec {self.id!r}: pool http needs an http_pool")
 
     @property
     def train_split(self) -> str:

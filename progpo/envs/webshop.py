@@ -36,7 +36,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from progpo.envs.base import EnvFailure, EnvSessionLost, EnvUnreachable, StepResult, normalize_action
+from progpo.envs.base import EnvFailure, EnvSessionLost, EnvUnreachable, StepResult, normalize_action, split_size
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
@@ -154,6 +154,10 @@ class WebShopEnv:
         if self._split_sizes is None:
             self._split_sizes = dict(self._call("GET", "/health")["splits"])
         return self._split_sizes
+
+    def num_tasks(self, split: str) -> int:
+        """Goals in ``split`` (``TextEnv`` protocol). Raises ValueError for a split the server does not serve."""
+        return split_size(self.split_sizes(), split, "webshop")
 
     # ----- protocol --------------------------------------------------------------------------------
     def reset(self, *, split: str, index: int | None = None, seed: int | None = None) -> tuple[str, dict[str, Any]]:

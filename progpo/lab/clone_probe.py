@@ -1,11 +1,11 @@
 """``python -m progpo.cli.bench clone``: where a warm-started policy agrees with the expert, per kind of decision.
 
 A cloned policy that wins few episodes on unseen tasks can fail anywhere along the way; the win rate does not
-say where. This probe walks the expert's own trajectory on ``--tasks`` tasks of ``--split`` of a synthetic env
+say where. This probe walks the expert's own trajectory on ``--eval.num_tasks`` tasks of ``--env.eval_split`` of a synthetic env
 (:mod:`progpo.envs.synthetic`: the expert knows the latent state), and at every step asks the policy for an
 answer to the prompt the episode loop would build there (the env's registered template, the last
-``--history`` (observation, action) turns, the step counter; :func:`progpo.agents.templates.build_prompt`),
-sampled at ``--temperature`` by the local backend's generator (:class:`progpo.run.generation.HFGenerator`)
+``--env.history_length`` (observation, action) turns, the step counter; :func:`progpo.agents.templates.build_prompt`),
+sampled at ``--rollout.temperature`` by the local backend's generator (:class:`progpo.run.generation.HFGenerator`)
 and parsed by the env's action parser (:func:`progpo.agents.parsing.parse_action`). Per decision kind
 (:meth:`decision_kind` of the family task, e.g. WebShop-like ``results: item`` = clicking a product title on a
 results page) it reports the steps, the share of answers equal to the expert's action and the share the env
@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from progpo.agents.templates import HistoryTurn, build_prompt
 from progpo.agents.types import SamplingParams
 from progpo.envs.alfworld import wilson_interval
+from progpo.run import flags
+from progpo.run.settings import EvalSettings
+from progpo.trainer.config import TrainConfig
 
 
 @dataclass
@@ -55,7 +58,7 @@ def expert_steps(env_name: str, tokenizer, *, split: str, tasks: int, history: i
 
     env = make_env(env_name, max_steps=max_steps)
     if not hasattr(env, "task"):
-        raise ValueError(f"--env {env_name!r}: the probe needs a synthetic env (its expert knows the latent state)")
+        raise ValueError(f"--env.name {env_name!r}: the probe needs a synthetic env (its expert knows the latent state)")
     template = spec(env_name).load("template")
     out: list[ProbeStep] = []
     for index in range(tasks):
@@ -133,33 +136,39 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
     envs = synthetic_env_names()
     ap = argparse.ArgumentParser(prog="python -m progpo.cli.bench clone", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--env", default=envs[0], help=f"synthetic env ({', '.join(envs)})")
-    ap.add_argument("--model", required=True,
-                    help="the policy: an sft/train run folder, a Hugging Face folder or an alias (tiny-agent)")
-    ap.add_argument("--split", default="test", help="task split (test: tasks no warm start was cloned on)")
-    ap.add_argument("--tasks", type=int, default=64, help="tasks 0..n-1 of the split, one expert episode each")
-    ap.add_argument("--history", type=int, default=1, help="(observation, action) turns in the prompt")
-    ap.add_argument("--max-steps", type=int, default=8, help="step limit of the expert episodes")
-    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the policy's answers")
-    ap.add_argument("--max-new-tokens", type=int, default=48, help="answer length limit in tokens")
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed")
+    for root, prefix, option, dest, default, note, old in (
+            (TrainConfig, (), "--env.name", "env", envs[0], f"a synthetic env ({', '.join(envs)})", ("--env",)),
+            (TrainConfig, (), "--actor.model_name_or_path", "model", None, "an sft/train run folder, a Hugging Face "
+             "folder or an alias (tiny-agent); required", ("--model",)),
+            (TrainConfig, (), "--env.eval_split", "split", "test", "test: tasks no warm start was cloned on", ("--split",)),
+            (EvalSettings, ("eval",), "--eval.num_tasks", "tasks", 64, "one expert episode each", ("--tasks",)),
+            (TrainConfig, (), "--env.history_length", "history", 1, "", ("--history",)),
+            (TrainConfig, (), "--env.max_steps", "max_steps", 8, "of the expert episodes", ("--max-steps",)),
+            (TrainConfig, (), "--rollout.temperature", "temperature", 1.0, "of the policy's answers", ("--temperature",)),
+            (TrainConfig, (), "--rollout.max_new_tokens", "max_new_tokens", 48, "", ("--max-new-tokens",)),
+            (EvalSettings, ("eval",), "--eval.seed", "seed", 0, "", ("--seed",))):
+        flags.restate(ap, root, option, prefix=prefix, dest=dest, default=default, note=note, old=old)
     args = ap.parse_args(list(argv))
+    if args.model is None:
+        ap.error("the following arguments are required: --actor.model_name_or_path")
     if args.env not in envs:
-        raise ValueError(f"--env must be a synthetic env of {envs}, got {args.env!r}")
-    for name in ("tasks", "max_steps", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        raise ValueError(f"--env.name must be a synthetic env of {envs}, got {args.env!r}")
+    for flag, value in (("--eval.num_tasks", args.tasks), ("--env.max_steps", args.max_steps),
+                        ("--rollout.max_new_tokens", args.max_new_tokens)):
+        if value is None or value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.history < 0:
-        raise ValueError(f"--history must be >= 0, got {args.history}")
+        raise ValueError(f"--env.history_length must be >= 0, got {args.history}")
     if not args.temperature > 0:
-        raise ValueError(f"--temperature must be > 0, got {args.temperature}")
+        raise ValueError(f"--rollout.temperature must be > 0, got {args.temperature}")
     from progpo.envs.synthetic.env import SyntheticEnv
 
     sizes = SyntheticEnv.split_sizes()
     if args.split not in sizes:
-        raise ValueError(f"--split must be one of {list(sizes)}, got {args.split!r}")
+        raise ValueError(f"--env.eval_split must be one of {list(sizes)}, got {args.split!r}")
     if args.tasks > sizes[args.split]:
-        raise ValueError(f"--tasks must be <= {sizes[args.split]} (tasks in the {args.split} split), got {args.tasks}")
+        raise ValueError(f"--eval.num_tasks must be <= {sizes[args.split]} (tasks in the {args.split} split), "
+                         f"got {args.tasks}")
     return args
 
 
@@ -172,7 +181,7 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         args = parse_args(argv)
-        path = resolve_pretrain(args.model, flag="--model")
+        path = resolve_pretrain(args.model)
     except (ValueError, FileNotFoundError) as exc:
         print(f"python -m progpo.cli.bench clone: error: {exc}", file=sys.stderr)
         return 2

@@ -37,6 +37,9 @@ from progpo.lab import engine, report
 from progpo.envs.synthetic.families import family_config, get_family
 from progpo.lab.fidelity_core import ORACLE_ROW, select_variants
 from progpo.lab.learner import Context, TaskSource, build_source, make_context, oracle_advantages
+from progpo.run import flags
+from progpo.trainer.config import TrainConfig
+from progpo.lab.learning import RESTATED
 
 
 def _advantages(ctx: Context, row, roll: engine.Rollout, g: engine.Graph, p: np.ndarray) -> np.ndarray:
@@ -147,11 +150,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--task-seed", type=int, default=777)
     ap.add_argument("--row", default="progpo", help="the row whose run is traced")
     ap.add_argument("--lr", type=float, default=3.0)
-    ap.add_argument("--seed", type=int, default=5)
-    ap.add_argument("--iterations", type=int, default=100)
+    for option, dest, default, old in (("--train.seed", "seed", 5, ("--seed",)),
+                                       ("--train.num_iterations", "iterations", 100, ("--iterations",)),
+                                       ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
+                                       ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
+        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the traced run", old=old)
     ap.add_argument("--show", type=int, default=20, help="trace lines printed (iterations 0..show-1)")
-    ap.add_argument("--tasks", type=int, default=16)
-    ap.add_argument("--rollouts", type=int, default=8)
     ap.add_argument("--compare", default="hgpo,gigpo,grpo", help="rows whose |A| on the same batches is printed")
     ap.add_argument("--escape-at", type=int, default=0, help="iteration the escape runs start from (0 = none)")
     ap.add_argument("--escape-with", default="progpo,progpo zero_signal=off,hgpo,gigpo,grpo,oracle")
@@ -160,14 +164,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--sizes-path", default="hgpo", help="row whose training path the sizes are measured on")
     ap.add_argument("--workers", type=int, default=2, help="processes compiling the task pool")
     args = ap.parse_args(list(argv))
+    named = {**RESTATED, "seed": "--train.seed"}
     for name in ("iterations", "show", "tasks", "rollouts", "sizes_iterations", "workers"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise ValueError(f"{named.get(name, '--' + name.replace('_', '-'))} must be >= 1, got {getattr(args, name)}")
     for name in ("escape_at", "sizes_seeds", "seed"):
         if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+            raise ValueError(f"{named.get(name, '--' + name.replace('_', '-'))} must be >= 0, got {getattr(args, name)}")
     if args.escape_at >= args.iterations:
-        raise ValueError(f"--escape-at must be below --iterations ({args.iterations}), got {args.escape_at}")
+        raise ValueError(f"--escape-at must be below --train.num_iterations ({args.iterations}), got {args.escape_at}")
     if not args.lr > 0:
         raise ValueError(f"--lr must be > 0, got {args.lr}")
     get_family(args.family)

@@ -36,6 +36,8 @@ from progpo.lab.fidelity_core import (
 )
 from progpo.lab.oracle import ExactOracle
 from progpo.envs.synthetic.families import get_family, make_tasks
+from progpo.run import flags
+from progpo.trainer.config import TrainConfig
 
 ORACLE_ROW = "TD oracle (true V)"
 
@@ -134,7 +136,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--family", default="alfworld", help="synthetic task family: alfworld | webshop")
     ap.add_argument("--batches", type=int, default=50, help="batches per N (>= 1)")
     ap.add_argument("--n-rollouts", default="4,8,16", help="comma list of N (rollouts per task)")
-    ap.add_argument("--tasks-per-batch", type=int, default=16)
+    flags.restate(ap, TrainConfig, "--rollout.batch_size", dest="tasks_per_batch", default=16, old=("--tasks-per-batch",))
     ap.add_argument("--task-pool", type=int, default=32, help="distinct tasks per setting (batches draw from them)")
     ap.add_argument("--sweep-batches", type=int, default=30, help="batches per sweep setting (0 = no sweep)")
     ap.add_argument("--sweep-n", type=int, default=8, help="N of the sweep")
@@ -143,7 +145,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     help="semantic-expansion encoder: the real all-MiniLM-L6-v2 (default) or none (expansion off)")
     ap.add_argument("--sign-threshold", type=float, default=0.1,
                     help="|A*| (reward units) above which a step counts for sign agreement")
-    ap.add_argument("--seed", type=int, default=0)
+    flags.restate(ap, TrainConfig, "--train.seed", dest="seed", default=0, note="of the batches drawn", old=("--seed",))
     ap.add_argument("--out", default="runs/bench/fidelity", help="output folder for PNGs and tables")
     ap.add_argument("--write-docs", action="store_true", help="replace the generated block of docs/fidelity.md")
     from progpo.lab.fidelity_alfworld import add_alfworld_args
@@ -151,7 +153,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = ap.parse_args(list(argv))
     for name in ("batches", "tasks_per_batch", "task_pool", "sweep_n"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            flag = "--rollout.batch_size" if name == "tasks_per_batch" else f"--{name.replace('_', '-')}"
+            raise ValueError(f"{flag} must be >= 1, got {getattr(args, name)}")
     if not (math.isfinite(args.sign_threshold) and args.sign_threshold >= 0):
         raise ValueError(f"--sign-threshold must be a finite number >= 0, got {args.sign_threshold}")
     if args.sweep_batches < 0:

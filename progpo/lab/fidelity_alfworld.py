@@ -25,6 +25,8 @@ import numpy as np
 from progpo.advantages import StepBatch, compute_advantages
 from progpo.lab import report
 from progpo.lab.fidelity_core import METRICS, config_base, fidelity_metrics, prompt_key, select_variants
+from progpo.run import flags
+from progpo.trainer.config import TrainConfig
 
 
 def add_alfworld_args(ap: argparse.ArgumentParser) -> None:
@@ -34,9 +36,11 @@ def add_alfworld_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--split", default="valid_seen", help="ALFWorld split of --games")
     g.add_argument("--p-expert", type=float, default=0.8, help="probability of the walkthrough action")
     g.add_argument("--continuations", type=int, default=4, help="M rollouts per V(h) estimate")
-    g.add_argument("--alf-rollouts", type=int, default=4, help="N trajectories per game")
-    g.add_argument("--alf-max-steps", type=int, default=12, help="step limit of the ALFWorld episodes")
-    g.add_argument("--alf-history", type=int, default=2, help="K of the prompt's history window")
+    for option, dest, default, note, old in (
+            ("--rollout.n_samples_per_prompt", "alf_rollouts", 4, "noisy-expert trajectories per game", ("--alf-rollouts",)),
+            ("--env.max_steps", "alf_max_steps", 12, "of the ALFWorld episodes", ("--alf-max-steps",)),
+            ("--env.history_length", "alf_history", 2, "", ("--alf-history",))):
+        flags.restate(g, TrainConfig, option, dest=dest, default=default, note=note, old=old)
 
 
 class NoisyExpert:
@@ -132,7 +136,7 @@ def run_alfworld(args: argparse.Namespace) -> str:
     t0 = time.perf_counter()
     games = [int(x) for x in str(args.games).split(",") if x.strip()]
     if not games or args.continuations < 1 or args.alf_rollouts < 1:
-        raise ValueError("--games must list game indices; --continuations and --alf-rollouts must be >= 1")
+        raise ValueError("--games must list game indices; --continuations and --rollout.n_samples_per_prompt must be >= 1")
     gamma = 0.95
     env = AlfWorldEnv(max_steps=args.alf_max_steps)
     rng = np.random.default_rng([args.seed, 99])

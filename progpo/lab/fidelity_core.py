@@ -125,8 +125,8 @@ def _v(name: str, encoder: bool = False, **kw: object) -> Variant:
 
 
 def all_variants() -> list[Variant]:
-    """Baselines, ProGPO (the product default, and the paper reading), the default's ablations and the
-    E1-E3 extensions (spec names). Older tables of docs/fidelity.md that read ``progpo`` as the paper
+    """Baselines (G2PO, arXiv 2606.22995, among them), ProGPO (the product default, and the paper reading),
+    the default's ablations and the E1-E3 extensions (spec names). Older tables of docs/fidelity.md that read ``progpo`` as the paper
     reading used the batch-scaled floor (``progpo paper sigma2_floor_ref=batch``)."""
     pg = dict(estimator="progpo")
     paper = {k: v for k, v in PRESETS["paper"].items() if k not in ENV_FIELDS}
@@ -135,6 +135,7 @@ def all_variants() -> list[Variant]:
         _v("rloo", estimator="rloo"),
         _v("gigpo", estimator="gigpo"),
         _v("hgpo", estimator="hgpo"),
+        _v("g2po", estimator="g2po"),
         _v("progpo", True, **pg),
         _v("progpo paper", True, **pg, **paper),
         _v("progpo -peer", True, **pg, use_peer=False),
@@ -159,7 +160,7 @@ def all_variants() -> list[Variant]:
     ]
 
 
-CORE_VARIANTS = ("grpo", "gigpo", "hgpo", "progpo", "progpo -peer", "progpo graph (E1)",
+CORE_VARIANTS = ("grpo", "gigpo", "hgpo", "g2po", "progpo", "progpo -peer", "progpo graph (E1)",
                  "progpo graph+action (E1+E2)", "progpo E1+E2 beta_ep=0")
 
 

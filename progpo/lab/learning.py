@@ -33,13 +33,19 @@ from progpo.lab.fidelity_core import ORACLE_ROW, CachedEncoder, oracle_variant, 
 from progpo.lab.learner import RunSpec, build_source, make_context, run_all
 from progpo.lab.survival import COLLAPSE_RATIO, FINAL_WINDOW, MIN_DROP, PEAK_WINDOW
 from progpo.lab.survival import steps_to_target  # noqa: F401  (re-exported: the benchmark's definition)
+from progpo.run import flags
+from progpo.trainer.config import TrainConfig
 
-DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo", "progpo", "progpo state_key=obs_inventory",
-                      "gigpo state_key=obs_inventory", "hgpo state_key=obs_inventory")
+DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo", "g2po", "progpo", "progpo state_key=obs_inventory",
+                      "gigpo state_key=obs_inventory", "hgpo state_key=obs_inventory", "g2po state_key=obs_inventory")
 LEARN_CFG = AlfworldFamily.learn_cfg
 SWEEP_SEED0 = 1000  #: sweep seeds are 1000, 1001, ... (the final seeds 0..n-1 are never used to pick the lr)
 COLLAPSE_RULE = (f"final success (last {FINAL_WINDOW} iterations) below {COLLAPSE_RATIO:g} x the best {PEAK_WINDOW}-iteration "
                  f"mean and at least {MIN_DROP:g} under it")
+
+
+#: the training settings this lab restates (their flags are the trainer's): parsed attribute -> flag.
+RESTATED = {"iterations": "--train.num_iterations", "tasks": "--rollout.batch_size", "rollouts": "--rollout.n_samples_per_prompt"}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -59,9 +65,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--pool", type=int, default=0, help="fresh regime: pool size (0 = iterations x tasks, no repeats)")
     ap.add_argument("--task-config", default="", help="comma list field=value overriding the family's task config")
     ap.add_argument("--seeds", type=int, default=15, help="seeds per row in the final table (seeds 0..n-1)")
-    ap.add_argument("--iterations", type=int, default=100, help="policy updates per run")
-    ap.add_argument("--tasks", type=int, default=16, help="tasks per batch")
-    ap.add_argument("--rollouts", type=int, default=8, help="N, rollouts per task")
+    for option, dest, default, old in (("--train.num_iterations", "iterations", 100, ("--iterations",)),
+                                       ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
+                                       ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
+        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the tabular learner", old=old)
     ap.add_argument("--lr", type=float, default=10.0, help="learning rate of every row when there is no sweep")
     ap.add_argument("--lr-sweep", default="", help="comma list of learning rates; each row runs at its best")
     ap.add_argument("--sweep-seeds", type=int, default=5, help="seeds per (row, lr) of the sweep (seeds 1000+)")
@@ -88,7 +95,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = ap.parse_args(list(argv))
     for name in ("seeds", "iterations", "tasks", "rollouts", "workers", "sweep_seeds"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise ValueError(f"{RESTATED.get(name, '--' + name.replace('_', '-'))} must be >= 1, got {getattr(args, name)}")
     for name in ("pool", "probe_every", "fixed_fidelity_batches"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")

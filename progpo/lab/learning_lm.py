@@ -15,9 +15,9 @@ templates, sampling, action parsing, env protocol, estimators, PPO update), on t
 3. **final runs**: ``--seeds`` seeds (0..n-1) that took no part in the choice, each row at its rate.
 
 Tasks (``--regime``, the word of ``bench learning``): ``fixed`` trains on a pool of ``--pool`` train-split
-tasks ``0..P-1`` (default ``P = --tasks``: the same tasks every iteration; the warm start clones the expert on
-them), ``--tasks`` of them per iteration in the trainer's seeded order (every row sees the same tasks at one
-seed), ``--rollouts`` episodes each. ``fresh`` draws new tasks from the whole train split every iteration;
+tasks ``0..P-1`` (default ``P = --rollout.batch_size``: the same tasks every iteration; the warm start clones the expert on
+them), ``--rollout.batch_size`` of them per iteration in the trainer's seeded order (every row sees the same tasks at one
+seed), ``--rollout.n_samples_per_prompt`` episodes each. ``fresh`` draws new tasks from the whole train split every iteration;
 there the warm start must clone the family, not a few tasks: with 1,600 tasks for 8 epochs (the fresh
 regime's default) the ``alfworld_like`` clone wins 40 of 256 episodes on unseen test tasks (0.156, 95%
 0.117-0.206, sampled at T = 1; 65% of its actions inadmissible), where 800 tasks for 1 epoch won 0 of 320.
@@ -58,6 +58,8 @@ from progpo.lab.fidelity_core import ORACLE_ROW, Variant, config_base, mean_ci
 from progpo.lab.learner import RunResult, RunSpec
 from progpo.lab.learning import SWEEP_SEED0, parse_lr_grid, parse_rows
 from progpo.lab.survival import fmt_steps
+from progpo.run import flags
+from progpo.trainer.config import TrainConfig
 
 DEFAULT_ROWS = ("grpo", "gigpo", "hgpo", "progpo", "progpo preset=paper")
 
@@ -116,21 +118,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     "(default: fixed 1e-3,2e-3; fresh 3e-4,1e-3)")
     ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds per (row, lr) of the sweep (seeds 1000+)")
     ap.add_argument("--seeds", type=int, default=5, help="final seeds per row (0..n-1)")
-    ap.add_argument("--iterations", type=int, default=None, help="RL iterations per run (default 16)")
-    ap.add_argument("--tasks", type=int, default=None, help="tasks (groups) per iteration (default: fixed 2, fresh 4)")
+    restated = (("--train.num_iterations", "iterations", None, "per run (default 16)", ("--iterations",)),
+                ("--rollout.batch_size", "tasks", None, "default: fixed 2, fresh 4", ("--tasks",)),
+                ("--rollout.n_samples_per_prompt", "rollouts", None, "default: fixed 16, fresh 8", ("--rollouts",)),
+                ("--env.max_steps", "max_steps", 8, "of every run and of the warm start", ("--max-steps",)),
+                ("--env.history_length", "history", 1, "of every run and of the warm start", ("--history",)),
+                ("--sft.num_tasks", "sft_tasks", None, "of the warm start (default: fixed 170, fresh 1600)",
+                 ("--sft-tasks",)),
+                ("--sft.max_epochs", "sft_epochs", None, "of the warm start (default: fixed 1, fresh 8)",
+                 ("--sft-epochs",)),
+                ("--sft.lr", "sft_lr", 3e-3, "of the warm start", ("--sft-lr",)),
+                ("--algo.kl.init_coef", "kl", 0.0, "of the RL runs", ("--kl",)))
+    for option, dest, default, note, old in restated:
+        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note=note, old=old)
     ap.add_argument("--pool", type=int, default=None,
                     help="fixed regime: training tasks, train-split tasks 0..pool-1; the warm start clones them and "
-                         "every iteration draws --tasks of them (the trainer's seeded shuffle); default --tasks")
-    ap.add_argument("--rollouts", type=int, default=None, help="N, episodes per task (default: fixed 16, fresh 8)")
-    ap.add_argument("--max-steps", type=int, default=8, help="--env.max_steps of every run (and of the SFT)")
-    ap.add_argument("--history", type=int, default=1, help="--env.history_length of every run (and of the SFT)")
+                         "every iteration draws --rollout.batch_size of them (the trainer's seeded shuffle); default "
+                         "--rollout.batch_size")
     ap.add_argument("--target", type=float, default=0.5, help="success rate whose first crossing is reported")
     ap.add_argument("--reference", default="gigpo", help="row of the restricted-mean ratio column ('' = none)")
-    ap.add_argument("--sft-tasks", type=int, default=None,
-                    help="expert episodes of the warm start (default: fixed 170, fresh 1600)")
-    ap.add_argument("--sft-epochs", type=int, default=None, help="epochs of the warm start (default: fixed 1, fresh 8)")
-    ap.add_argument("--sft-lr", type=float, default=3e-3, help="learning rate of the warm start")
-    ap.add_argument("--kl", type=float, default=0.0, help="--algo.kl.init_coef of the RL runs")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (1 thread each)")
     ap.add_argument("--out", default=None,
                     help="run folders and report (default: runs/bench/<block>, learning-lm or learning-lm-fresh)")
@@ -143,18 +149,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise ValueError(f"--pool is for --regime fixed (fresh tasks come from the whole split), got {args.pool}")
     if args.pool is None:
         args.pool = 0 if args.regime == "fresh" else args.tasks
+    option = {dest: option for option, dest, *_ in restated}
     for name in ("sweep_seeds", "seeds", "iterations", "tasks", "rollouts", "max_steps", "sft_tasks", "sft_epochs",
                  "workers", "history", "pool"):
         low = 0 if name == "history" or (name, args.regime) == ("pool", "fresh") else 1
         if getattr(args, name) < low:
             hint = " (fresh tasks: --regime fresh)" if name == "pool" else ""
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}{hint}")
+            flag = option.get(name, f"--{name.replace('_', '-')}")
+            raise ValueError(f"{flag} must be >= {low}, got {getattr(args, name)}{hint}")
     if args.rollouts < 2:
-        raise ValueError(f"--rollouts must be >= 2 (a group of one has no signal), got {args.rollouts}")
+        raise ValueError(f"--rollout.n_samples_per_prompt must be >= 2 (a group of one has no signal), got {args.rollouts}")
     if not 0 < args.target <= 1:
         raise ValueError(f"--target must be in (0, 1], got {args.target}")
     if not (args.sft_lr > 0 and args.kl >= 0):
-        raise ValueError(f"--sft-lr must be > 0 and --kl >= 0, got {args.sft_lr}, {args.kl}")
+        raise ValueError(f"--sft.lr must be > 0 and --algo.kl.init_coef >= 0, got {args.sft_lr}, {args.kl}")
     args.lrs = parse_lr_grid(args.lr_sweep)
     if not args.lrs:
         raise ValueError(f"--lr-sweep needs at least one rate, got {args.lr_sweep!r}")
@@ -221,8 +229,8 @@ def sft_job(env: str, out: str, args: dict) -> dict:
     flags = ["--env.name", env, "--actor.model_name_or_path", "tiny-agent", "--ckpt.path", out,
              "--env.max_steps", str(args["max_steps"]), "--env.history_length", str(args["history"]),
              *pool_flags(args), "--sft.num_tasks", str(args["sft_tasks"]),
-             "--train.max_epochs", str(args["sft_epochs"]), "--train.batch_size", "8",
-             "--train.micro_batch_size", "8", "--actor.adam.lr", str(args["sft_lr"]),
+             "--sft.max_epochs", str(args["sft_epochs"]), "--sft.batch_size", "8",
+             "--train.micro_batch_size", "8", "--sft.lr", str(args["sft_lr"]),
              "--rollout.max_new_tokens", "48", "--train.seed", "0", "--logger.progress_bar", "false"]
     summary_path = _cached(out, "sft_summary.json", flags)
     if summary_path is not None:
@@ -254,11 +262,12 @@ def train_flags(env: str, sft_path: str, row: Variant, lr: float, seed: int, arg
             "--env.history_length", str(args["history"]), *pool_flags(args), "--actor.model_name_or_path", sft_path,
             "--ckpt.path", run_dir, *row_flags(row), "--rollout.batch_size", str(args["tasks"]),
             "--rollout.n_samples_per_prompt", str(args["rollouts"]), "--rollout.max_new_tokens", "48",
+            "--rollout.max_prompt_tokens", "2000",  # tiny-agent's 2048-token context less the answer (train checks it)
             "--train.num_iterations", str(args["iterations"]), "--train.batch_size", "32",
             "--train.micro_batch_size", "16", "--actor.adam.lr", f"{lr:g}",
             "--actor.lr_scheduler", "constant_with_warmup", "--actor.lr_warmup_ratio", "0.1",
             "--algo.kl.init_coef", f"{args['kl']:g}", "--train.seed", str(seed), "--ckpt.save_steps", str(10**6),
-            "--logger.progress_bar", "false", "--logger.tensorboard", "false"]
+            "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"]
 
 
 def rl_job(job: tuple) -> LMRunResult:
@@ -331,7 +340,7 @@ def _cost(label: str, runs: list[LMRunResult], wall: float) -> str:
 
 def late_success(run: RunResult) -> float:
     """Mean training success over the second half of a run's iterations (``success[I // 2:]``): on fresh tasks
-    the last 5 iterations hold 5 x ``--tasks`` tasks, and their draw moves the final success more than the
+    the last 5 iterations hold 5 x ``--rollout.batch_size`` tasks, and their draw moves the final success more than the
     estimator does; the second half averages over many more."""
     return float(np.mean(run.success[len(run.success) // 2:]))
 

@@ -31,6 +31,8 @@ from progpo.lab.fidelity_core import config_base, prompt_key
 from progpo.lab.oracle import ExactOracle
 from progpo.envs.synthetic.families import AlfworldFamily
 from progpo.envs.synthetic.alfworld_like import SyntheticTask, make_tasks
+from progpo.run import flags
+from progpo.trainer.config import TrainConfig
 
 LEARN_CFG = AlfworldFamily.learn_cfg  #: the learning benchmark's ALFWorld-like tasks
 
@@ -225,15 +227,18 @@ def main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m progpo.lab.learning_probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("batch", "train"), default="batch")
     ap.add_argument("--batches", type=int, default=5, help="batch mode: batches (seeds)")
-    ap.add_argument("--iterations", type=int, default=41, help="train mode: policy updates")
+    flags.restate(ap, TrainConfig, "--train.num_iterations", dest="iterations", default=41,
+                  note="train mode: policy updates", old=("--iterations",))
     ap.add_argument("--every", type=int, default=5, help="train mode: measure every this many iterations")
-    ap.add_argument("--beta-episode", type=float, default=0.0, help="train mode: AdvantageConfig.beta_episode")
-    ap.add_argument("--state-key", choices=("obs", "obs_inventory"), default="obs", help="train mode")
+    flags.restate(ap, AdvantageConfig, "--progpo.beta_episode", prefix=("progpo",), dest="beta_episode", default=0.0,
+                  note="train mode", old=("--beta-episode",))
+    flags.restate(ap, AdvantageConfig, "--progpo.state_key", prefix=("progpo",), dest="state_key", default="obs",
+                  note="train mode", old=("--state-key",))
     ap.add_argument("--lr", type=float, default=10.0)
     args = ap.parse_args(list(argv))
-    for name in ("batches", "iterations", "every"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for flag, value in (("--batches", args.batches), ("--train.num_iterations", args.iterations), ("--every", args.every)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     (mode_batch if args.mode == "batch" else mode_train)(args)
     return 0
 

@@ -2,7 +2,7 @@
 rank-equal batches (``balance``), failed-episode accounting (``failures``), experience maker
 (``experience``), PPO trainer (``trainer``), policy and reference actors (``actors``), the launch
 (``launch``: our flags, their checks, task files, Ray start) and the CPU mode (subpackage ``cpu``: every
-CPU stand-in and the engine, applied only with ``--device cpu``).
+CPU stand-in and the engine, applied only with ``--rollout.backend hf``).
 
 The only package that imports ``openrlhf``. The local backend is :mod:`progpo.trainer`; what both
 share is :mod:`progpo.run`.

@@ -23,6 +23,7 @@ from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
 
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import _write_json
+from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.version import OPENRLHF_VERSION
 from progpo.run.models import disable_dropout
 
@@ -271,7 +272,7 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         return out
 
     def _dump_dir(self) -> str | None:
-        return getattr(self.strategy.args, "progpo_debug_dump_dir", None)
+        return ray_run(self.strategy.args).dump_dir
 
     def _dump_replay_buffer(self) -> None:
         items = self.trainer.replay_buffer.items

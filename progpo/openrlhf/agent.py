@@ -46,6 +46,10 @@ RESPONSE_EPISODE_KEY = "progpo_episode"
 """Key of the :class:`Episode` in the response dict (read by ``progpo.openrlhf.samples``)."""
 
 
+ENVS_PER_ENGINE = 256
+"""Envs alive at once per engine on train_ray when ``--env.num_envs`` is 0 (its default)."""
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """Settings of the episode loop run by :class:`AgentExecutor`.
@@ -56,23 +60,24 @@ class AgentConfig:
         env_kwargs: keyword arguments of the env class (WebShop: ``base_url``; ALFWorld: ``data_dir``).
         max_prompt_tokens: context guard for each step prompt (``--rollout.max_prompt_tokens``;
             None = ``--data.max_len - max_new_tokens``).
-        max_new_tokens: response tokens per step when OpenRLHF leaves ``max_tokens`` unset.
-        max_envs: envs alive at once per engine (``local``/``http`` pools; ``--env.num_envs``, 0 = 256).
+        max_new_tokens: response tokens per step when OpenRLHF's ``--rollout.max_new_tokens`` is unset
+            (its sampling parameters then carry no ``max_tokens``).
+
+    Envs alive at once per engine (``local``/``http`` pools) are ``env.num_envs``, or
+    :data:`ENVS_PER_ENGINE` where it is 0.
     """
 
     env: EnvSettings
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     max_prompt_tokens: int | None = None
     max_new_tokens: int = 512
-    max_envs: int = 256
 
     def __post_init__(self) -> None:
         if isinstance(self.env, dict):
             object.__setattr__(self, "env", EnvSettings(**self.env))
         object.__setattr__(self, "env", self.env.resolved())
-        for name in ("max_new_tokens", "max_envs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"AgentConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"AgentConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"--rollout.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 
@@ -200,8 +205,8 @@ def make_env_pool(cfg: AgentConfig) -> Any:
     from progpo.run.env_setup import make_env_pool as make_pool
 
     env = cfg.env
-    return make_pool(env.name, {"max_steps": env.max_steps, **cfg.env_kwargs}, env.pool, max_envs=cfg.max_envs,
-                     num_env_actors=env.num_env_actors, num_cpus_per_actor=env.num_cpus_per_actor,
+    return make_pool(env.name, {"max_steps": env.max_steps, **cfg.env_kwargs}, env.pool,
+                     max_envs=env.num_envs or ENVS_PER_ENGINE, num_env_actors=env.num_env_actors, num_cpus_per_actor=env.num_cpus_per_actor,
                      episodes_per_actor=env.episodes_per_actor, call_timeout_s=env.call_timeout_s,
                      start_timeout_s=env.start_timeout_s)
 

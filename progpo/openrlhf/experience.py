@@ -42,6 +42,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from progpo.advantages import ESTIMATORS, StepBatch, compute_advantages
 from progpo.agents.types import Episode
 from progpo.openrlhf.balance import real_rows
+from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.samples import STEP_INFO_KEYS, STEP_INFO_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class StepExperienceMaker(RemoteExperienceMaker):
         self.encoder = encoder
         self.episodes_source = episodes_source
         self.last_diagnostics: dict[str, float] = {}
-        self.dump_dir = getattr(self.args, "progpo_debug_dump_dir", None)
+        self.dump_dir = ray_run(self.args).dump_dir
         self._iteration = 0
         if self.advantage_estimator in ESTIMATORS:
             if advantage_config is None:

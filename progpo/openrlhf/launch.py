@@ -1,9 +1,9 @@
 """Launching OpenRLHF's Ray PPO job with our settings: the flags we add to OpenRLHF's, their checks, the task
-files that become its prompt dataset, the CPU policy of ``--device cpu``, and the Ray start.
+files that become its prompt dataset, the CPU policy of ``--rollout.backend hf``, and the Ray start.
 
 :class:`RayArgs` is our part of ``python -m progpo.cli.train_ray``'s command line: the same
 :class:`~progpo.run.settings.EnvSettings` / :class:`~progpo.run.settings.RolloutSettings` classes as
-``train`` (so a setting has the same flag on both backends), plus ``--device``, ``--cpu.*`` and
+``train`` (so a setting has the same flag on both backends), plus ``--rollout.backend``, ``--cpu.*`` and
 ``--debug.*``. :func:`finalize` checks them against OpenRLHF's own flags and folds everything into the
 flat namespace OpenRLHF's main block expects. Every check raises
 :class:`~progpo.run.flags.FlagError` naming the flag.
@@ -19,13 +19,16 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, Literal
+from types import SimpleNamespace
+from typing import Any
 
 from progpo.advantages import ESTIMATORS
 from progpo.run import flags
 from progpo.run.flags import FlagError
-from progpo.run.settings import EnvSettings, EvalSettings, RolloutSettings, advantage_config, check_group_size
+from progpo.run.settings import (EnvSettings, EvalSettings, RolloutSettings, advantage_config, check_group_size,
+                                 check_prompt_budget)
 
 logger = logging.getLogger(__name__)
 
@@ -39,22 +42,22 @@ DEPRECATED = {
     "--env.split": "--env.train_split",
     "--env.max_prompt_tokens": "--rollout.max_prompt_tokens",
     "--env.num_eval_tasks": "--eval.num_tasks",
+    "--device": flags.Renamed("--rollout.backend", {"cuda": "vllm", "cpu": "hf"}.get, {"choices": ("cuda", "cpu")}),
+    "--cpu.engine_batch_size": "--rollout.gen_batch_size",
 }
 
 
 @dataclass(frozen=True)
 class CPUSettings:
-    """A CPU run (``--cpu.*``; ``--device cpu`` only)."""
+    """A CPU run (``--cpu.*``; ``--rollout.backend hf`` only)."""
 
     ray_num_cpus: int | None = None
     """logical CPU slots of the local Ray head (None: what the actors need, +1)"""
     torch_threads: int | None = None
     """torch threads per Ray worker process (None: the machine's cores)"""
-    engine_batch_size: int = 32
-    """most generation requests one engine batches into one transformers generate call"""
 
     def __post_init__(self) -> None:
-        for name in ("ray_num_cpus", "torch_threads", "engine_batch_size"):
+        for name in ("ray_num_cpus", "torch_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--cpu.{name} must be >= 1, got {value}")
@@ -67,7 +70,20 @@ class DebugSettings:
     dump_dir: str | None = None
     """write each iteration's step batch (experience maker) and the rows the actor trains on (its replay buffer) there as JSON"""
     check_weight_sync: bool = False
-    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); --device cpu only"""
+    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); --rollout.backend hf only"""
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """The run's length in iterations (``--train.num_iterations``, ``train``'s flag; OpenRLHF's parser holds
+    the other ``--train.*`` flags)."""
+
+    num_iterations: int | None = None
+    """rollout + update iterations, as on train: the task list is this many x --rollout.batch_size tasks (from --env.task_offset, one pass: --train.num_episodes 1). None: --env.num_tasks sets the list, and OpenRLHF's --train.num_episodes the passes over it"""
+
+    def __post_init__(self) -> None:
+        if self.num_iterations is not None and self.num_iterations < 1:
+            raise ValueError(f"--train.num_iterations must be >= 1, got {self.num_iterations}")
 
 
 @dataclass(frozen=True)
@@ -75,13 +91,67 @@ class RayArgs:
     """Our flags of ``train_ray`` (OpenRLHF's parser holds the rest)."""
 
     env: EnvSettings = field(default_factory=EnvSettings, metadata={"skip": ()})
-    rollout: RolloutSettings = field(default_factory=RolloutSettings, metadata={
-        "flags": ("max_prompt_tokens", "dynamic_sampling", "dynamic_sampling_max_rounds")})
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32), metadata={
+        "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
-    device: Literal["cuda", "cpu"] = "cuda"
-    """cuda: OpenRLHF as shipped (vLLM, flash-attn, NCCL; GPU nodes). cpu: the same job on CPU for a laptop dry run (local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engine; see docs/distributed.md)"""
+    train: RunLength = field(default_factory=RunLength)
     cpu: CPUSettings = field(default_factory=CPUSettings)
     debug: DebugSettings = field(default_factory=DebugSettings)
+
+
+@dataclass(frozen=True)
+class RayRun:
+    """One ``train_ray`` job's own settings, checked and resolved (:func:`finalize`).
+
+    OpenRLHF's namespace carries it as ``args.progpo`` (one key: the strategy hands it to every Ray actor),
+    so the actors read typed fields (:func:`ray_run`) instead of flat ``progpo_*`` strings.
+
+    Attributes:
+        settings: our flags (:class:`RayArgs`, the env resolved against its spec).
+        advantage: the estimator's settings (None: one of OpenRLHF's own estimators).
+        agent: the episode loop's settings (``progpo.openrlhf.agent.AgentConfig``; the engines read it
+            from ``PROGPO_AGENT_CONFIG``); None where no engine runs (unit tests of one actor).
+        engine_kwargs: keyword arguments of the transformers engine (``--rollout.backend hf``).
+        ray_num_cpus: logical CPUs of a local Ray head (``--rollout.backend hf``; None: not started here).
+        torch_threads: torch threads of every Ray worker (``--rollout.backend hf``).
+        dump_dir: ``--debug.dump_dir``, absolute (None: no dumps).
+    """
+
+    settings: RayArgs = field(default_factory=lambda: RayArgs())
+    advantage: Any = None
+    agent: Any = None
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    ray_num_cpus: int | None = None
+    torch_threads: int | None = None
+    dump_dir: str | None = None
+
+    @property
+    def device(self) -> str:
+        """``cpu`` (``--rollout.backend hf``: the CPU stand-ins apply) or ``cuda`` (vLLM)."""
+        return "cpu" if self.settings.rollout.backend == "hf" else "cuda"
+
+    @property
+    def check_weight_sync(self) -> bool:
+        """``--debug.check_weight_sync``."""
+        return self.settings.debug.check_weight_sync
+
+    @property
+    def dynamic_sampling_max_rounds(self) -> int | None:
+        """``--rollout.dynamic_sampling_max_rounds`` under ``--rollout.dynamic_sampling``, else None (off)."""
+        rollout = self.settings.rollout
+        return rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else None
+
+    @property
+    def env(self) -> EnvSettings:
+        """The env settings the engines run (the agent's, else ours)."""
+        return self.agent.env if self.agent is not None else self.settings.env
+
+
+def ray_run(args: Any) -> RayRun:
+    """The :class:`RayRun` on OpenRLHF's namespace ``args`` (flat or hierarchized); its defaults where the
+    namespace was built without one (a unit test of one actor)."""
+    run = vars(args).get("progpo")
+    return run if isinstance(run, RayRun) else RayRun()
 
 
 def add_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
@@ -114,23 +184,48 @@ def _folder(flag: str, path: Path) -> None:
         raise FlagError(flag, str(exc).removeprefix(f"{flag} "), text=str(exc)) from None
 
 
-def task_datasets(ns: dict[str, Any], env: EnvSettings, num_eval_tasks: int) -> None:
-    """Write the training (and evaluation) task lists and point OpenRLHF's dataset flags at them,
-    unless ``--data.prompt_dataset`` / ``--eval.dataset`` are given."""
-    task_dir = Path(env.task_dir or Path(ns["ckpt.path"]) / "progpo_tasks")
+def train_task_count(o: Any, env: EnvSettings, length: RunLength) -> int | None:
+    """Tasks in the training list: ``--train.num_iterations`` x ``--rollout.batch_size`` (one pass), else
+    ``--env.num_tasks`` (``o``: :func:`openrlhf_view`).
+
+    Raises:
+        FlagError: both ``--train.num_iterations`` and ``--env.num_tasks`` given, or ``--train.num_iterations``
+            with ``--train.num_episodes`` other than 1 or with ``--data.prompt_dataset``.
+    """
+    if length.num_iterations is None:
+        return env.num_tasks
+    if env.num_tasks is not None:
+        raise FlagError("--train.num_iterations", "and --env.num_tasks both set the task list; give one")
+    if o.train.num_episodes != 1:
+        raise FlagError("--train.num_episodes", f"must be 1 with --train.num_iterations (one pass over the task "
+                                                f"list), got {o.train.num_episodes}")
+    if o.data.prompt_dataset is not None:
+        raise FlagError("--train.num_iterations", "sets the task list; --data.prompt_dataset gives another")
+    return length.num_iterations * o.rollout.batch_size
+
+
+def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int, num_tasks: int | None = None) -> dict[str, Any]:
+    """Write the training (``num_tasks`` tasks; None: ``--env.num_tasks``) and evaluation task lists, unless
+    ``--data.prompt_dataset`` / ``--eval.dataset`` are given; return OpenRLHF's dataset flags that point at
+    them (``o``: :func:`openrlhf_view`)."""
+    num_tasks = env.num_tasks if num_tasks is None else num_tasks
+    task_dir = Path(env.task_dir or Path(o.ckpt.path) / "progpo_tasks")
     if not task_dir.is_absolute():  # actors on other nodes / in other working dirs must find it
         task_dir = Path.cwd() / task_dir
-    if ns["data.prompt_dataset"] is None or (num_eval_tasks and ns["eval.dataset"] is None):
+    if o.data.prompt_dataset is None or (num_eval_tasks and o.eval.dataset is None):
         _folder("--env.task_dir" if env.task_dir else "--ckpt.path", task_dir)
-    if ns["data.prompt_dataset"] is None:
-        if env.num_tasks is None:
-            raise FlagError("--env.num_tasks", "required (>= 1) when --data.prompt_dataset is not given")
+    fill: dict[str, Any] = {}
+    if o.data.prompt_dataset is None:
+        if num_tasks is None:
+            raise FlagError("--env.num_tasks", "or --train.num_iterations is required when --data.prompt_dataset "
+                                               "is not given")
         start, size = env.task_offset, env.split_size
-        indices = [(start + i) % size if size else start + i for i in range(env.num_tasks)]
-        ns["data.prompt_dataset"] = str(write_tasks(task_dir / "train.jsonl", env.train_split, indices))
-        ns["data.input_key"], ns["data.label_key"] = "task", "label"
-    if num_eval_tasks and ns["eval.dataset"] is None:
-        ns["eval.dataset"] = str(write_tasks(task_dir / "eval.jsonl", env.eval_split, range(num_eval_tasks)))
+        indices = [(start + i) % size if size else start + i for i in range(num_tasks)]
+        fill.update({"data.prompt_dataset": str(write_tasks(task_dir / "train.jsonl", env.train_split, indices)),
+                     "data.input_key": "task", "data.label_key": "label"})
+    if num_eval_tasks and o.eval.dataset is None:
+        fill["eval.dataset"] = str(write_tasks(task_dir / "eval.jsonl", env.eval_split, range(num_eval_tasks)))
+    return fill
 
 
 # ---- the CPU policy -----------------------------------------------------------------------------------
@@ -147,58 +242,61 @@ CPU_REFUSED = {  # flag -> (value that is refused, why): features with no CPU pa
 }
 
 
-def cpu_slots(ns: dict[str, Any], env: EnvSettings) -> int:
+def cpu_slots(o: Any, env: EnvSettings) -> int:
     """Logical CPU slots a local Ray head needs: one per model process and engine, the env actors', +1
-    (OpenRLHF's trainer actor needs one free slot to be placed)."""
-    actor = ns["actor.num_nodes"] * ns["actor.num_gpus_per_node"]
-    ref = ns["ref.num_nodes"] * ns["ref.num_gpus_per_node"]
-    engines = ns["vllm.num_engines"] * ns["vllm.tensor_parallel_size"]
+    (OpenRLHF's trainer actor needs one free slot to be placed). ``o``: :func:`openrlhf_view`."""
+    actor = o.actor.num_nodes * o.actor.num_gpus_per_node
+    ref = o.ref.num_nodes * o.ref.num_gpus_per_node
+    engines = o.vllm.num_engines * o.vllm.tensor_parallel_size
     env_actors = env.num_env_actors * env.num_cpus_per_actor * engines if env.pool == "ray" else 0
     return int(actor + ref + engines + env_actors + 0.999) + 1
 
 
-def apply_device(ns: dict[str, Any], args: RayArgs) -> None:
-    """Check ``--device`` and fold it into ``ns`` (``progpo_device``, ``progpo_engine_kwargs``, ...).
+def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check ``--rollout.backend`` against OpenRLHF's flags (``o``: :func:`openrlhf_view`).
 
     CPU mode: OpenRLHF's CUDA-only defaults are switched (``--ds.attn_implementation`` flash_attention_2
     -> sdpa, ``--vllm.sync_backend`` nccl -> gloo); features without a CPU path are refused naming the
     flag; the model aliases ``tiny`` / ``smollm2-135m`` resolve to local HF folders.
+
+    Returns:
+        ``(OpenRLHF flags to set, the RayRun fields of CPU mode)``; both empty with vllm.
     """
-    ns["progpo_device"] = args.device
-    if args.device == "cuda":
+    if args.rollout.backend == "vllm":
         given = [f"--cpu.{n}" for n in ("ray_num_cpus", "torch_threads") if getattr(args.cpu, n) is not None]
         if given:
-            raise FlagError(given[0], "only applies with --device cpu")
+            raise FlagError(given[0], "only applies with --rollout.backend hf")
         if args.debug.check_weight_sync:
-            raise FlagError("--debug.check_weight_sync", "compares the CPU engine's weights: use it with --device cpu")
-        return
+            raise FlagError("--debug.check_weight_sync", "compares the CPU engine's weights: use it with --rollout.backend hf")
+        return {}, {}
     for flag, (bad, why) in CPU_REFUSED.items():
-        if ns[flag] == bad:
-            raise FlagError(f"--{flag}", f"not supported with --device cpu ({why})")
+        if attrgetter(flag)(o) == bad:
+            raise FlagError(f"--{flag}", f"not supported with --rollout.backend hf ({why})")
     for flag in ("ds.ring_attn_size", "ds.tensor_parallel_size", "vllm.tensor_parallel_size"):
-        if ns[flag] != 1:
-            raise FlagError(f"--{flag}", f"must be 1 with --device cpu, got {ns[flag]}")
-    attn = ns["ds.attn_implementation"]
-    if attn == "flash_attention_2":  # OpenRLHF's default
-        ns["ds.attn_implementation"] = "sdpa"
-    elif attn not in ("sdpa", "eager"):
-        raise FlagError("--ds.attn_implementation", f"must be sdpa or eager with --device cpu, got {attn!r}")
-    if ns["vllm.sync_backend"] == "nccl":  # OpenRLHF's default
-        ns["vllm.sync_backend"] = "gloo"
-    elif ns["vllm.sync_backend"] != "gloo":
-        raise FlagError("--vllm.sync_backend", f"must be gloo with --device cpu, got {ns['vllm.sync_backend']!r}")
-    if not ns["vllm.num_engines"] or ns["vllm.num_engines"] < 1:
+        if attrgetter(flag)(o) != 1:
+            raise FlagError(f"--{flag}", f"must be 1 with --rollout.backend hf, got {attrgetter(flag)(o)}")
+    fill: dict[str, Any] = {}
+    if o.ds.attn_implementation == "flash_attention_2":  # OpenRLHF's default
+        fill["ds.attn_implementation"] = "sdpa"
+    elif o.ds.attn_implementation not in ("sdpa", "eager"):
+        raise FlagError("--ds.attn_implementation",
+                        f"must be sdpa or eager with --rollout.backend hf, got {o.ds.attn_implementation!r}")
+    if o.vllm.sync_backend == "nccl":  # OpenRLHF's default
+        fill["vllm.sync_backend"] = "gloo"
+    elif o.vllm.sync_backend != "gloo":
+        raise FlagError("--vllm.sync_backend", f"must be gloo with --rollout.backend hf, got {o.vllm.sync_backend!r}")
+    if not o.vllm.num_engines or o.vllm.num_engines < 1:
         raise FlagError("--vllm.num_engines", "must be >= 1: the agent executor runs inside the engines")
     for flag in ("actor.num_nodes", "actor.num_gpus_per_node"):  # on CPU: the policy's processes
-        if ns[flag] < 1:
-            raise FlagError(f"--{flag}", f"must be >= 1, got {ns[flag]}")
-    if ns["actor.model_name_or_path"] in MODEL_ALIASES:
+        if attrgetter(flag)(o) < 1:
+            raise FlagError(f"--{flag}", f"must be >= 1, got {attrgetter(flag)(o)}")
+    if o.actor.model_name_or_path in MODEL_ALIASES:
         from progpo.run.models import resolve_pretrain
 
-        ns["actor.model_name_or_path"] = resolve_pretrain(ns["actor.model_name_or_path"])
-    ns["progpo_engine_kwargs"] = {"dtype": ns["ds.param_dtype"], "max_batch_size": args.cpu.engine_batch_size}
-    ns["progpo_ray_num_cpus"] = args.cpu.ray_num_cpus or cpu_slots(ns, args.env)
-    ns["progpo_torch_threads"] = args.cpu.torch_threads or os.cpu_count() or 1
+        fill["actor.model_name_or_path"] = resolve_pretrain(o.actor.model_name_or_path)
+    return fill, {"engine_kwargs": {"dtype": o.ds.param_dtype, "max_batch_size": args.rollout.gen_batch_size},
+                  "ray_num_cpus": args.cpu.ray_num_cpus or cpu_slots(o, args.env),
+                  "torch_threads": args.cpu.torch_threads or os.cpu_count() or 1}
 
 
 # ---- folding our flags into OpenRLHF's namespace ---------------------------------------------------
@@ -229,8 +327,9 @@ def remote_env_kwargs(env: EnvSettings) -> dict[str, Any]:
     return out
 
 
-def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
-    """What per-step samples need of OpenRLHF's settings (any estimator), each refusal naming its flag.
+def per_step_checks(o: Any, estimator: str) -> None:
+    """What per-step samples need of OpenRLHF's settings (``o``: :func:`openrlhf_view`; any estimator), each
+    refusal naming its flag.
 
     Batch sizes that keep every data-parallel rank's collectives equal
     (:func:`progpo.openrlhf.balance.check_batch_arithmetic`); no dynamic batching (its step count
@@ -243,15 +342,15 @@ def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
     """
     from progpo.openrlhf.balance import check_batch_arithmetic, data_parallel_ranks
 
-    actor, forward = data_parallel_ranks(ns)
+    actor, forward = data_parallel_ranks(o)
     try:
-        check_batch_arithmetic(train_batch=ns["train.batch_size"], train_micro=ns["train.micro_batch_size"],
-                               rollout_micro=ns["rollout.micro_batch_size"], actor_ranks=actor,
+        check_batch_arithmetic(train_batch=o.train.batch_size, train_micro=o.train.micro_batch_size,
+                               rollout_micro=o.rollout.micro_batch_size, actor_ranks=actor,
                                forward_ranks=forward)
     except ValueError as exc:
         flag = re.match(r"(--[\w.]+)", str(exc))
         raise FlagError(flag.group(1) if flag else "--train.batch_size", str(exc)) from exc
-    if ns["train.dynamic_batch_enable"]:
+    if o.train.dynamic_batch_enable:
         raise FlagError("--train.dynamic_batch_enable", "is not supported with per-step samples (its step count "
                                                         "assumes one sample per episode and would drop step rows)")
     if estimator in ESTIMATORS:
@@ -259,21 +358,52 @@ def per_step_checks(ns: dict[str, Any], estimator: str) -> None:
     why = f"with OpenRLHF's --advantage_estimator {estimator} on per-step samples (episode advantage on every step)"
     if estimator == "gae":
         raise FlagError("--advantage_estimator", f"gae needs a critic; ProGPO runs critic-free ({why})")
-    if ns["algo.advantage.gamma"] != 1:
-        raise FlagError("--algo.advantage.gamma", f"must be 1 {why}, got {ns['algo.advantage.gamma']}")
-    if ns["algo.kl.init_coef"] > 0 and not ns["algo.kl.use_loss"]:
+    if o.algo.advantage.gamma != 1:
+        raise FlagError("--algo.advantage.gamma", f"must be 1 {why}, got {o.algo.advantage.gamma}")
+    if o.algo.kl.init_coef > 0 and not o.algo.kl.use_loss:
         raise FlagError("--algo.kl.use_loss", f"is required {why}: a KL reward penalty would be summed over a transcript")
     for flag in ("reward.overlong_buffer_len", "reward.stop_properly_penalty_coef"):
-        if ns[flag] is not None:
+        if attrgetter(flag)(o) is not None:
             raise FlagError(f"--{flag}", f"is not supported {why}: it would penalise episodes, not steps")
+
+
+def check_engine_gpus(o: Any) -> None:
+    """Colocated engines (``--train.colocate_all``, synchronous) must fill the policy's GPUs exactly.
+
+    OpenRLHF asserts ``num_engines x tensor_parallel_size = actor.num_nodes x actor.num_gpus_per_node`` only
+    inside ``train()``, after Ray and the policy's placement group are up (a larger total was accepted by
+    its start-up and then could not be placed); this check runs before anything starts.
+
+    Args:
+        o: OpenRLHF's flags as nested attributes (:func:`openrlhf_view`).
+
+    Raises:
+        FlagError: ``--vllm.tensor_parallel_size`` when it is < 1 or does not divide the policy's GPUs,
+            else ``--vllm.num_engines`` when engines x TP differs from them (the message gives the count).
+    """
+    engines, tp = o.vllm.num_engines, o.vllm.tensor_parallel_size
+    if tp < 1:
+        raise FlagError("--vllm.tensor_parallel_size", f"must be >= 1, got {tp}")
+    if not engines or not o.train.colocate_all or o.train.async_enable:
+        return
+    gpus = o.actor.num_nodes * o.actor.num_gpus_per_node
+    shared = (f"the {gpus} GPUs that --train.colocate_all shares (--actor.num_nodes {o.actor.num_nodes} x "
+              f"--actor.num_gpus_per_node {o.actor.num_gpus_per_node})")
+    if gpus % tp:
+        raise FlagError("--vllm.tensor_parallel_size", f"{tp} does not divide {shared}",
+                        text=f"--vllm.tensor_parallel_size {tp} does not divide {shared}")
+    if engines * tp != gpus:
+        text = (f"--vllm.num_engines {engines} x --vllm.tensor_parallel_size {tp} = {engines * tp} GPUs of engines, "
+                f"but they run on {shared}: use --vllm.num_engines {gpus // tp}")
+        raise FlagError("--vllm.num_engines", text, text=text)
 
 
 def finalize(args: argparse.Namespace) -> argparse.Namespace:
     """Check our flags and fold them into the flat namespace OpenRLHF's main block expects.
 
-    Adds ``progpo_advantage_config`` (an ``AdvantageConfig``, for our estimators) and
-    ``progpo_agent_config_json`` (for ``PROGPO_AGENT_CONFIG``); sets ``--algo.advantage.estimator``,
-    ``--train.agent_func_path`` and, unless given, the task datasets.
+    Adds ``progpo``, the job's :class:`RayRun` (our settings, the ``AdvantageConfig`` of our estimators and
+    the episode loop's ``AgentConfig``); sets ``--algo.advantage.estimator``, ``--train.agent_func_path``
+    and, unless given, the task datasets.
 
     Raises:
         FlagError: naming the first bad flag.
@@ -285,42 +415,59 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     rargs = flags.build(RayArgs, {k: v for k, v in ns.items() if k in ours_keys})
     env = rargs.env.resolved()
     rargs = dataclasses.replace(rargs, env=env)
-    apply_device(ns, rargs)
-    estimator = ns.pop("advantage_estimator") or "progpo"
-    ns["algo.advantage.estimator"] = estimator
+    o = openrlhf_view(ns)
+    fill, device = apply_device(o, rargs)
+    estimator = ns.get("advantage_estimator") or "progpo"
     ours = estimator in ESTIMATORS
     progpo_given = any(k.startswith("progpo.") for k in ns) or ns.get("progpo_preset") is not None
     if not ours and progpo_given:
         raise FlagError("--progpo.*", f"only apply to --advantage_estimator in {[e.value for e in ESTIMATORS]}, "
                                       f"not {estimator!r}")
-    ns["progpo_advantage_config"] = advantage_config(ns, estimator, env.max_steps) if ours else None
-    if ours and ns["train.async_enable"]:
+    advantage = advantage_config(ns, estimator, env.max_steps) if ours else None
+    if ours and o.train.async_enable:
         raise FlagError("--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
     if ours:
-        check_group_size(estimator, ns["rollout.n_samples_per_prompt"])
-    per_step_checks(ns, estimator)
+        check_group_size(estimator, o.rollout.n_samples_per_prompt)
+    per_step_checks(o, estimator)
+    check_engine_gpus(o)
+    given = {"max_new_tokens": o.rollout.max_new_tokens} if o.rollout.max_new_tokens is not None else {}
     agent = AgentConfig(env=env, env_kwargs=remote_env_kwargs(env), max_prompt_tokens=rargs.rollout.max_prompt_tokens,
-                        max_new_tokens=ns["rollout.max_new_tokens"] or 512, max_envs=env.num_envs or 256)
-    if ns["train.agent_func_path"] is None:
-        ns["train.agent_func_path"] = agent_path()
-    elif not Path(ns["train.agent_func_path"]).is_file():
-        raise FlagError("--train.agent_func_path", f"no such file: {ns['train.agent_func_path']}")
-    task_datasets(ns, env, rargs.eval.num_tasks or 0)
+                        **given)
+    check_prompt_budget(agent.max_prompt_tokens, agent.max_new_tokens, o.data.max_len,
+                        f"--data.max_len {o.data.max_len}")
+    if o.train.agent_func_path is None:
+        fill["train.agent_func_path"] = agent_path()
+    elif not Path(o.train.agent_func_path).is_file():
+        raise FlagError("--train.agent_func_path", f"no such file: {o.train.agent_func_path}")
+    fill.update(task_datasets(o, env, rargs.eval.num_tasks or 0, train_task_count(o, env, rargs.train)))
     if rargs.debug.dump_dir:
         _folder("--debug.dump_dir", Path(rargs.debug.dump_dir))
-    ns["progpo_debug_dump_dir"] = rargs.debug.dump_dir and str(Path(rargs.debug.dump_dir).resolve())
-    ns["progpo_debug_check_weight_sync"] = rargs.debug.check_weight_sync
-    ns["progpo_dynamic_sampling_max_rounds"] = (rargs.rollout.dynamic_sampling_max_rounds
-                                                if rargs.rollout.dynamic_sampling else None)
     if rargs.rollout.dynamic_sampling and not ours:
         raise FlagError("--rollout.dynamic_sampling", f"applies to --advantage_estimator in "
                         f"{[e.value for e in ESTIMATORS]} (per-step samples); OpenRLHF's own estimators have "
                         "--algo.dynamic_filtering_enable")
-    for key in [k for k in ns if k in ours_keys or k.startswith("progpo.")]:
-        ns.pop(key)
-    ns.pop("progpo_preset", None)
-    ns["progpo_agent_config_json"] = agent.to_json()
-    return argparse.Namespace(**ns)
+    dump_dir = rargs.debug.dump_dir and str(Path(rargs.debug.dump_dir).resolve())
+    run = RayRun(settings=rargs, advantage=advantage, agent=agent, dump_dir=dump_dir, **device)
+    theirs = {k: v for k, v in ns.items() if k not in ours_keys and not k.startswith("progpo")
+              and k != "advantage_estimator"}
+    return argparse.Namespace(**{**theirs, **fill, "algo.advantage.estimator": estimator, "progpo": run})
+
+
+def openrlhf_view(ns: dict[str, Any]) -> SimpleNamespace:
+    """The flat flag mapping ``ns`` (``{"train.batch_size": 128, ...}``) as nested attributes
+    (``view.train.batch_size``), the shape OpenRLHF's own ``hierarchize`` gives its code; for reading only."""
+    root: dict[str, Any] = {}
+    for key, value in ns.items():
+        *path, leaf = key.split(".")
+        node = root
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+    def build(node: dict[str, Any]) -> SimpleNamespace:
+        return SimpleNamespace(**{k: build(v) if isinstance(v, dict) else v for k, v in node.items()})
+
+    return build(root)
 
 
 # ---- Ray ------------------------------------------------------------------------------------------
@@ -375,9 +522,9 @@ def ray_env_vars(agent_config_json: str) -> dict[str, str]:
 def init_ray(args: argparse.Namespace) -> bool:
     """Connect to (or start) Ray with :func:`ray_env_vars` in every worker's environment.
 
-    ``--device cpu``: every worker first runs :func:`progpo.openrlhf.cpu.worker_setup_hook`
+    ``--rollout.backend hf``: every worker first runs :func:`progpo.openrlhf.cpu.worker_setup_hook`
     (Ray's ``worker_process_setup_hook``), and without ``RAY_ADDRESS`` a new local head is started
-    with ``progpo_ray_num_cpus`` logical CPUs (never an existing cluster of this machine).
+    with :attr:`RayRun.ray_num_cpus` logical CPUs (never an existing cluster of this machine).
 
     Returns:
         True when this call started a local head (the caller shuts it down).
@@ -386,18 +533,19 @@ def init_ray(args: argparse.Namespace) -> bool:
 
     if ray.is_initialized():
         return False
-    env_vars = ray_env_vars(args.progpo_agent_config_json)
-    if args.progpo_device != "cpu":
+    run = ray_run(args)
+    env_vars = ray_env_vars(run.agent.to_json())
+    if run.device != "cpu":
         ray.init(runtime_env={"env_vars": env_vars})
         return False
     from progpo.openrlhf.cpu import THREADS_ENV_VAR
 
-    env_vars[THREADS_ENV_VAR] = str(args.progpo_torch_threads)
+    env_vars[THREADS_ENV_VAR] = str(run.torch_threads)
     runtime_env = {"env_vars": env_vars, "worker_process_setup_hook": "progpo.openrlhf.cpu.worker_setup_hook"}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env=runtime_env)
         return False
-    logger.info("starting a local Ray head with %d logical CPUs", args.progpo_ray_num_cpus)
-    ray.init(address="local", num_cpus=args.progpo_ray_num_cpus, num_gpus=0, include_dashboard=False,
+    logger.info("starting a local Ray head with %d logical CPUs", run.ray_num_cpus)
+    ray.init(address="local", num_cpus=run.ray_num_cpus, num_gpus=0, include_dashboard=False,
              runtime_env=runtime_env)
     return True

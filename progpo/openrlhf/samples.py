@@ -29,11 +29,11 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, batch
 from progpo.advantages.batch import StepBatch
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
 from progpo.agents.types import Episode
-from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY, AgentConfig
+from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY
 from progpo.openrlhf.balance import balance_for_ranks, data_parallel_ranks, rollout_multiple
+from progpo.openrlhf.launch import ray_run
 from progpo.run.dynamic_sampling import DynamicSamplingStats, has_signal
 from progpo.run.failures import check_failures, failure_cause, failure_metrics
-from progpo.run.settings import EnvSettings
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,31 @@ STEP_INFO_PREFIX = "progpo/"
 STEP_INFO_KEYS: tuple[str, ...] = tuple(STEP_INFO_PREFIX + name for name in StepBatch.columns() if name != "reward")
 """Per-step ``Experience.info`` entries, one per ``StepBatch`` column but ``reward`` (which travels as
 ``Experience.rewards``): lists of str or ``[B]`` tensors; popped before training."""
+
+
+def _step_tensors(step: Any, max_len: int, with_logprobs: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                          torch.Tensor | None, int]:
+    """``(sequences [1, P+R], action_mask [1, P+R-1], rollout_log_probs [1, P+R-1] or None, cut)`` of one step:
+    prompt ids then response ids, the oldest ``cut`` prompt tokens dropped to fit ``max_len``.
+
+    Raises:
+        ValueError: the response alone does not fit ``max_len``.
+    """
+    resp = list(step.response_ids)
+    if len(resp) >= max_len:
+        raise ValueError(f"step response of {len(resp)} tokens does not fit --data.max_len={max_len}")
+    prompt_ids = list(step.prompt_ids)
+    cut = max(0, len(prompt_ids) + len(resp) - max_len)
+    prompt_ids = prompt_ids[cut:]
+    n_prompt, n_total = len(prompt_ids), len(prompt_ids) + len(resp)
+    sequences = torch.tensor([prompt_ids + resp], dtype=torch.long)
+    action_mask = torch.zeros(1, n_total - 1, dtype=torch.long)  # OpenRLHF's own dtype (0/1)
+    action_mask[0, n_prompt - 1 :] = 1
+    rollout_log_probs = None
+    if with_logprobs:
+        rollout_log_probs = torch.zeros(1, n_total - 1, dtype=torch.float32)
+        rollout_log_probs[0, n_prompt - 1 :] = torch.tensor(step.logprobs, dtype=torch.float32)
+    return sequences, action_mask, rollout_log_probs, cut
 
 
 def step_experiences(
@@ -88,22 +113,10 @@ def step_experiences(
     rows = episodes_to_step_batch([dataclasses.replace(episode, uid=uid, traj_id=traj_id, failed=False)]).to_rows()
     out = []
     for t, step in enumerate(episode.steps):
-        resp = list(step.response_ids)
-        if not resp:
+        if not step.response_ids:
             raise ValueError(f"episode {traj_id} step {t} has an empty response")
-        if len(resp) >= max_len:
-            raise ValueError(f"step response of {len(resp)} tokens does not fit --data.max_len={max_len}")
-        prompt_ids = list(step.prompt_ids)
-        cut = max(0, len(prompt_ids) + len(resp) - max_len)
-        prompt_ids = prompt_ids[cut:]
-        n_prompt, n_total = len(prompt_ids), len(prompt_ids) + len(resp)
-        sequences = torch.tensor([prompt_ids + resp], dtype=torch.long)
-        action_mask = torch.zeros(1, n_total - 1, dtype=torch.long)  # OpenRLHF's own dtype (0/1)
-        action_mask[0, n_prompt - 1 :] = 1
-        rollout_log_probs = None
-        if with_logprobs:
-            rollout_log_probs = torch.zeros(1, n_total - 1, dtype=torch.float32)
-            rollout_log_probs[0, n_prompt - 1 :] = torch.tensor(step.logprobs, dtype=torch.float32)
+        sequences, action_mask, rollout_log_probs, cut = _step_tensors(step, max_len, with_logprobs)
+        n_total, resp = sequences.shape[1], step.response_ids
         clipped = step.finish_reason == "length"
         info = {
             "response_clip_ratio": torch.tensor([clipped]),
@@ -163,7 +176,7 @@ class StepSamplesGenerator(SamplesGenerator):
     ``rollout/truncated_response_frac``) plus ``rollout/failed_episodes``, ``rollout/failed/<kind>``
     (counts) and ``rollout/pad_rows``; ``last_episodes`` holds the batch's ``[E]`` episodes.
 
-    With ``--rollout.dynamic_sampling`` (``args.progpo_dynamic_sampling_max_rounds`` set) the groups
+    With ``--rollout.dynamic_sampling`` (``ray_run(args).dynamic_sampling_max_rounds`` set) the groups
     without a return signal are dropped before the expansion and up to that many extra rounds draw
     as many new prompts as groups are missing (:meth:`dynamic_sampling`, the local loop's criterion
     :func:`progpo.run.dynamic_sampling.has_signal`); ``last_stats`` then also holds the
@@ -176,8 +189,7 @@ class StepSamplesGenerator(SamplesGenerator):
         self._batch_counter = 0
         self.last_stats: dict[str, float] = {}
         self.last_episodes: list[Episode] = []
-        text = getattr(self.args, "progpo_agent_config_json", None)
-        self.max_failed_frac = (AgentConfig.from_json(text).env if text else EnvSettings()).max_failed_frac
+        self.max_failed_frac = ray_run(self.args).env.max_failed_frac
 
     def _process_response_into_experience(self, response: dict, **generate_kwargs: Any) -> Experience:
         experience = super()._process_response_into_experience(response, **generate_kwargs)
@@ -194,7 +206,7 @@ class StepSamplesGenerator(SamplesGenerator):
             return samples, pass_rate, consumed, exhausted
         n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
         stats = None
-        max_rounds = getattr(self.args, "progpo_dynamic_sampling_max_rounds", None)
+        max_rounds = ray_run(self.args).dynamic_sampling_max_rounds
         if max_rounds is not None:
             # the failure threshold sees the whole draw: dropping the groups of failed episodes as
             # signal-free must not turn an all-failed batch into a silent skip

@@ -35,6 +35,7 @@ from openrlhf.trainer.ray import ppo_actor as _ppo_actor_module
 from progpo.openrlhf.actors import ProGPOPolicyModelActor, ProGPOReferenceModelActor
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import StepExperienceMaker, _write_json
+from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.patching import patched
 from progpo.openrlhf.samples import StepSamplesGenerator
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
@@ -135,7 +136,7 @@ class _ProGPOTrainerMixin:
         status.update(self.samples_generator.last_stats)
         status.update(self.experience_maker.last_diagnostics)
         status.update(getattr(self, "_sync_stats", {}))
-        if getattr(self.strategy.args, "progpo_debug_dump_dir", None):
+        if ray_run(self.strategy.args).dump_dir:
             self._dump_rank_counts(global_step)
         return status, global_step
 
@@ -158,12 +159,12 @@ class _ProGPOTrainerMixin:
         record = {"iteration": global_step,
                   **{name: ray.get(g.async_run_method(method_name="progpo_counts")) for name, g in groups.items()
                      if g is not None}}
-        _write_json(Path(self.strategy.args.progpo_debug_dump_dir) / f"iter{global_step:03d}_ranks.json", record)
+        _write_json(Path(ray_run(self.strategy.args).dump_dir) / f"iter{global_step:03d}_ranks.json", record)
 
     def broadcast_to_vllm(self) -> None:
         """OpenRLHF's weight sync; with ``--debug.check_weight_sync`` the largest actor-engine weight
         difference is measured before (``sync/max_abs_diff_before``) and after it (``sync/max_abs_diff``)."""
-        if not getattr(self.strategy.args, "progpo_debug_check_weight_sync", False):
+        if not ray_run(self.strategy.args).check_weight_sync:
             return super().broadcast_to_vllm()
         before = self._weight_sync_diff()
         super().broadcast_to_vllm()
@@ -182,7 +183,7 @@ class ProGPOPPOTrainer(_ProGPOTrainerMixin, PPOTrainer.__ray_actor_class__):
     """OpenRLHF's single-controller PPO trainer with per-step samples and our estimators.
 
     Same constructor as OpenRLHF's ``PPOTrainer``; the ``AdvantageConfig`` is read from
-    ``strategy.args.progpo_advantage_config`` (set by ``python -m progpo.cli.train_ray``).
+    ``strategy.args.progpo`` (the :class:`~progpo.openrlhf.launch.RayRun` of ``python -m progpo.cli.train_ray``).
     """
 
     def __init__(self, pretrain: str, strategy: Any, actor_model_group: Any, critic_model_group: Any,
@@ -190,7 +191,7 @@ class ProGPOPPOTrainer(_ProGPOTrainerMixin, PPOTrainer.__ray_actor_class__):
                  **generate_kwargs: Any) -> None:
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
-        cfg = getattr(strategy.args, "progpo_advantage_config", None)
+        cfg = ray_run(strategy.args).advantage
         self._install_progpo_stages(strategy, vllm_engines, cfg)
 
 
@@ -226,7 +227,7 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
     groups and engines and starts :class:`ProGPOPPOTrainer` in place of ``PPOTrainer`` and
     :class:`ProGPOPolicyModelActor` in place of ``PolicyModelActor`` (synchronous mode only;
     ``--train.async_enable`` is refused earlier by ``train_ray``) and :class:`ProGPOReferenceModelActor`
-    in place of ``ReferenceModelActor``. With ``progpo_device == "cpu"``
+    in place of ``ReferenceModelActor``. With ``--rollout.backend hf``
     the driver-side CPU stand-ins of :func:`progpo.openrlhf.cpu.launch.launch_patches` apply too.
     """
     check_openrlhf_version()
@@ -239,8 +240,8 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
         stack.enter_context(patched(_ppo_trainer_module, "PPOTrainer", ProGPOPPOTrainer))
         stack.enter_context(patched(_ppo_actor_module, "PolicyModelActor", ProGPOPolicyModelActor))
         stack.enter_context(patched(_launcher_module, "ReferenceModelActor", ProGPOReferenceModelActor))
-        if getattr(namespace, "progpo_device", "cuda") == "cpu":
+        if ray_run(namespace).device == "cpu":
             from progpo.openrlhf.cpu.launch import launch_patches
 
-            stack.enter_context(launch_patches(ProGPOPolicyModelActor, getattr(namespace, "progpo_engine_kwargs", {})))
+            stack.enter_context(launch_patches(ProGPOPolicyModelActor, ray_run(namespace).engine_kwargs))
         runpy.run_module(_TRAIN_MODULE, run_name="__main__")

@@ -7,7 +7,7 @@ byte-level BPE tokenizer trained in code on the synthetic envs' own prompt text:
 :class:`~progpo.envs.synthetic.env.SyntheticEnv`, their observations, admissible actions and the experts'
 answers. It keeps the prompt protocol: Qwen's ChatML turn format (``<|im_start|>``, ``<|im_end|>`` as EOS, no
 default system turn) and ``<think>``, ``</think>``, ``<action>``, ``</action>`` as single, non-special tokens
-(they survive ``skip_special_tokens``, as Qwen3's ``<think>`` does).
+(as Qwen3's ``<think>``; ``decode_response`` keeps answer tags of any kind).
 
 Why this size and tokenizer (measured on this 2-core CPU machine, shared):
 
@@ -42,11 +42,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from progpo.agents.parsing import ANSWER_TAGS
 from progpo.run.tiny_model import CHATML_TEMPLATE, MODELS_DIR, SPECIAL_TOKENS, save_model_folder
 
 logger = logging.getLogger(__name__)
 
-ANSWER_TAGS = ("<think>", "</think>", "<action>", "</action>")
 _CORPUS_VERSION = "1"  # bump when the corpus or the tokenizer recipe changes (changes the cache folder)
 
 

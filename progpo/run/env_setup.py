@@ -49,8 +49,9 @@ def webshop_service(settings: EnvSettings) -> Iterator[dict[str, Any]]:
         return
     from envs.webshop_server.process import WebShopServerProcess
 
-    data = data_root(settings.data_dir) / "webshop"
-    require_path(data, "WebShop data folder", "Give --env.data_dir (a folder holding webshop/), set PROGPO_DATA, "
+    subdir = settings.spec.data_subdir
+    data = data_root(settings.data_dir) / subdir
+    require_path(data, "WebShop data folder", f"Give --env.data_dir (a folder holding {subdir}/), set PROGPO_DATA, "
                  "or run: python -m progpo.cli.data download")
     with WebShopServerProcess(data_dir=data) as server:
         logger.info("WebShop server at %s", server.url)
@@ -95,9 +96,10 @@ def make_env_pool(name: str, env_kwargs: dict[str, Any], pool: str, *, max_envs:
         return RayEnvPool(name, env_kwargs, num_env_actors, num_cpus_per_actor, episodes_per_actor=episodes_per_actor,
                           call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s)
     if pool == "http":
-        from progpo.envs.http_pool import make_async_http_pool
-
-        return make_async_http_pool(name, env_kwargs, max_envs=max_envs)
+        if spec(name).http_pool is None:
+            raise ValueError(f"env.pool=http: env {name!r} is not served over HTTP (its spec names no http_pool; "
+                             "use env.pool=ray)")
+        return spec(name).load("http_pool")(env_kwargs, max_envs=max_envs)
     if pool == "local":
         return LocalEnvPool(functools.partial(make_env, name, **env_kwargs), max_envs=max_envs)
     raise ValueError(f"--env.pool must be local, ray or http, got {pool!r}")
@@ -110,16 +112,7 @@ def _num_tasks_fn(name: str, env_kwargs: dict[str, Any]) -> Callable[[str], int]
     def num_tasks(split: str) -> int:
         if not probe:
             probe.append(make_env(name, **env_kwargs))
-        env = probe[0]
-        if hasattr(env, "num_tasks"):
-            n = int(env.num_tasks(split))
-        elif hasattr(env, "split_sizes"):
-            sizes = env.split_sizes()
-            if split not in sizes:
-                raise ValueError(f"--env.train_split/--env.eval_split {split!r} is not a split of {name!r} ({sorted(sizes)})")
-            n = int(sizes[split])
-        else:
-            raise ValueError(f"env {name!r} reports neither num_tasks(split) nor split_sizes()")
+        n = int(probe[0].num_tasks(split))
         if n < 1:
             raise ValueError(f"--env.train_split/--env.eval_split {split!r} of env {name!r} has no tasks")
         return n

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from progpo.agents.types import Episode
-from progpo.envs.alfworld import success_by_task_type, wilson_interval
+from progpo.envs.alfworld import wilson_interval
 from progpo.envs.spec import spec
 
 
@@ -87,13 +87,6 @@ def rate_difference_interval(wins_a: int, n_a: int, wins_b: int, n_b: int,
     d = pa - pb
     return {"diff": d, "low": d - math.sqrt((pa - la) ** 2 + (ub - pb) ** 2),
             "high": d + math.sqrt((ua - pa) ** 2 + (pb - lb) ** 2)}
-
-
-def alfworld_summary(episodes: list[Episode]) -> dict[str, Any]:
-    """ALFWorld's spec ``summary``: success per task type with Wilson 95% intervals."""
-    by_type = success_by_task_type([str(ep.info.get("task_type")) for ep in episodes], [ep.won for ep in episodes])
-    return {"success_by_task_type": {k: {"rate": v.rate, "low": v.low, "high": v.high, "n": v.n, "wins": v.wins}
-                                     for k, v in by_type.items() if k != "overall"}}
 
 
 def webshop_summary(episodes: list[Episode]) -> dict[str, Any]:

@@ -181,7 +181,8 @@ def iter_flags(cls: type, prefix: Sequence[str] = (), defaults: Any = None, *, o
         cls: a settings dataclass. prefix: path of ``cls`` in the tree (``("env",)``).
         defaults: an instance of ``cls`` whose values are the defaults shown (None: the class's own).
         only, skip: field names of ``cls`` to expose / leave out (a section field's ``metadata``
-            ``flags`` / ``skip`` does the same one level down).
+            ``flags`` / ``skip`` does the same one level down; a dotted name in ``skip``, ``adam.lr``,
+            leaves out a field of a section).
     """
     hints = _hints(cls)
     helps = field_help(cls)
@@ -192,8 +193,9 @@ def iter_flags(cls: type, prefix: Sequence[str] = (), defaults: Any = None, *, o
         hint = hints[f.name]
         path = (*prefix, f.name)
         if _is_section(hint):
+            below = tuple(s.split(".", 1)[1] for s in skip if s.startswith(f.name + "."))
             yield from iter_flags(hint, path, None if default is MISSING else default,
-                                  only=f.metadata.get("flags"), skip=f.metadata.get("skip", ()))
+                                  only=f.metadata.get("flags"), skip=(*f.metadata.get("skip", ()), *below))
         else:
             choices = f.metadata.get("choices")
             if callable(choices):
@@ -265,17 +267,31 @@ def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-class _Deprecated(argparse.Action):
-    """An old flag name: stores under the new name's dest and prints one deprecation line."""
+@dataclasses.dataclass(frozen=True)
+class Renamed:
+    """An old flag whose value becomes another value of the new flag (``--device cpu`` ->
+    ``--rollout.backend hf``): ``convert`` maps the old flag's parsed value to the new flag's;
+    ``kwargs`` are the old flag's ``add_argument`` keywords (its type, choices, nargs)."""
 
-    def __init__(self, option_strings, dest, new: str, value: Any = MISSING, **kwargs):
-        self.new, self.value = new, value
+    new: str
+    convert: Any
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class _Deprecated(argparse.Action):
+    """An old flag name: stores under the new name's dest and prints one deprecation line
+    (``add_argument(old, action=Deprecated, new="--new.flag", ...)``)."""
+
+    def __init__(self, option_strings, dest, new: str, value: Any = MISSING, convert: Any = None, **kwargs):
+        self.new, self.value, self.convert = new, value, convert
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        use = self.new if self.value is MISSING or self.value is True else f"{self.new} {_show(self.value).strip(chr(39))}"
+        value = self.value if self.convert is None else self.convert(values)
+        shown = "none" if value is None else _show(value).strip(chr(39)) or chr(39) * 2
+        use = self.new if value is MISSING or value is True else f"{self.new} {shown}"
         sys.stderr.write(f"warning: {option_string} is deprecated and goes in the next release; use {use}\n")
-        setattr(namespace, self.dest, values if self.value is MISSING else self.value)
+        setattr(namespace, self.dest, values if value is MISSING else value)
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[str] = (), defaults: Any = None,
@@ -290,8 +306,9 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
         parser: the CLI's parser. cls, prefix, defaults, only, skip: as :func:`iter_flags`.
         taken: flags another parser part already defines (OpenRLHF's): not added here, and
             :func:`build` reads their values under the same dest.
-        deprecated: ``old flag -> new flag`` (old names parse for one release, with a warning line), or
-            ``old flag -> (new flag, value)`` for an old switch that sets the new flag to ``value``.
+        deprecated: ``old flag -> new flag`` (old names parse for one release, with a warning line),
+            ``old flag -> (new flag, value)`` for an old switch that sets the new flag to ``value``, or
+            ``old flag -> Renamed(new flag, convert, kwargs)`` for an old flag whose values map to new ones.
         title: argument group title (None: no group).
 
     Returns:
@@ -309,6 +326,10 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
         target.add_argument(flag.option, dest=flag.dest, default=argparse.SUPPRESS, required=required,
                             help=f"{flag.help} ({shown})".strip(), **kwargs)
     for old, new in (deprecated or {}).items():
+        if isinstance(new, Renamed):
+            target.add_argument(old, dest=by_option[new.new].dest, default=argparse.SUPPRESS, action=_Deprecated,
+                                new=new.new, convert=new.convert, help=argparse.SUPPRESS, **new.kwargs)
+            continue
         if isinstance(new, tuple):
             flag = by_option[new[0]]
             target.add_argument(old, dest=flag.dest, default=argparse.SUPPRESS, action=_Deprecated, new=new[0],
@@ -320,6 +341,46 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
         target.add_argument(old, dest=flag.dest, default=argparse.SUPPRESS, action=_Deprecated, new=new,
                             help=argparse.SUPPRESS, **kwargs)
     return flags
+
+
+def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: type, option: str, *,  # noqa: SLF001
+            prefix: Sequence[str] = (), dest: str | None = None, default: Any = MISSING, note: str = "",
+            old: Sequence[str] = ()) -> Flag:
+    """Add one setting of the settings tree ``root`` (e.g. ``TrainConfig``) to a bench or lab parser.
+
+    The flag's name, type, choices and help are the generator's (:func:`iter_flags`), so a bench that
+    restates a training setting says it the way ``train`` does (``--rollout.n_samples_per_prompt``,
+    not ``--n``). Range checks stay with the bench (it may allow values ``train`` refuses, or the reverse).
+
+    Args:
+        parser: the bench's parser (or an argument group). root: the settings dataclass that holds ``option``.
+        prefix: the path of ``root`` in the flag tree (``("eval",)`` for ``EvalSettings``).
+        option: the training flag (``--env.max_steps``). dest: the attribute of the parsed namespace
+            (default: the dotted path). default: the bench's default (default: the setting's own).
+        note: bench-specific words appended to the help. old: the bench's former names of the setting:
+            they parse for one release, with a one-line deprecation naming ``option``.
+
+    Returns:
+        The :class:`Flag` added.
+
+    Raises:
+        KeyError: ``option`` is no flag of ``root``.
+    """
+    flag = {f.option: f for f in iter_flags(root, prefix)}[option]
+    default = flag.default if default is MISSING else default
+    kwargs = argparse_kwargs(flag)
+    dest = dest or flag.dest
+    text = f"{flag.help}; {note}" if note else flag.help
+    shown = f"{text} (default: {_show(default)})".replace("%", "%%")
+    parser.add_argument(option, dest=dest, default=default, help=shown, **kwargs)
+    kwargs.pop("metavar", None)
+    for name in old:
+        parser.add_argument(name, dest=dest, default=argparse.SUPPRESS, action=_Deprecated, new=option,
+                            help=argparse.SUPPRESS, **kwargs)
+    return flag
+
+
+Deprecated = _Deprecated  # the action of an old flag name, for parsers written by hand
 
 
 # ---- building the settings ----------------------------------------------------------------------

@@ -63,21 +63,23 @@ def format_metrics(it: int, metrics: dict[str, float]) -> str:
 
 
 class MetricsLogger:
-    """Append metrics to ``<run>/metrics.jsonl`` and (optionally) ``<run>/tensorboard``.
+    """Append metrics to ``<run>/metrics.jsonl`` and (optionally) TensorBoard events (``<run>/tensorboard``).
 
     Args:
-        run_dir: the run folder. tensorboard: also write TensorBoard event files.
+        run_dir: the run folder. tensorboard: the TensorBoard event folder (``--logger.tensorboard_dir``;
+            relative: inside ``run_dir``), True for ``tensorboard``, False or None for no events.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True) -> None:
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool | str | os.PathLike | None = True) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self._tb = None
-        if tensorboard:
+        if tensorboard not in (None, False):
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            folder = "tensorboard" if tensorboard is True else tensorboard
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / folder))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Write one record ``{"iteration": step, ...metrics}``.

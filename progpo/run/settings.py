@@ -59,7 +59,7 @@ class EnvSettings:
     eval_split: str | None = None
     """split of evaluation (None: the env spec's: WebShop test, ALFWorld valid_unseen)"""
     num_tasks: int | None = None
-    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the whole split on train; required on train_ray unless --data.prompt_dataset is given)"""
+    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the whole split on train; on train_ray required unless --train.num_iterations or --data.prompt_dataset is given)"""
     task_offset: int = 0
     """first training task index"""
     split_size: int | None = None
@@ -92,6 +92,9 @@ class EnvSettings:
             raise ValueError(f"--env.max_failed_frac must be in [0, 1], got {self.max_failed_frac}")
         if self.pool is not None and self.pool not in POOLS:
             raise ValueError(f"--env.pool must be one of {list(POOLS)}, got {self.pool!r}")
+        if self.pool == "http" and s.http_pool is None:
+            raise ValueError(f"--env.pool http: {self.name} is not served over HTTP (its spec names no http_pool); "
+                             "use local or ray")
         if self.url is not None:
             import re
 
@@ -126,11 +129,11 @@ class RolloutSettings:
     max_new_tokens: int = 256
     """response limit per step, in tokens"""
     max_prompt_tokens: int | None = None
-    """context guard of each step prompt, in tokens: oldest history dropped first, then the observation cut (None: --data.max_len - --rollout.max_new_tokens on train_ray)"""
+    """context guard of each step prompt, in tokens: oldest history dropped first, then the observation cut; with --rollout.max_new_tokens it must fit --data.max_len (train_ray) or the model's context (train), else the run is refused at start-up (None: --data.max_len - --rollout.max_new_tokens on train_ray)"""
     gen_batch_size: int = 64
-    """train: most requests per transformers generate call"""
+    """most generation requests batched into one transformers generate call (--rollout.backend hf; train_ray: per engine)"""
     backend: Literal["hf", "vllm"] = "hf"
-    """train: generation engine, hf (transformers generate on the actor's own weights) or vllm"""
+    """generation engine. train: hf (transformers generate on the actor's own weights) or vllm (an in-process vllm.LLM). train_ray: vllm (OpenRLHF as shipped: vLLM, flash-attn, NCCL; GPU nodes) or hf (the same job on CPU for a laptop dry run: local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engines; docs/distributed.md)"""
     dynamic_sampling: bool = False
     """drop groups whose rollouts all got the same return (no learning signal) from the update and draw new tasks until --rollout.batch_size groups carry signal or --rollout.dynamic_sampling_max_rounds extra rounds were played (DAPO's dynamic sampling; beside OpenRLHF's --algo.dynamic_filtering_*)"""
     dynamic_sampling_max_rounds: int = 2
@@ -184,6 +187,33 @@ def check_group_size(estimator: str, n_samples_per_prompt: int) -> None:
     error = group_size_error(n_samples_per_prompt) if estimator in ESTIMATORS else None
     if error is not None:
         raise ValueError(error)
+
+
+def check_prompt_budget(max_prompt_tokens: int | None, max_new_tokens: int, max_len: int, limit: str) -> None:
+    """Refuse a step prompt budget that does not fit the sequence limit with the answer (both backends).
+
+    A step's sequence is its prompt (at most ``--rollout.max_prompt_tokens`` after the context guard) plus its
+    answer (at most ``--rollout.max_new_tokens``); a budget over the limit lets a long history reach the engine
+    as a prompt it must refuse (one failed episode each) instead of being shortened by the guard.
+
+    Args:
+        max_prompt_tokens: ``--rollout.max_prompt_tokens`` (None: the limit minus the answer, which fits).
+        max_new_tokens: ``--rollout.max_new_tokens``, in tokens.
+        max_len: the limit, in tokens.
+        limit: how the limit reads in the message (``--data.max_len 2560``, or the model's context).
+
+    Raises:
+        FlagError: naming ``--rollout.max_prompt_tokens`` (or ``--rollout.max_new_tokens`` when the answer
+            alone leaves no room for a prompt), with both flags, their values, the sum and the limit.
+    """
+    if max_new_tokens >= max_len:
+        raise flags.FlagError("--rollout.max_new_tokens", f"{max_new_tokens} must be < {limit}: the answer alone "
+                                                          "leaves no room for a prompt")
+    if max_prompt_tokens is not None and max_prompt_tokens + max_new_tokens > max_len:
+        text = (f"--rollout.max_prompt_tokens {max_prompt_tokens} + --rollout.max_new_tokens {max_new_tokens} = "
+                f"{max_prompt_tokens + max_new_tokens} tokens do not fit {limit}: lower --rollout.max_prompt_tokens "
+                f"to at most {max_len - max_new_tokens} (or leave it unset), or lower --rollout.max_new_tokens")
+        raise flags.FlagError("--rollout.max_prompt_tokens", text, text=text)
 
 
 # ---- the estimator's flags (shared by train and train_ray) ------------------------------------

@@ -18,12 +18,14 @@ import contextlib
 import logging
 import os
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
 
 from progpo.run.models import disable_dropout
+from progpo.run.precision import Precision, check_precision_settings, fp32_output_head, resolve_precision
 from progpo.trainer.ppo import entropy_from_logits
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,10 @@ class ActorConfig:
         betas: AdamW betas.
         grad_clip: max global grad norm (``--actor.max_norm``; 0 = off).
         zero_stage: DeepSpeed ZeRO stage 0-3 (``--ds.zero_stage``).
-        bf16: train in bfloat16 (``--ds.param_dtype bf16``); fp32 otherwise.
+        bf16: bf16 weights and AdamW state (``--ds.param_dtype bf16``); fp32 otherwise.
+        mixed_precision: ``auto``, ``bf16`` or ``off`` (``--ds.mixed_precision``): ``bf16`` runs the forward
+            passes under ``torch.autocast`` bf16 with fp32 weights; ``auto`` and ``off`` are fp32
+            (:mod:`progpo.run.precision`).
         micro_batch_size: samples per forward/backward (``--train.micro_batch_size``).
         gradient_checkpointing: recompute activations in backward (``--actor.gradient_checkpointing_enable``).
         use_ref: keep a frozen reference model (needed when the KL coefficient is > 0); with LoRA
@@ -69,6 +74,7 @@ class ActorConfig:
     grad_clip: float = 1.0
     zero_stage: int = 0
     bf16: bool = False
+    mixed_precision: str = "auto"
     micro_batch_size: int = 4
     gradient_checkpointing: bool = False
     use_ref: bool = True
@@ -105,6 +111,7 @@ class ActorConfig:
             raise ValueError(f"--train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.grad_clip < 0:
             raise ValueError(f"--actor.max_norm must be >= 0, got {self.grad_clip}")
+        check_precision_settings(self.mixed_precision, "bf16" if self.bf16 else "fp32")
 
 
 def _free_port() -> int:
@@ -130,15 +137,23 @@ def init_single_process_distributed() -> float:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return time.perf_counter() - t0
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    init_method = None
     if world == 1:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        if "MASTER_PORT" not in os.environ:
+            # A file rendezvous: a free port picked here can be taken by another process before the TCP store
+            # binds it (EADDRINUSE, seen with Ray and other trainers starting beside this one).
+            init_method = "file://" + os.path.join(tempfile.mkdtemp(prefix="progpo-dist-"), "store")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))  # DeepSpeed wants it set; unused with a file rendezvous
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend)
+    if init_method is None:
+        deepspeed.init_distributed(dist_backend=backend)
+    else:
+        deepspeed.init_distributed(dist_backend=backend, init_method=init_method, rank=0, world_size=1)
     return time.perf_counter() - t0
 
 
@@ -240,6 +255,8 @@ class Actor:
             reference is ``engine.module`` with its adapter disabled, see :attr:`has_reference`).
         scheduler: the learning-rate schedule DeepSpeed steps after each optimizer step, or None.
         tokenizer: the model's tokenizer.
+        precision: the resolved ``--ds.mixed_precision`` (logged once at start-up); every forward pass of
+            the actor and reference (log-probs, training, warm start) runs in ``precision.context()``.
         init_seconds: wall time of ``deepspeed.initialize`` (incl. distributed init).
     """
 
@@ -251,11 +268,16 @@ class Actor:
         t0 = time.perf_counter()
         self.dist_seconds = init_single_process_distributed()
         dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+        self.precision: Precision = resolve_precision(cfg.mixed_precision, param_dtype="bf16" if cfg.bf16 else "fp32",
+                                                      device_type="cuda" if torch.cuda.is_available() else "cpu")
+        logger.info("precision: %s (%s)", self.precision.name, self.precision.reason)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.pretrain)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=dtype)
         disable_dropout(model)  # every pass that scores log-probs is deterministic, train mode included
+        if self.precision.autocast:
+            fp32_output_head(model, self.precision.device)  # fp32 logits: log-probs and ratios without bf16 rounding
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.ref = None
@@ -269,6 +291,8 @@ class Actor:
         elif cfg.use_ref:
             self.ref = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=dtype).eval()
             disable_dropout(self.ref)
+            if self.precision.autocast:
+                fp32_output_head(self.ref, self.precision.device)
             self.ref.requires_grad_(False)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optim = torch.optim.AdamW(trainable, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
@@ -321,8 +345,9 @@ class Actor:
         for start in range(0, len(samples), mb):
             chunk = samples[start:start + mb]
             t = pack_samples(chunk, self.tokenizer.pad_token_id)
-            lp, _ = sequence_logprobs(model, t["input_ids"].to(self.device), t["attention_mask"].to(self.device), temperature,
-                                      start=min(len(p) for p, _ in chunk))
+            with self.precision.context():
+                lp, _ = sequence_logprobs(model, t["input_ids"].to(self.device), t["attention_mask"].to(self.device),
+                                          temperature, start=min(len(p) for p, _ in chunk))
             for k, (p, r) in enumerate(chunk):
                 out.append(lp[k, len(p):len(p) + len(r)].float().cpu())
         return out

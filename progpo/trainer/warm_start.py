@@ -6,7 +6,7 @@ RL shows at that state), trains the policy on the steps of the won episodes (tok
 tokens, :mod:`progpo.trainer.sft`) and writes ``train``'s layout: ``checkpoints/iter_<epoch>/hf``,
 ``metrics.jsonl`` and, last, ``sft_summary.json``.
 
-:func:`warm_start` is ``train --warm_start.num_tasks N``: the same SFT, run with the train run's own env
+:func:`warm_start` is ``train --sft.num_tasks N``: the same SFT, run with the train run's own env
 and rollout settings (so the protocols cannot differ), into a cache folder named by a hash of
 everything that shapes the cloned model (:func:`cache_key`: the SFT settings, the base model's files,
 the data folder and the source of the code that builds the samples). A later run with the same key
@@ -30,34 +30,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from progpo.run.metrics import MetricsLogger
+from progpo.run.precision import resolve_precision
 from progpo.run.settings import EnvSettings, RolloutSettings
+from progpo.run.task_sampler import TaskSampler
 from progpo.trainer.config import (ActorSettings, AdamSettings, CkptSettings, DeepSpeedSettings, LoggerSettings,
-                                   TrainSettings, lora_fields)
+                                   SFTSettings, TrainSettings, lora_fields)
+from progpo.trainer.sft import sft_epoch
 
 logger = logging.getLogger(__name__)
 
 SUMMARY = "sft_summary.json"  # written last: a run folder without it is an SFT run cut short
 KEY_FILE = "warm_start_key.json"
 WARM_START_DIR = Path.home() / ".cache" / "progpo" / "warm_start"
-"""Default root of the cached warm starts (``--warm_start.cache_dir``)."""
+"""Default root of the cached warm starts (``--sft.cache_dir``)."""
 
 #: source files whose code shapes the cloned samples or their training (part of the cache key).
 KEY_SOURCES = ("agents/templates.py", "agents/experts.py", "agents/episode.py", "agents/parsing.py",
-               "trainer/sft.py", "trainer/warm_start.py", "trainer/actor.py")
-
-
-@dataclass(frozen=True)
-class SFTSettings:
-    """Behaviour cloning (``--sft.*``)."""
-
-    num_tasks: int = 64
-    """expert episodes (seeded random tasks of --env.train_split)"""
-    keep_failed: bool = False
-    """also train on the episodes the expert lost"""
-
-    def __post_init__(self) -> None:
-        if self.num_tasks < 1:
-            raise ValueError(f"--sft.num_tasks must be >= 1, got {self.num_tasks}")
+               "trainer/sft.py", "trainer/warm_start.py", "trainer/actor.py", "run/precision.py")
 
 
 @dataclass(frozen=True)
@@ -69,14 +63,19 @@ class SFTArgs:
                   "num_tasks", "task_offset")})
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(max_prompt_tokens=2048),
                                      metadata={"flags": ("max_prompt_tokens", "max_new_tokens")})
-    actor: ActorSettings = field(default_factory=lambda: ActorSettings(adam=AdamSettings(lr=1e-5)), metadata={
-        "flags": ("model_name_or_path", "adam", "max_norm", "gradient_checkpointing_enable")})
+    actor: ActorSettings = field(default_factory=ActorSettings, metadata={
+        "flags": ("model_name_or_path", "adam", "max_norm", "gradient_checkpointing_enable"), "skip": ("adam.lr",)})
     ds: DeepSpeedSettings = field(default_factory=DeepSpeedSettings)
-    train: TrainSettings = field(default_factory=lambda: TrainSettings(max_epochs=2, batch_size=8, micro_batch_size=2),
-                                 metadata={"flags": ("max_epochs", "batch_size", "micro_batch_size", "seed")})
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(micro_batch_size=2),
+                                 metadata={"flags": ("micro_batch_size", "seed")})
     ckpt: CkptSettings = field(default_factory=lambda: CkptSettings(max_num=1), metadata={"flags": ("path", "max_num")})
     logger: LoggerSettings = field(default_factory=LoggerSettings, metadata={"flags": ("progress_bar",)})
-    sft: SFTSettings = field(default_factory=SFTSettings)
+    sft: SFTSettings = field(default_factory=SFTSettings, metadata={"skip": ("cache_dir",)})
+    """the behaviour cloning itself: the same --sft.* flags and defaults as train's warm start"""
+
+    def __post_init__(self) -> None:
+        if self.sft.num_tasks < 1:
+            raise ValueError(f"--sft.num_tasks must be >= 1, got {self.sft.num_tasks}")
 
     @property
     def save_path(self) -> Path:
@@ -87,9 +86,10 @@ class SFTArgs:
 def _actor_config(args: SFTArgs):
     from progpo.trainer.actor import ActorConfig
 
-    return ActorConfig(pretrain=args.actor.model_name_or_path, lr=args.actor.adam.lr,
+    return ActorConfig(pretrain=args.actor.model_name_or_path, lr=args.sft.lr,
                        weight_decay=args.actor.adam.weight_decay, betas=args.actor.adam.betas,
                        grad_clip=args.actor.max_norm, zero_stage=args.ds.zero_stage, bf16=args.ds.param_dtype == "bf16",
+                       mixed_precision=args.ds.mixed_precision,
                        micro_batch_size=args.train.micro_batch_size,
                        gradient_checkpointing=args.actor.gradient_checkpointing_enable, use_ref=False,
                        seed=args.train.seed, **lora_fields(args.ds.lora))
@@ -108,8 +108,6 @@ def collect(env: EnvSettings, tokenizer, handle, *, num_tasks: int, seed: int, m
 
     from progpo.agents.episode import TaskSpec
     from progpo.agents.experts import expert_episodes
-    from progpo.trainer.loop import TaskSampler
-
     total = handle.num_tasks(env.train_split)
     sampler = TaskSampler(total, seed, offset=env.task_offset, count=env.num_tasks)
     ids = sampler.next(min(num_tasks, total) if env.num_tasks is None else num_tasks)
@@ -158,23 +156,19 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
     """
     import contextlib
 
-    import numpy as np
-    from tqdm.auto import tqdm
-
     from progpo.run.checkpoint import CheckpointManager, atomic_write_text
     from progpo.run.env_setup import open_env_pool
     from progpo.run.evaluation import rate_interval
-    from progpo.run.metrics import MetricsLogger
     from progpo.run.models import resolve_pretrain
     from progpo.trainer.actor import Actor
-    from progpo.trainer.sft import SFTConfig, expert_samples, mean_nll, sft_epoch
+    from progpo.trainer.sft import SFTConfig, expert_samples, mean_nll
 
     out = sys.stdout if out is None else out
     env = args.env
     if env.spec.expert is None:
         raise ValueError(f"--env.name {env.name} has no expert to clone (its env spec names none)")
     actor_cfg = _actor_config(args)
-    sft = SFTConfig(epochs=args.train.max_epochs, batch_size=args.train.batch_size, keep_failed=args.sft.keep_failed)
+    sft = SFTConfig(epochs=args.sft.max_epochs, batch_size=args.sft.batch_size, keep_failed=args.sft.keep_failed)
     save = Path(save) if save is not None else args.save_path
     ckpt = CheckpointManager(save, args.ckpt.max_num)
     check_sft_dir(save)  # before the model and the expert episodes, not after them
@@ -194,18 +188,28 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
           f"{sum(len(r) for _, r in samples)} response tokens ({t1 - t0:.0f} s)", file=out, flush=True)
     if not samples:
         raise ValueError("no expert step to train on (the expert won no episode); try more --sft.num_tasks")
-    metrics = MetricsLogger(save, tensorboard=False)
-    rng = np.random.default_rng(args.train.seed)
     summary: dict[str, Any] = {
         "env": env.name, "pretrain": actor_cfg.pretrain, "tasks_in_split": total, "expert_success": success,
         "expert_score_mean": float(np.mean([ep.info.get("score", float(ep.won)) for ep in done])) if done else None,
         "samples": len(samples), "response_tokens": sum(len(r) for _, r in samples),
         "prompt_tokens_mean": float(np.mean([len(p) for p, _ in samples])),
-        "settings": dataclasses.asdict(args), "collect_s": t1 - t0, "epochs": [],
+        "settings": dataclasses.asdict(args), "collect_s": t1 - t0,
+        "epochs": _train_epochs(actor, samples, sft, args, ckpt, save, out),
     }
-    steps_per_epoch = -(-len(samples) // sft.batch_size)
-    bar = tqdm(total=sft.epochs * steps_per_epoch, desc="sft", unit="step", disable=not args.logger.progress_bar,
-               file=sys.stderr)
+    summary["final_nll"] = mean_nll(actor, samples[: min(len(samples), 64)])
+    summary["total_s"] = time.perf_counter() - t0
+    atomic_write_text(save / SUMMARY, json.dumps(summary, indent=2, default=str))  # marks the run finished
+    return summary
+
+
+def _train_epochs(actor, samples, sft, args: SFTArgs, ckpt, save: Path, out) -> list[dict[str, Any]]:
+    """``sft.epochs`` passes of behaviour cloning over ``samples`` (token-mean NLL, :func:`progpo.trainer.sft.sft_epoch`),
+    a checkpoint and a ``metrics.jsonl`` record after each; returns one summary row per epoch."""
+    metrics = MetricsLogger(save, tensorboard=False)
+    rng = np.random.default_rng(args.train.seed)
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=sft.epochs * -(-len(samples) // sft.batch_size), desc="sft", unit="step",
+               disable=not args.logger.progress_bar, file=sys.stderr)
     try:
         for epoch in range(1, sft.epochs + 1):
             e0 = time.perf_counter()
@@ -214,37 +218,32 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
             m["perf/epoch_s"] = time.perf_counter() - e0
             metrics.log(epoch, m)
             path = ckpt.save(actor, epoch, {"sft_epoch": epoch, "sft_epochs": sft.epochs, "seed": args.train.seed}, rng)
-            summary["epochs"].append({"epoch": epoch, **m, "checkpoint": str(path)})
+            rows.append({"epoch": epoch, **m, "checkpoint": str(path)})
             bar.write(f"epoch {epoch}: nll={m['loss/sft_nll']:.4f} steps={int(m['loss/optimizer_steps'])} "
                       f"time={m['perf/epoch_s']:.0f}s checkpoint={path}", file=out)
     finally:
         bar.close()
         metrics.close()
-    summary["final_nll"] = mean_nll(actor, samples[: min(len(samples), 64)])
-    summary["total_s"] = time.perf_counter() - t0
-    atomic_write_text(save / SUMMARY, json.dumps(summary, indent=2, default=str))  # marks the run finished
-    return summary
+    return rows
 
 
 # ---- the cached warm start of train -----------------------------------------------------------------
 def sft_args(cfg) -> SFTArgs:
     """The SFT settings of a train run's warm start (``TrainConfig`` ``cfg``): its env, context guard,
-    response limit, base model, DeepSpeed stage and dtype, seed and micro-batch, and ``--warm_start.*``.
+    response limit, base model, DeepSpeed stage and dtype, seed and micro-batch, and ``--sft.*``.
     Behaviour cloning trains every weight (a LoRA adapter of the RL run goes on top of the cloned model)."""
-    w = cfg.warm_start
     return SFTArgs(
         env=cfg.env,
         rollout=dataclasses.replace(RolloutSettings(), max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                                     max_new_tokens=cfg.rollout.max_new_tokens),
-        actor=ActorSettings(model_name_or_path=cfg.actor.model_name_or_path, adam=AdamSettings(lr=w.lr),
+        actor=ActorSettings(model_name_or_path=cfg.actor.model_name_or_path, adam=AdamSettings(),
                             max_norm=cfg.actor.max_norm,
                             gradient_checkpointing_enable=cfg.actor.gradient_checkpointing_enable),
         ds=dataclasses.replace(cfg.ds, lora=type(cfg.ds.lora)()),
-        train=TrainSettings(max_epochs=w.epochs, batch_size=w.batch_size, micro_batch_size=cfg.train.micro_batch_size,
-                            seed=cfg.train.seed),
+        train=TrainSettings(micro_batch_size=cfg.train.micro_batch_size, seed=cfg.train.seed),
         ckpt=CkptSettings(max_num=1),
-        logger=LoggerSettings(tensorboard=False, progress_bar=cfg.logger.progress_bar),
-        sft=SFTSettings(num_tasks=w.num_tasks, keep_failed=w.keep_failed),
+        logger=LoggerSettings(tensorboard_dir=None, progress_bar=cfg.logger.progress_bar),
+        sft=dataclasses.replace(cfg.sft, cache_dir=None),  # where it is cached is not part of what it is
     )
 
 
@@ -261,16 +260,20 @@ def _files_digest(folder: Path) -> list[tuple[str, int, str]]:
 def cache_key(args: SFTArgs, base_model_dir: str, data_identity: dict[str, Any]) -> dict[str, Any]:
     """What the cloned model depends on, as a JSON-ready dict (its sha256 names the cache folder).
 
-    ``settings``: every SFT setting but the output folder and logging; ``base_model``: name, size and
-    sha256 of each file of the resolved base model folder; ``data``: the env's data folder and split
-    size; ``code``: sha256 of the source files that build and train on the samples (:data:`KEY_SOURCES`).
+    ``settings``: every SFT setting but the output folder and logging; ``precision``: what
+    ``--ds.mixed_precision`` resolves to on this machine (``bf16`` clones another model than fp32);
+    ``base_model``: name, size and sha256 of each file of
+    the resolved base model folder; ``data``: the env's data folder and split size; ``code``: sha256 of
+    the source files that build and train on the samples (:data:`KEY_SOURCES`).
     """
     settings = dataclasses.asdict(dataclasses.replace(args, ckpt=CkptSettings(max_num=1), logger=LoggerSettings()))
     settings["env"].pop("url", None)  # where a server runs, not what it serves (the data says that)
     root = Path(__file__).resolve().parent.parent
     code = {src: hashlib.sha256((root / src).read_bytes()).hexdigest() for src in KEY_SOURCES}
-    return {"settings": settings, "base_model": _files_digest(Path(base_model_dir)), "data": data_identity,
-            "code": code}
+    precision = resolve_precision(args.ds.mixed_precision, param_dtype=args.ds.param_dtype,
+                                  device_type="cuda" if torch.cuda.is_available() else "cpu").name
+    return {"settings": settings, "precision": precision, "base_model": _files_digest(Path(base_model_dir)),
+            "data": data_identity, "code": code}
 
 
 def _key_digest(key: dict[str, Any]) -> str:
@@ -291,7 +294,7 @@ def warm_start(cfg, handle, out=None) -> Path:
     """The behaviour-cloned model folder of train config ``cfg``: from the cache, or trained now.
 
     Args:
-        cfg: the ``TrainConfig`` (``cfg.warm_start.num_tasks >= 1``). handle: the run's open env.
+        cfg: the ``TrainConfig`` (``cfg.sft.num_tasks >= 1``). handle: the run's open env.
         out: where progress lines go (None: stdout).
 
     Returns:
@@ -312,7 +315,7 @@ def warm_start(cfg, handle, out=None) -> Path:
             "train_split": cfg.env.train_split, "tasks_in_split": handle.num_tasks(cfg.env.train_split)}
     key = cache_key(args, base, data)
     digest = _key_digest(key)
-    root = Path(cfg.warm_start.cache_dir).expanduser() if cfg.warm_start.cache_dir else WARM_START_DIR
+    root = Path(cfg.sft.cache_dir).expanduser() if cfg.sft.cache_dir else WARM_START_DIR
     final = root / f"{cfg.env.name}-{digest[:16]}"
     if (final / SUMMARY).is_file():
         print(f"warm start: reusing the behaviour-cloned model in {final}", file=out, flush=True)
@@ -324,8 +327,8 @@ def warm_start(cfg, handle, out=None) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"warm start: behaviour cloning on {cfg.warm_start.num_tasks} expert episodes ({cfg.warm_start.epochs} "
-          f"epochs, lr {cfg.warm_start.lr:g}) into {final} (cached for later runs with the same settings)",
+    print(f"warm start: behaviour cloning on {cfg.sft.num_tasks} expert episodes ({cfg.sft.max_epochs} "
+          f"epochs, lr {cfg.sft.lr:g}) into {final} (cached for later runs with the same settings)",
           file=out, flush=True)
     try:
         summary = run_sft(args, save=tmp, handle=handle, out=out)

@@ -1,6 +1,7 @@
 """Edge cases of the spec ("Edge cases that must be decided in code and tests") and config validation."""
 
 import dataclasses
+import statistics
 import subprocess
 import sys
 import typing
@@ -123,6 +124,39 @@ def test_obs_inventory_splits_aliased_states():
         compute_advantages(no_extra, AdvantageConfig(state_key="obs_inventory"))
 
 
+
+def test_g2po_obs_inventory_splits_its_graph_nodes():
+    # the GiGPO case above for G2PO (mean_norm everywhere, td edges, one-step trajectories so Q = r):
+    # obs: one node "at drawer", V = 5; A^node = Q - 5 = [5, -5, 0]; delta = Q - V = [5, -5, 0] (mean 0);
+    #      A^E = R - 5 = [5, -5, 0]  ->  [15, -15, 0]
+    # inventory: nodes (drawer, apple) = trajs 0, 2 with V = 7.5 and (drawer, nothing) = traj 1 alone:
+    #      A^node = [2.5, 0, -2.5]; delta = [10 - 7.5, 0 - 0, 5 - 7.5] = [2.5, 0, -2.5] (mean 0)  ->  [10, -5, -5]
+    trajs = {0: [("at drawer", "open", 10.0)], 1: [("at drawer", "open", 0.0)], 2: [("at drawer", "open", 5.0)]}
+    batch = _batch(trajs, extra=["holding apple", "holding nothing", "holding apple"])
+    kw = dict(estimator="g2po", gigpo_mode="mean_norm", episode_norm="mean_norm")
+    np.testing.assert_allclose(compute_advantages(batch, AdvantageConfig(**kw)).advantages, [15.0, -15.0, 0.0])
+    inv = compute_advantages(batch, AdvantageConfig(**kw, state_key="obs_inventory")).advantages
+    np.testing.assert_allclose(inv, [10.0, -5.0, -5.0])
+
+
+def test_g2po_one_trajectory_task_td_is_zero_and_progress_is_the_released_code():
+    # td: every node has one visit, so V = G and Q = r + gamma G_{t+1} = G: delta = 0 exactly, and A^E = 0
+    batch = _batch({0: [("a", "x", 0.0), ("b", "y", 1.0), ("c", "z", 10.0)]})
+    td = compute_advantages(batch, AdvantageConfig(estimator="g2po")).advantages
+    np.testing.assert_array_equal(td, np.zeros(3))
+    # progress (the released code's V(next) - V(node) on values discounted to the outcome):
+    # G = [0.95 * 10.5, 1 + 0.95 * 10, 10] = [9.975, 10.5, 10], delta = Q - gamma V = (1 - 0.95) G,
+    # normalised over the task's three steps: the progress credit a lone trajectory gets in the released code
+    delta = [0.05 * 9.975, 0.05 * 10.5, 0.05 * 10.0]
+    want = [(d - statistics.mean(delta)) / (statistics.stdev(delta) + 1e-6) for d in delta]
+    progress = compute_advantages(batch, AdvantageConfig(estimator="g2po", g2po_edge="progress")).advantages
+    np.testing.assert_allclose(progress, want, rtol=1e-9)
+    assert np.abs(progress).max() > 0.5
+    # the project's zero-signal option removes it (a one-trajectory task has no return spread)
+    zeroed = compute_advantages(batch, AdvantageConfig(estimator="g2po", g2po_edge="progress", zero_signal="task"))
+    np.testing.assert_array_equal(zeroed.advantages, np.zeros(3))
+
+
 def test_graph_horizon_shorter_than_a_trajectory_names_max_steps():
     with pytest.raises(ValueError, match="max_steps"):
         compute_advantages(random_batch(1, max_len=8), AdvantageConfig(potential_estimator="graph", max_steps=1))
@@ -135,7 +169,7 @@ BAD_VALUES = {
     "sigma2_floor_coef": 0.0, "success_reward": -10.0, "potential_pool": "all", "fusion": "mean",
     "eta": 0.0, "potential_estimator": "td", "credit": "value", "state_key": "inventory",
     "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none", "sigma2_floor_ref": "reward",
-    "credit_lambda": 1.5, "zero_signal": "on", "rms_cap": -1.0,
+    "credit_lambda": 1.5, "zero_signal": "on", "rms_cap": -1.0, "g2po_edge": "released",
 }
 
 

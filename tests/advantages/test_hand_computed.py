@@ -164,6 +164,88 @@ def test_hgpo_hand_computed():
     _check(got, want)
 
 
+
+# G2PO (arXiv 2606.22995). Graph nodes = the anchor groups above; node value V(n) = mean G over the visits:
+#   task A: V(room) = (2.5 - 0.05 + 0)/3 = 2.45/3, V(desk) = (5 + 0 + 0)/3 = 5/3, V(holding pen) = 10,
+#           V(bed) = (-0.1 + 0)/2 = -0.05;  task B: V(hall) = (10 + 5 + 10 + 0)/4 = 6.25, V(kitchen) = 0.
+V_ROOM, V_DESK, V_PEN, V_BED, V_HALL, V_KITCHEN = 2.45 / 3, 5 / 3, 10.0, -0.05, 6.25, 0.0
+# Edge value Q = r_t + gamma V(next node), V = 0 after a trajectory's last step (terminated or truncated):
+G2PO_Q = {
+    "a1t0": 0 + 0.5 * V_DESK,     # room -> desk            = 5/6
+    "a1t1": 0 + 0.5 * V_PEN,      # desk -> holding pen     = 5
+    "a1t2": 10.0 + 0.0,           # holding pen -> done     = 10
+    "a2t0": 0 + 0.5 * V_BED,      # room -> bed             = -0.025
+    "a2t1": -0.1 + 0.5 * V_BED,   # bed -> bed (invalid)    = -0.125
+    "a2t2": 0 + 0.5 * V_DESK,     # bed -> desk             = 5/6
+    "a2t3": 0.0 + 0.0,            # desk -> cut (truncated) = 0
+    "a3t0": 0 + 0.5 * V_DESK,     # room -> desk            = 5/6
+    "a3t1": 0.0 + 0.0,            # desk -> done            = 0
+    "b1t0": 10.0 + 0.0,           # hall -> done            = 10
+    "b2t0": 0 + 0.5 * V_HALL,     # hall -> hall            = 3.125
+    "b2t1": 10.0 + 0.0,           # hall -> done            = 10
+    "b3t0": 0 + 0.5 * V_KITCHEN,  # hall -> kitchen         = 0
+    "b3t1": 0.0 + 0.0,            # kitchen -> done         = 0
+}
+G2PO_NODE_OF = {"a1t0": V_ROOM, "a2t0": V_ROOM, "a3t0": V_ROOM, "a1t1": V_DESK, "a2t3": V_DESK, "a3t1": V_DESK,
+                "a1t2": V_PEN, "a2t1": V_BED, "a2t2": V_BED, "b1t0": V_HALL, "b2t0": V_HALL, "b2t1": V_HALL,
+                "b3t0": V_HALL, "b3t1": V_KITCHEN}
+# Node-relative term: Q normalised within each node's visits (singletons "holding pen", "kitchen" -> 0):
+G2PO_NODES = [["a1t0", "a2t0", "a3t0"], ["a1t1", "a2t3", "a3t1"], ["a2t1", "a2t2"],
+              ["b1t0", "b2t0", "b2t1", "b3t0"]]
+
+
+def _g2po_want(edge: str, mode: str = "mean_std_norm", omega: float = 1.0, episode=_ae) -> dict[str, float]:
+    """A = A^E + omega (A^node + A^edge); A^edge = TD error normalised over the task's steps (its graph).
+
+    ``edge='td'``: delta = Q - V(node) (the textbook TD error r + gamma V(n') - V(n)); ``'progress'``:
+    delta = Q - gamma V(node) (the released code's V(next) - V(node), both values discounted to the outcome).
+    Task A, td:       a1t0 5/6 - 2.45/3 = 0.016667, a1t1 5 - 5/3 = 3.333333, a1t2 10 - 10 = 0,
+                      a2t0 -0.025 - 2.45/3 = -0.841667, a2t1 -0.125 + 0.05 = -0.075, a2t2 5/6 + 0.05 = 0.883333,
+                      a2t3 0 - 5/3, a3t0 0.016667, a3t1 -5/3;  task B: 10 - 6.25 = 3.75, 3.125 - 6.25 = -3.125,
+                      3.75, -6.25, 0 - 0 = 0.
+    Task A, progress: a1t0 5/6 - 0.5 * 2.45/3 = 0.425, a1t1 5 - 5/6 = 4.166667, a1t2 10 - 5 = 5, a2t0 -0.433333,
+                      a2t1 -0.125 + 0.025 = -0.1, a2t2 0.858333, a2t3 -5/6, a3t0 0.425, a3t1 -5/6;
+                      task B: 10 - 3.125 = 6.875, 0, 6.875, -3.125, 0.
+    """
+    base = 1.0 if edge == "td" else 0.5
+    delta = {n: G2PO_Q[n] - base * G2PO_NODE_OF[n] for n in NAMES}
+    norm = (lambda x, g: x - mean(g)) if mode == "mean_norm" else _z
+    a_node = {n: 0.0 for n in NAMES}
+    for group in G2PO_NODES:
+        for n in group:
+            a_node[n] = norm(G2PO_Q[n], [G2PO_Q[m] for m in group])
+    a_edge = {}
+    for task in "ab":
+        members = [n for n in NAMES if n[0] == task]
+        for n in members:
+            a_edge[n] = norm(delta[n], [delta[m] for m in members])
+    return {n: episode(n) + omega * (a_node[n] + a_edge[n]) for n in NAMES}
+
+
+def test_g2po_hand_computed():
+    got = _run(estimator="g2po")
+    _check(got, _g2po_want("td"))
+    # spot-check one row written out in full: b2t0 (hall -> hall, Q = 3.125, delta = -3.125)
+    want_b2t0 = (_ae("b2t0") + _z(3.125, [10.0, 3.125, 10.0, 0.0])
+                 + _z(-3.125, [3.75, -3.125, 3.75, -6.25, 0.0]))
+    assert got["b2t0"] == pytest.approx(want_b2t0, rel=1e-9, abs=1e-9)
+    # the end of a one-visit chain: holding pen -> done has Q = V(node) = 10, so td gives it no edge credit
+    # beyond the task's mean, and no node-relative term (singleton)
+    assert got["a1t2"] == pytest.approx(_ae("a1t2") + _z(0.0, [5 / 6 - 2.45 / 3, 10 / 3, 0.0, -0.025 - 2.45 / 3,
+                                                                 -0.075, 5 / 6 + 0.05, -5 / 3, 5 / 6 - 2.45 / 3,
+                                                                 -5 / 3]), rel=1e-9)
+
+
+def test_g2po_progress_edge_mean_norm_and_omega():
+    _check(_run(estimator="g2po", g2po_edge="progress"), _g2po_want("progress"))
+    got = _run(estimator="g2po", g2po_edge="progress", gigpo_mode="mean_norm", episode_norm="mean_norm", omega=0.5)
+    want = _g2po_want("progress", mode="mean_norm", omega=0.5,
+                      episode=lambda n: R[n[:2]] - mean(TASK_R[n[0].upper()]))
+    # mean_norm drops every division: a1t2 = (10 - 3.3) + 0.5 * (0 + (5 - mean of task A's progress deltas))
+    deltas_a = [0.425, 5 - 5 / 6, 5.0, -0.025 - 2.45 / 6, -0.1, 5 / 6 + 0.025, -5 / 6, 0.425, -5 / 6]
+    assert want["a1t2"] == pytest.approx((10 - 3.3) + 0.5 * (5.0 - mean(deltas_a)))
+    _check(got, want)
+
 def _pool(pool: list[float], sigma2: float, m0: float = 2.0) -> tuple[float, float]:
     """Spec (3) for one pool: (mu_d, e_d) with s2~ = ((n-1) s2 + m0 sigma2_u)/(n-1+m0), e = s2~/n."""
     n = len(pool)

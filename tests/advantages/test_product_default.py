@@ -2,7 +2,7 @@
 
 The default keys ProGPO's anchor states on observation + state_extra when the batch carries it, accumulates
 the normalised credit with lambda 0.8, zeroes tasks without a return signal, pools its potentials at depth 0 and
-caps the RMS of its advantages at 1; GiGPO, HGPO, GRPO and RLOO
+caps the RMS of its advantages at 1; GiGPO, HGPO, GRPO, RLOO and G2PO
 must give bit-for-bit what they gave before (observation keys, no zeroing), and take the same options only
 when asked.
 """
@@ -15,7 +15,7 @@ import pytest
 from progpo.advantages import AdvantageConfig, compute_advantages, config_from_preset
 from progpo.advantages.synthetic import HashEncoder, alfworld_like_batch, random_batch
 
-BASELINES = ("gigpo", "hgpo", "grpo", "rloo")
+BASELINES = ("gigpo", "hgpo", "grpo", "rloo", "g2po")
 
 
 def test_progpo_default_fields():

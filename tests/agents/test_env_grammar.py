@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from envs.webshop_server import engine
@@ -113,6 +113,82 @@ def test_a_search_for_every_goal_agrees_with_the_server(catalog, shared_data):
     print(f"\nsearches: {verdicts[True]} pass both, {verdicts[False]} refused by both")
 
 
+# ----- any Unicode: what the server reads as one command, the parser admits ------------------------------
+#: issue 34: labels of WebShop's own pages and the words of goal #706 (``... 1.8米 capacity``), refused before
+#: as "CJK characters" (verl-agent's language rule) although the server reads each as one command.
+REPORTED = ["click[财48 - wine]", "click[1.8米]",
+            "search[i need a microphone cable with a power amplifier and 1.8米 capacity]"]
+
+
+@pytest.mark.parametrize("action", REPORTED)
+def test_reported_non_ascii_actions_are_format_valid(action):
+    assert server_reads_one_action(action)
+    assert parse_action(f"{THINK}<action>{action}</action>", "webshop") == (action, True)
+    # the model may quote the page in its reasoning too: the same words are no language switch on WebShop
+    assert parse_action(f"<think>the page offers {action[6:-1]}</think><action>{action}</action>", "webshop")[1]
+
+
+def test_goal_706_copied_into_a_search_is_format_valid(shared_data):
+    goals = json.loads((shared_data / "webshop" / "human_goals.json").read_text())
+    goal = goals[706] if isinstance(goals[706], str) else goals[706]["instruction_text"]
+    assert "1.8米" in goal
+    action = normalize_action(f"search[{goal}]")
+    assert parse_action(f"<think>{goal}</think><action>search[{goal}]</action>", "webshop") == (action, True)
+
+
+_ANSWER_TAG = re.compile(r"</?(?:think|action)>", re.IGNORECASE)
+#: the answer format reserves its own four tags; no text inside the action block can hold one
+_NO_TAG = lambda s: _ANSWER_TAG.search(s) is None  # noqa: E731
+_UNICODE = st.one_of(
+    st.text(),  # every code point but surrogates: controls, line and paragraph separators, private use
+    st.text(st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF)),  # CJK ideographs
+    st.text(st.characters(categories=("Mn", "Me"))),  # combining marks
+    st.text(st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF)),  # emoji
+    st.text(st.sampled_from("［］【】〔〕｛｝＜＞（）[]<> |\t\n\u3000\u00a0éüñ米财")),  # full-width and ASCII brackets
+)
+_PIECE = st.one_of(_UNICODE, st.sampled_from(["search", "click", "[", "]", " "]))
+_LABEL = st.lists(_PIECE, max_size=5).map("".join).filter(_NO_TAG)
+
+
+@given(name=st.sampled_from(["search", "click", "Search", "CLICK", "buy", "", "search ", "click[", "搜索"]),
+       label=_LABEL)
+def test_check_equals_the_server_on_any_unicode_label_or_query(name, label):
+    """``name[label]`` with the label or query drawn from the whole of Unicode: the parser's verdict is the
+    server's reading of what the episode loop sends (one search/click or not), nothing else."""
+    answer = f"{name}[{label}]"
+    sent, valid = parse_action(f"{THINK}<action>{answer}</action>", "webshop")
+    assert sent == normalize_action(answer)
+    assert valid == server_reads_one_action(sent), sent
+
+
+@given(text=st.lists(_PIECE, min_size=1, max_size=6).map("".join).filter(_NO_TAG), think=_UNICODE.filter(_NO_TAG))
+def test_check_equals_the_server_on_any_unicode_answer(text, think):
+    sent, valid = parse_action(f"<think>{think}</think><action>{text}</action>", "webshop")
+    assert sent == normalize_action(text)
+    assert valid == server_reads_one_action(sent), sent
+
+
+def test_every_title_option_and_goal_of_the_real_data_passes_the_parser(catalog, shared_data):
+    """End to end through the parser (not only the syntax check): a click of every option value and a search
+    for every product title and every human goal (CJK, curly quotes and accents included; goals #706 and #4165
+    hold CJK) is valid exactly when the server reads it as one command."""
+    cat, _ = catalog
+    human = json.loads((shared_data / "webshop" / "human_goals.json").read_text())
+    queries = [p["Title"] for p in cat.products] + [g if isinstance(g, str) else g["instruction_text"] for g in human]
+    options = sorted({v for p in cat.products for values in p["options"].values() for v in values})
+    answers = [f"search[{q}]" for q in queries] + [f"click[{v}]" for v in options]
+    verdicts = Counter()
+    for answer in answers:
+        sent, valid = parse_action(f"<think>{answer}</think><action>{answer}</action>", "webshop")
+        assert valid == server_reads_one_action(sent), answer
+        verdicts[valid] += 1
+    non_ascii = sum(any(ord(c) > 127 for c in a) for a in answers)
+    assert verdicts[False] == sum("[" in q for q in queries) == 1
+    assert non_ascii >= 80
+    print(f"\n{len(answers)} titles, goals and options ({non_ascii} non-ASCII): {verdicts[True]} valid, "
+          f"{verdicts[False]} refused by both")
+
+
 # ----- ALFWorld --------------------------------------------------------------------------------------
 _TEMPLATE = re.compile(r'template :: "([^"]*)"')
 _PLACEHOLDER = re.compile(r"\[\{[^}]*\}\]|\{[a-z]+\}")  # "{o}", "{outerr}", go to's "[{r.name | ...}]"
@@ -188,6 +264,20 @@ def test_alfworld_check_equals_the_game_grammar_on_any_text(alfworld_data, words
     game_grammar = _game_grammar_regex(alfworld_data["grammar"])
     text = normalize_action(" ".join(words))
     assert alfworld_ok(text) == (game_grammar.fullmatch(text) is not None)
+
+
+@given(pieces=st.lists(st.one_of(_WORDS, _UNICODE, st.sampled_from(["Mug", "\u212aettle", "DESK", "\t", "\n"])),
+                      max_size=9))
+def test_alfworld_check_equals_the_game_grammar_on_any_unicode(alfworld_data, pieces):
+    """Words of the grammar mixed with any Unicode (CJK, combining marks, emoji, full-width brackets, upper
+    case, the Kelvin sign that lower-cases to ``k``): the parser's verdict is the games' grammar on what is
+    sent. The games' names are ASCII, so the language rule (kept on ALFWorld) refuses nothing they admit."""
+    text = " ".join(pieces)
+    assume(_NO_TAG(text))
+    game_grammar = _game_grammar_regex(alfworld_data["grammar"])
+    sent, valid = parse_action(f"{THINK}<action>{text}</action>", "alfworld")
+    assert sent == normalize_action(text)
+    assert valid == (game_grammar.fullmatch(sent) is not None), sent
 
 
 @pytest.mark.parametrize("answer", ["go to desk 1 and open drawer 1", "take mug 1 from desk 1, go to sinkbasin 1",

@@ -16,6 +16,8 @@ THINK = "<think>the mug is on the sink, so I should go there</think>"
         (f"{THINK}\n<action>  Go To  SinkBasin 1 \n</action>", "go to sinkbasin 1"),
         (f"{THINK}<ACTION>take mug 2 from sinkbasin 1</ACTION>", "take mug 2 from sinkbasin 1"),
         (f"  {THINK} some words <action>look</action> trailing", "look"),
+        # line breaks are whitespace: the env receives "go to desk 1", one command of its grammar
+        (f"{THINK}<action>go to\ndesk 1</action>", "go to desk 1"),
     ],
 )
 def test_alfworld_valid(text: str, action: str) -> None:
@@ -32,8 +34,9 @@ def test_alfworld_valid(text: str, action: str) -> None:
         (f"{THINK}<action>look</action><action>inventory</action>", "look"),  # two actions
         (f"{THINK}{THINK}<action>look</action>", "look"),  # two think blocks
         ("<action>look</action><think>why</think>", "look"),  # wrong order
-        (f"{THINK}<action>go to\ndesk 1</action>", "go to desk 1"),  # two lines
-        (f"{THINK}<action>我 look</action>", "我 look"),  # CJK characters (verl-agent rule)
+        (f"{THINK}<action>go to desk 1\nopen drawer 1</action>", "go to desk 1 open drawer 1"),  # two commands
+        (f"{THINK}<action>我 look</action>", "我 look"),  # CJK characters (verl-agent's language rule)
+        ("<think>我 look</think><action>look</action>", "look"),  # the rule holds in the reasoning too
         (f"<think>a <action>look</action></think>", "look"),  # action nested in think
     ],
 )
@@ -51,6 +54,11 @@ def test_alfworld_invalid(text: str, sent: str) -> None:
         (f"{THINK}<action>click[< prev]</action>", "click[< prev]"),
         # the server's parser reads a blank label as a click of " " (then: not on the page, env-invalid)
         (f"{THINK}<action>click[  ]</action>", "click[ ]"),
+        # any script the pages hold: no language rule on WebShop (its labels and goals hold CJK; issue 34)
+        (f"{THINK}<action>click[财48 - Wine]</action>", "click[财48 - wine]"),
+        ("<think>我要 1.8米</think><action>click[1.8米]</action>", "click[1.8米]"),
+        (f"{THINK}<action>search[<b>café</b> ［mug］ 🍵]</action>", "search[<b>café</b> ［mug］ 🍵]"),
+        (f"{THINK}<action>search[red\nshoes]</action>", "search[red shoes]"),
     ],
 )
 def test_webshop_valid(text: str, action: str) -> None:

@@ -9,9 +9,14 @@ from progpo.bench import advantages
 from progpo.lab import fidelity
 
 
-@pytest.mark.parametrize("flag", ["--runs", "--tasks", "--trajectories", "--max-steps"])
-def test_advantages_bench_counts_must_be_positive(flag, capsys):
-    with pytest.raises(ValueError, match=flag):
+@pytest.mark.parametrize("flag, named", [("--runs", "--runs"), ("--rollout.batch_size", "--rollout.batch_size"),
+                                         ("--rollout.n_samples_per_prompt", "--rollout.n_samples_per_prompt"),
+                                         ("--env.max_steps", "--env.max_steps"),
+                                         ("--tasks", "--rollout.batch_size"),  # the former names, for one release
+                                         ("--trajectories", "--rollout.n_samples_per_prompt"),
+                                         ("--max-steps", "--env.max_steps")])
+def test_advantages_bench_counts_must_be_positive(flag, named, capsys):
+    with pytest.raises(ValueError, match=named):
         advantages.main([flag, "0", "--no-embeddings"])
     assert "machine:" not in capsys.readouterr().out  # refused before any work
 

@@ -52,16 +52,32 @@ def test_the_table_counts_expert_and_admissible_answers():
 
 
 def test_the_probe_runs_on_an_untrained_policy(agent_dir, capsys):
-    assert clone_probe.main(["--env", "alfworld_like", "--model", str(agent_dir), "--tasks", "2"]) == 0
+    assert clone_probe.main(["--env.name", "alfworld_like", "--actor.model_name_or_path", str(agent_dir),
+                             "--eval.num_tasks", "2"]) == 0
     out = capsys.readouterr().out
     assert "| all |" in out and "| go |" in out
 
 
+M = "--actor.model_name_or_path"
+
+
 @pytest.mark.parametrize("argv, flag", [
-    (["--env", "webshop", "--model", "tiny-agent"], "--env"), (["--model", "tiny-agent", "--tasks", "0"], "--tasks"),
-    (["--model", "tiny-agent", "--temperature", "0"], "--temperature"), (["--model", "/nonexistent"], "--model"),
-    (["--model", "tiny-agent", "--split", "valid"], "--split"), (["--model", "tiny-agent", "--tasks", "10000000"], "--tasks"),
+    (["--env.name", "webshop", M, "tiny-agent"], "--env.name"), ([M, "tiny-agent", "--eval.num_tasks", "0"], "--eval.num_tasks"),
+    ([M, "tiny-agent", "--rollout.temperature", "0"], "--rollout.temperature"), ([M, "/nonexistent"], M),
+    ([M, "tiny-agent", "--env.eval_split", "valid"], "--env.eval_split"),
+    ([M, "tiny-agent", "--eval.num_tasks", "10000000"], "--eval.num_tasks"),
 ])
 def test_bad_input_is_named(argv, flag, capsys):
     assert clone_probe.main(argv) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_the_former_flag_names_parse_for_one_release_with_a_warning(capsys):
+    args = clone_probe.parse_args(["--env", "alfworld_like", "--model", "tiny-agent", "--tasks", "3", "--history", "2",
+                                   "--max-steps", "5", "--temperature", "0.5", "--max-new-tokens", "9", "--seed", "4",
+                                   "--split", "train"])
+    assert (args.env, args.model, args.tasks, args.history, args.max_steps, args.temperature, args.max_new_tokens,
+            args.seed, args.split) == ("alfworld_like", "tiny-agent", 3, 2, 5, 0.5, 9, 4, "train")
+    err = capsys.readouterr().err
+    assert "--model is deprecated and goes in the next release; use --actor.model_name_or_path" in err
+    assert "--tasks is deprecated and goes in the next release; use --eval.num_tasks" in err

@@ -33,10 +33,10 @@ def test_the_paper_preset_row_differs_from_the_default():
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["--seeds", "0"], "--seeds"), (["--rollouts", "1"], "--rollouts"), (["--lr-sweep", "1e-3,x"], "--lr-sweep"),
+    (["--seeds", "0"], "--seeds"), (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt"), (["--lr-sweep", "1e-3,x"], "--lr-sweep"),
     (["--lr-sweep", "0"], "--lr-sweep"), (["--envs", "webshop"], "--envs"), (["--target", "1.5"], "--target"),
     (["--pool", "-1"], "--pool"), (["--pool", "0"], "--regime fresh"), (["--regime", "fresh", "--pool", "3"], "--pool"),
-    (["--history", "-1"], "--history"), (["--estimators", "nope"], "--estimators"),
+    (["--env.history_length", "-1"], "--env.history_length"), (["--sft.lr", "0"], "--sft.lr"), (["--estimators", "nope"], "--estimators"),
 ])
 def test_bad_flags_name_the_flag(argv, flag):
     with pytest.raises(ValueError, match=flag):
@@ -58,8 +58,8 @@ def test_main_prints_one_line_on_bad_flags(capsys):
 def test_the_pipeline_runs_at_toy_size(tmp_path, capsys):
     out = tmp_path / "bench"
     argv = ["--envs", "alfworld_like", "--estimators", "grpo,progpo", "--lr-sweep", "1e-3", "--seeds", "2",
-            "--iterations", "2", "--tasks", "2", "--rollouts", "2", "--pool", "2", "--max-steps", "8",
-            "--sft-tasks", "8", "--sft-epochs", "1", "--workers", "1", "--out", str(out)]
+            "--train.num_iterations", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2",
+            "--pool", "2", "--env.max_steps", "8", "--sft.num_tasks", "8", "--sft.max_epochs", "1", "--workers", "1", "--out", str(out)]
     assert learning_lm.main(argv) == 0
     text = capsys.readouterr().out
     for part in ("**Learning-rate sweep**", "**Learning**", "warm-start success", "collapsed", "Cost:",
@@ -85,7 +85,7 @@ def test_fresh_tasks_default_to_their_own_folder():
     assert learning_lm.parse_args(["--regime", "fresh"]).out == "runs/bench/learning-lm-fresh"
     assert learning_lm.parse_args([]).out == "runs/bench/learning-lm"
     assert learning_lm.parse_args(["--regime", "fresh", "--out", "x"]).out == "x"
-    assert learning_lm.parse_args(["--regime", "fresh", "--iterations", "64"]).out == "runs/bench/learning-lm-fresh-it64"
+    assert learning_lm.parse_args(["--regime", "fresh", "--train.num_iterations", "64"]).out == "runs/bench/learning-lm-fresh-it64"
 
 
 def test_each_regime_has_its_own_defaults_and_a_flag_wins():
@@ -94,9 +94,13 @@ def test_each_regime_has_its_own_defaults_and_a_flag_wins():
     assert (fixed.pool, fixed.tasks, fixed.rollouts, fixed.sft_tasks, fixed.sft_epochs) == (2, 2, 16, 170, 1)
     assert (fresh.pool, fresh.tasks, fresh.rollouts, fresh.sft_tasks, fresh.sft_epochs) == (0, 4, 8, 1600, 8)
     assert fixed.lrs == [1e-3, 2e-3] and fresh.lrs == [3e-4, 1e-3]
-    mine = learning_lm.parse_args(["--regime", "fresh", "--sft-tasks", "64", "--tasks", "2"])
+    mine = learning_lm.parse_args(["--regime", "fresh", "--sft.num_tasks", "64", "--rollout.batch_size", "2"])
     assert (mine.sft_tasks, mine.tasks, mine.sft_epochs) == (64, 2, 8)
-    assert learning_lm.parse_args(["--tasks", "3"]).pool == 3  # the fixed pool follows --tasks
+    assert learning_lm.parse_args(["--rollout.batch_size", "3"]).pool == 3  # the fixed pool follows the batch
+    old = learning_lm.parse_args(["--tasks", "3", "--rollouts", "4", "--iterations", "5", "--max-steps", "6", "--history",
+                                  "0", "--sft-tasks", "7", "--sft-epochs", "2", "--sft-lr", "1e-2", "--kl", "0.1"])
+    assert (old.tasks, old.rollouts, old.iterations, old.max_steps, old.history, old.sft_tasks, old.sft_epochs,
+            old.sft_lr, old.kl) == (3, 4, 5, 6, 0, 7, 2, 1e-2, 0.1)  # the former names, for one release
 
 
 def test_the_paired_gap_compares_second_halves_seed_by_seed():

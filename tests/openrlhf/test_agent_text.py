@@ -15,6 +15,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from progpo.agents.episode import run_episodes
 from progpo.agents.types import Generation, SamplingParams
@@ -111,3 +112,90 @@ def test_both_backends_record_the_same_text_and_prompts(cpu_compat, tok):
     assert [s.prompt_ids for s in cluster.steps] == [s.prompt_ids for s in local.steps]
     # the next prompts show the earlier answers as plain text: the template's 3 control ids only
     assert [_control_ids(tok, s.prompt_ids) for s in cluster.steps] == [3, 3, 3]
+
+
+# ----- what the model writes, the parser sees: both backends, tags as text and as special tokens (issue 34)
+SCRIPTED_ANSWER = "<think>the room is dark, café ☕</think><action>look</action>"
+
+
+class ScriptedLM(torch.nn.Module):
+    """A causal LM that writes ``script`` (token ids) after any prompt: the wrapped model runs as the
+    generator drives it (prefill, KV cache, positions) and its next-token logits are replaced by a choice of
+    the next scripted id (``-1e4`` elsewhere), so any sampler picks it."""
+
+    def __init__(self, model, script: list[int]) -> None:
+        super().__init__()
+        self.inner, self.script, self.t = model, list(script), 0
+        self.generation_config = model.generation_config
+
+    def forward(self, input_ids, past_key_values=None, **kwargs):
+        out = self.inner(input_ids=input_ids, past_key_values=past_key_values, **kwargs)
+        self.t = 0 if past_key_values is None else self.t + 1  # a prefill starts the answer over
+        logits = torch.full_like(out.logits, -1e4)
+        logits[..., self.script[min(self.t, len(self.script) - 1)]] = 0.0
+        out.logits = logits
+        return out
+
+
+@pytest.fixture(scope="module", params=["tiny", "tiny-special"])
+def scripted_folder(request, answer_tokenizers, tmp_path_factory):
+    """The tiny model and one of the two tokenizers (answer tags as text / as special tokens) saved as an HF
+    folder, its embeddings grown to the tokenizer (as an SFT recipe that adds tokens does)."""
+    from transformers import AutoModelForCausalLM
+
+    from progpo.run.tiny_model import save_model_folder, tiny_model_path
+
+    tok = answer_tokenizers[request.param]
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
+    model.resize_token_embeddings(len(tok))
+    return save_model_folder(model, tok, tmp_path_factory.mktemp("scripted") / request.param)
+
+
+def _check_steps(steps, tok) -> None:
+    assert [s.response_text for s in steps] == [SCRIPTED_ANSWER] * 3
+    assert [s.action for s in steps] == ["look"] * 3
+    assert not any(s.format_invalid for s in steps)
+    assert steps[0].response_ids == tok(SCRIPTED_ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+
+def test_local_backend_parser_sees_what_the_model_wrote(scripted_folder):
+    """The local backend: ``HFGenerator`` (transformers forward passes) + the episode loop."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from progpo.run.generation import HFGenerator
+
+    tok = AutoTokenizer.from_pretrained(str(scripted_folder))
+    script = tok(SCRIPTED_ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    model = ScriptedLM(AutoModelForCausalLM.from_pretrained(str(scripted_folder)), script)
+    gen = HFGenerator(model, tok, seed=0)
+    (ep,) = asyncio.run(run_episodes([("train", 0)], env_pool=LocalEnvPool(RoomEnv, max_envs=1), generate=gen,
+                                     tokenizer=tok, env_name="alfworld", n_samples_per_task=1,
+                                     sampling=SamplingParams(max_new_tokens=64), max_steps=3,
+                                     max_prompt_tokens=1024 - 64))
+    _check_steps(ep.steps, tok)
+
+
+def test_openrlhf_cpu_engine_parser_sees_what_the_model_wrote(cpu_compat, scripted_folder):
+    """The OpenRLHF path: our agent executor driving the CPU engine actor (``CPURolloutActor``, the stand-in
+    of OpenRLHF's vLLM engine) loaded from the same folder, with the actor's tokenizer."""
+    from transformers import AutoTokenizer
+
+    with cpu_compat.import_shims():
+        from progpo.openrlhf import agent
+        from progpo.openrlhf.cpu import engine as cpu_engine
+
+        params = cpu_compat.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=64, logprobs=1)
+    tok = AutoTokenizer.from_pretrained(str(scripted_folder))
+    script = tok(SCRIPTED_ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+    async def main():
+        cls = cpu_engine.CPURolloutActor.__ray_actor_class__
+        eng = cls.__new__(cls)
+        await eng.__init__(str(scripted_folder), seed=3, dtype="fp32", max_model_len=1024)
+        eng.generator.model = ScriptedLM(eng.model, script)
+        executor = agent.AgentExecutor(agent.AgentConfig(env=EnvSettings(name="alfworld", pool="local", max_steps=3)),
+                                       env_pool=LocalEnvPool(RoomEnv, max_envs=1))
+        return await executor.execute(json.dumps({"split": "train", "index": 0}), "train:0", params, 1024, tok, eng)
+
+    response = asyncio.run(main())
+    _check_steps(response[agent.RESPONSE_EPISODE_KEY].steps, tok)

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +203,38 @@ def test_balance_gives_every_rank_the_same_rows_and_an_equal_real_share(mods):
     assert len({id(e) for e in out}) == 16  # OpenRLHF writes each row's index into it
     with pytest.raises(ValueError, match="not a multiple of the 3 ranks"):
         mods.balance.balance_for_ranks(rows, multiple=16, ranks=3, pad_token_id=0)
+
+
+@pytest.mark.parametrize("steps, multiple, ranks, rows, padding", [
+    (16, 16, 2, 16, 0),    # already a whole multiple: no padding (a "+1 window" mutant gave 32 rows, 16 padding)
+    (32, 16, 4, 32, 0),
+    (256, 256, 8, 256, 0),  # the scripts' train batch on one node of 8 GPUs
+    (17, 16, 2, 32, 15),
+    (1, 16, 2, 16, 15),
+    (15, 16, 2, 16, 1),
+])
+def test_balance_pads_to_the_next_multiple_only(mods, steps, multiple, ranks, rows, padding):
+    out = mods.balance.balance_for_ranks([_row(mods, 0)] * steps, multiple=multiple, ranks=ranks, pad_token_id=0)
+    real = [bool(mods.balance.real_rows(e).item()) for e in out]
+    assert (len(out), real.count(False)) == (rows, padding)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ranks=st.sampled_from([1, 2, 3, 4, 8, 16]), per_rank=st.integers(1, 16), steps=st.integers(1, 300))
+def test_no_optimizer_window_is_padding_only(mods, ranks, per_rank, steps):
+    """For any step count S, ranks and train batch L (a multiple of the ranks): ``ceil(S / L) L`` rows,
+    fewer than L of them padding, and every optimizer window (L rows: L / ranks consecutive rows of each
+    rank's share) holds a real row -- in batch order, and in any order a rank's loader shuffles its share into
+    (some rank has more real rows than all its windows but one can hold)."""
+    multiple = ranks * per_rank
+    out = mods.balance.balance_for_ranks([_row(mods, 0)] * steps, multiple=multiple, ranks=ranks, pad_token_id=0)
+    real = [bool(mods.balance.real_rows(e).item()) for e in out]
+    windows = -(-steps // multiple)
+    assert len(out) == windows * multiple and sum(real) == steps and real.count(False) < multiple
+    shares = [real[r * windows * per_rank:(r + 1) * windows * per_rank] for r in range(ranks)]
+    for w in range(windows):
+        assert any(any(share[w * per_rank:(w + 1) * per_rank]) for share in shares), (w, shares)
+    assert max(sum(share) for share in shares) > (windows - 1) * per_rank  # whatever the shuffle
 
 
 @pytest.mark.parametrize("kwargs, flag", [

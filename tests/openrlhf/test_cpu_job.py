@@ -2,7 +2,7 @@
 
 One run of the CPU launch script (tiny Qwen2 from ``progpo/run/tiny_model.py``, warm-started
 by :func:`warm_started_tiny_model`; 2 tasks x 4 rollouts x up to 3 steps; 2 iterations) starts the WebShop server and, through
-``python -m progpo.cli.train_ray --device cpu``, a local Ray head with OpenRLHF 0.11.2's own PPO
+``python -m progpo.cli.train_ray --rollout.backend hf``, a local Ray head with OpenRLHF 0.11.2's own PPO
 trainer, policy (DeepSpeed ZeRO-3 over gloo) and reference actors and the CPU engine actor. Every
 check reads what the job itself wrote: the final HF checkpoint (OpenRLHF's ``save_model``),
 TensorBoard (OpenRLHF's logger), and the ``--debug.dump_dir`` files (the step batch our experience

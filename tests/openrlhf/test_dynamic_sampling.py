@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from progpo.agents.types import Episode, StepRecord
+from progpo.openrlhf.launch import RayArgs, RayRun
+from progpo.run.settings import RolloutSettings
 
 EOS = 99
 
@@ -39,7 +41,8 @@ def _args(rounds, batch_size=2, n=2):
         train=SimpleNamespace(batch_size=1, micro_batch_size=1),  # no padding rows: counts stay the step counts
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1), ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
         ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
-        vllm=SimpleNamespace(enable_sleep=False), progpo_dynamic_sampling_max_rounds=rounds,
+        vllm=SimpleNamespace(enable_sleep=False), progpo=RayRun(settings=RayArgs(rollout=RolloutSettings(
+            dynamic_sampling=rounds is not None, dynamic_sampling_max_rounds=2 if rounds is None else rounds))),
     )
 
 
@@ -141,10 +144,10 @@ def _finalize(train_ray, argv, tmp_path):
 
 
 def test_train_ray_hands_the_round_cap_to_the_samples_generator(train_ray, tmp_path, capsys):
-    assert _finalize(train_ray, BASE, tmp_path).progpo_dynamic_sampling_max_rounds is None
+    assert _finalize(train_ray, BASE, tmp_path).progpo.dynamic_sampling_max_rounds is None
     ns = _finalize(train_ray, BASE + ["--rollout.dynamic_sampling", "true", "--rollout.dynamic_sampling_max_rounds",
                                       "4"], tmp_path)
-    assert ns.progpo_dynamic_sampling_max_rounds == 4 and getattr(ns, "algo.dynamic_filtering_enable") is False
+    assert ns.progpo.dynamic_sampling_max_rounds == 4 and getattr(ns, "algo.dynamic_filtering_enable") is False
     assert not any(k.startswith("rollout.dynamic_sampling") for k in vars(ns))
     with pytest.raises(SystemExit):  # OpenRLHF's own estimators have their own filter
         _finalize(train_ray, BASE + ["--advantage_estimator", "reinforce_baseline", "--algo.kl.use_loss",

@@ -16,6 +16,7 @@ import pytest
 
 from progpo.agents.types import Episode, StepRecord
 from progpo.envs.base import EnvUnreachable, StepResult
+from progpo.openrlhf.launch import RayRun
 from progpo.run.settings import EnvSettings
 
 TASK = json.dumps({"split": "test", "index": 0})
@@ -127,7 +128,7 @@ def test_threshold_stops_a_batch_that_mostly_failed_and_always_an_all_failed_one
 
 def test_generator_counts_failures_by_kind_and_stops_on_the_threshold(mods):
     cfg = mods.agent.AgentConfig(env=EnvSettings(name="webshop", max_failed_frac=0.25), env_kwargs={"base_url": "http://h:1"})
-    args = SimpleNamespace(progpo_agent_config_json=cfg.to_json(),
+    args = SimpleNamespace(progpo=RayRun(agent=cfg),
                            algo=SimpleNamespace(advantage=SimpleNamespace(estimator="progpo", is_correction_level="off")))
     gen = mods.samples.StepSamplesGenerator(strategy=SimpleNamespace(args=args), prompts_dataloader=[],
                                             eval_dataloader=None, tokenizer=SimpleNamespace(pad_token_id=0),
@@ -166,7 +167,7 @@ def test_train_ray_turns_the_failure_into_one_line_and_exit_3(mods, monkeypatch,
     monkeypatch.setattr(mods.trainer, "run_openrlhf_main", fit)
     monkeypatch.setattr(cpu, "install", lambda: None)
     monkeypatch.setattr(launch, "init_ray", lambda args: False)
-    argv = ["--device", "cpu", "--actor.model_name_or_path", "tiny", "--env.name", "webshop", "--env.url",
+    argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--env.name", "webshop", "--env.url",
             "http://127.0.0.1:9", "--env.num_tasks", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt",
             "4", "--rollout.micro_batch_size", "4", "--train.batch_size", "8", "--train.micro_batch_size", "2",
             "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",

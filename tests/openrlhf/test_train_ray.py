@@ -97,9 +97,9 @@ def test_preset_then_flags(cli, tmp_path):
     from progpo.advantages import config_from_preset
 
     ns = _finalize(cli, BASE + ["--progpo.preset", "paper"], tmp_path)
-    assert ns.progpo_advantage_config == config_from_preset("paper", estimator="progpo", max_steps=15)
+    assert ns.progpo.advantage == config_from_preset("paper", estimator="progpo", max_steps=15)
     ns = _finalize(cli, BASE + ["--progpo.preset", "candidate", "--progpo.state_key", "obs"], tmp_path)
-    cfg = ns.progpo_advantage_config
+    cfg = ns.progpo.advantage
     assert (cfg.state_key, cfg.credit_lambda, cfg.zero_signal) == ("obs", 0.8, "task")
     assert not hasattr(ns, "progpo_preset")
 
@@ -116,9 +116,9 @@ def test_finalize_builds_configs_tasks_and_agent_path(cli, tmp_path):
                                 "--progpo.use_potential", "false", "--eval.num_tasks", "3",
                                 "--env.eval_split", "test"], tmp_path)
     assert getattr(ns, "algo.advantage.estimator") == "gigpo"
-    cfg = ns.progpo_advantage_config
+    cfg = ns.progpo.advantage
     assert (cfg.estimator, cfg.omega, cfg.use_potential, cfg.max_steps) == ("gigpo", 0.5, False, 15)
-    agent = json.loads(ns.progpo_agent_config_json)
+    agent = json.loads(ns.progpo.agent.to_json())
     assert agent["env"]["name"] == "webshop" and agent["env"]["pool"] == "http" and agent["env"]["max_steps"] == 15
     assert agent["env_kwargs"] == {"base_url": "http://10.0.0.1:3000"}
     agent_path = Path(getattr(ns, "train.agent_func_path"))
@@ -160,7 +160,7 @@ def test_openrlhf_main_runs_its_checks_and_swaps_in_our_trainer(cli, tmp_path, m
     assert seen["actor"] is cli.trainer.ProGPOPolicyModelActor
     assert args.algo.advantage.estimator == "progpo" and args.critic.model_name_or_path is None
     assert args.reward.remote_url == ["agent"]  # OpenRLHF's own rewriting for agent_func_path
-    assert isinstance(args.progpo_advantage_config, AdvantageConfig)
+    assert isinstance(args.progpo.advantage, AdvantageConfig)
     from openrlhf.trainer import ppo_trainer
 
     assert ppo_trainer.PPOTrainer is not cli.trainer.ProGPOPPOTrainer  # restored afterwards
@@ -204,7 +204,7 @@ def test_openrlhf_loads_our_agent_file_as_its_engines_do(cli, tmp_path, monkeypa
     from progpo.openrlhf.agent import AgentExecutor
 
     ns = _finalize(cli, BASE, tmp_path)
-    monkeypatch.setenv("PROGPO_AGENT_CONFIG", ns.progpo_agent_config_json)
+    monkeypatch.setenv("PROGPO_AGENT_CONFIG", ns.progpo.agent.to_json())
     executor = _load_agent_executor(getattr(ns, "train.agent_func_path"))
     assert isinstance(executor, AgentExecutor)
     assert executor.config.env.name == "webshop" and executor.config.env_kwargs["base_url"] == "http://10.0.0.1:3000"
@@ -223,7 +223,7 @@ def test_help_works_without_the_gpu_stack():
     res = subprocess.run([sys.executable, "-m", "progpo.cli.train_ray", "--help"], cwd=repo, capture_output=True,
                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(repo)))
     assert res.returncode == 0, res.stderr[-3000:]
-    for flag in ["--device", "--cpu.ray_num_cpus", "--cpu.torch_threads", "--cpu.engine_batch_size", "--debug.dump_dir",
+    for flag in ["--rollout.backend", "--cpu.ray_num_cpus", "--cpu.torch_threads", "--rollout.gen_batch_size", "--debug.dump_dir",
                  "--debug.check_weight_sync", "--advantage_estimator", "--progpo.kappa", "--env.name",
                  "--ds.zero_stage", "--vllm.num_engines", "--actor.model_name_or_path"]:
         assert flag in res.stdout, flag
@@ -249,20 +249,61 @@ def test_cuda_without_the_gpu_stack_points_to_device_cpu(cli, capsys, tmp_path):
         cli.train_ray.main(BASE + ["--ckpt.path", str(tmp_path / "ckpt")])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "argument --device: cuda needs vllm and flash_attn installed" in err and "add --device cpu" in err
+    assert "argument --rollout.backend: vllm needs vllm and flash_attn installed" in err and "add --rollout.backend hf" in err
 
 
 def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path):
-    ns = _finalize(cli, BASE + ["--device", "cpu", "--actor.model_name_or_path", "tiny", "--actor.num_gpus_per_node",
+    ns = _finalize(cli, BASE + ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--actor.num_gpus_per_node",
                                 "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
                                 "--debug.check_weight_sync", "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
-    assert ns.progpo_device == "cpu"
+    assert ns.progpo.device == "cpu"
     assert getattr(ns, "ds.attn_implementation") == "sdpa" and getattr(ns, "vllm.sync_backend") == "gloo"
     assert Path(getattr(ns, "actor.model_name_or_path"), "config.json").is_file()  # the alias, resolved
-    assert ns.progpo_engine_kwargs == {"dtype": "bf16", "max_batch_size": 32}
-    assert ns.progpo_ray_num_cpus == 4  # actor + reference + engine + 1 free slot for the trainer actor
-    assert ns.progpo_debug_check_weight_sync and ns.progpo_debug_dump_dir == str(tmp_path / "d")
+    assert ns.progpo.engine_kwargs == {"dtype": "bf16", "max_batch_size": 32}
+    assert ns.progpo.ray_num_cpus == 4  # actor + reference + engine + 1 free slot for the trainer actor
+    assert ns.progpo.check_weight_sync and ns.progpo.dump_dir == str(tmp_path / "d")
     assert not any(k.startswith(("cpu.", "debug.")) or k == "device" for k in vars(ns))
+
+
+def test_the_run_length_in_iterations_is_train_s_flag(cli, tmp_path):
+    """``--train.num_iterations N``: the task list is N x --rollout.batch_size tasks, played once."""
+    base = BASE[:6] + BASE[8:]  # without --env.num_tasks
+    assert "--env.num_tasks" not in base
+    ns = _finalize(cli, base + ["--train.num_iterations", "3", "--env.task_offset", "5"], tmp_path)
+    rows = Path(getattr(ns, "data.prompt_dataset")).read_text().splitlines()
+    assert len(rows) == 3 * 16 and json.loads(json.loads(rows[0])["task"]) == {"split": "train", "index": 5}
+    assert getattr(ns, "train.num_episodes") == 1 and not hasattr(ns, "train.num_iterations")
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--env.num_tasks", "16"], "--train.num_iterations"), (["--train.num_episodes", "2"], "--train.num_episodes"),
+    (["--train.num_iterations", "0"], "--train.num_iterations"),
+])
+def test_the_run_length_is_given_once(cli, tmp_path, capsys, extra, flag):
+    base = BASE[:6] + BASE[8:]  # without --env.num_tasks
+    argv = base + (extra if extra[0] == "--train.num_iterations" else ["--train.num_iterations", "3", *extra])
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, argv, tmp_path)
+    assert exc.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+def test_the_run_settings_reach_every_actor_through_hierarchize_and_pickle(cli, tmp_path):
+    """OpenRLHF's main block nests the namespace (``hierarchize``) and Ray pickles it into every actor;
+    ``args.progpo`` is one key, so the actors read the same typed settings (no ``progpo_*`` strings)."""
+    import pickle
+
+    from openrlhf.utils.config import hierarchize  # OpenRLHF's modules were imported by the cli fixture
+
+    ns = _finalize(cli, BASE + ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--vllm.num_engines",
+                                "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+                                "--rollout.dynamic_sampling", "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
+    nested = pickle.loads(pickle.dumps(hierarchize(ns)))
+    run = cli.launch.ray_run(nested)
+    assert run == ns.progpo and run.device == "cpu" and run.dynamic_sampling_max_rounds == 2
+    assert run.dump_dir == str(tmp_path / "d") and run.advantage.estimator == "progpo"
+    assert run.agent.env.name == "webshop" and run.agent.max_new_tokens == 512  # --rollout.max_new_tokens unset
+    assert not [k for k in vars(ns) if k.startswith("progpo_")]
+    assert cli.launch.ray_run(SimpleNamespace()) == cli.launch.RayRun()  # an actor's unit test: the defaults
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -280,7 +321,7 @@ def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path)
 ])
 def test_cpu_mode_refuses_what_has_no_cpu_path(cli, capsys, tmp_path, argv, flag):
     with pytest.raises(SystemExit) as exc:
-        _finalize(cli, BASE + ["--device", "cpu", "--vllm.num_engines", "1"] + argv, tmp_path)
+        _finalize(cli, BASE + ["--rollout.backend", "hf", "--vllm.num_engines", "1"] + argv, tmp_path)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
 

@@ -85,7 +85,31 @@ def test_cpu_values_refused_before_ray_starts(cli, capsys, tmp_path, argv, says)
     parser = cli.train_ray.build_parser()
     with pytest.raises(SystemExit) as exc:  # --ckpt.path given last wins over the default below
         cli.train_ray.finalize(parser, parser.parse_args(
-            ["--device", "cpu", "--vllm.num_engines", "1", *BASE, "--ckpt.path", str(tmp_path / "ckpt"), *argv]))
+            ["--rollout.backend", "hf", "--vllm.num_engines", "1", *BASE, "--ckpt.path", str(tmp_path / "ckpt"), *argv]))
     assert exc.value.code == 2
     assert f"argument {says.replace('{file}', str(blocker))}" in capsys.readouterr().err
     assert blocker.read_text() == "keep me"
+
+
+def test_a_tokenizer_that_breaks_the_answer_format_exits_before_ray(cli, capsys, tmp_path, uncased_model, monkeypatch):
+    """The start-up check of both backends (``progpo.run.answer_format``, tests/run/test_answer_format.py) runs
+    in ``train_ray`` before Ray starts: exit 2, one line naming the flag, the model and what to change."""
+    from progpo.openrlhf import cpu
+
+    def never(*_args):
+        raise AssertionError("Ray started with a tokenizer that cannot write the answer tags")
+
+    monkeypatch.setattr(cpu, "install", lambda: None)  # its torch changes are for Ray workers
+    monkeypatch.setattr(cli.launch, "init_ray", never)
+    argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", str(uncased_model), "--env.name", "alfworld_like",
+            "--env.num_tasks", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
+            "--rollout.micro_batch_size", "4", "--train.batch_size", "8", "--train.micro_batch_size", "2",
+            "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
+            "--ckpt.path", str(tmp_path / "ckpt")]
+    with pytest.raises(SystemExit) as exc:
+        cli.train_ray.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2
+    assert err[0].startswith(f"python -m progpo.cli.train_ray: error: argument --actor.model_name_or_path "
+                             f"{uncased_model}: the answer '<think>")
+    assert "tokenizer.add_tokens" in err[0] and err[1].startswith("  hint: ")

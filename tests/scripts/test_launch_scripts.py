@@ -82,7 +82,7 @@ def test_cpu_script_runs_the_same_job_small_on_cpu():
     """The CPU script: the GPU scripts' job (ZeRO-3, KL loss, OpenRLHF actors) in the CPU profile."""
     argv = _dry_run(SCRIPTS / "train_progpo_webshop_cpu.sh")
     assert argv[:3] == ["python3", "-m", "progpo.cli.train_ray"]
-    assert _flag(argv, "--device") == "cpu" and _flag(argv, "--advantage_estimator") == "progpo"
+    assert _flag(argv, "--rollout.backend") == "hf" and _flag(argv, "--advantage_estimator") == "progpo"
     assert _flag(argv, "--actor.model_name_or_path") == "smollm2-135m"
     assert (_flag(argv, "--rollout.batch_size"), _flag(argv, "--rollout.n_samples_per_prompt")) == ("2", "4")
     assert _flag(argv, "--env.max_steps") == "3" and _flag(argv, "--env.num_tasks") == "4"  # 2 iterations
@@ -103,7 +103,7 @@ def test_train_script_flags_are_accepted_by_train_ray(tmp_path):
         cpu = {"MODEL": "tiny"} if script.stem.endswith("_cpu") else {}  # not the SmolLM2 conversion here
         argv = _dry_run(script, EVAL_TASKS="8", OUTPUT_DIR=str(tmp_path / script.stem), TRAIN_SPLIT_SIZE="100", **cpu)
         ns = train_ray.finalize(parser, parser.parse_args(argv[3:]))
-        assert ns.progpo_advantage_config.kappa == 4.0
+        assert ns.progpo.advantage.kappa == 4.0
         assert Path(getattr(ns, "data.prompt_dataset")).is_file() and Path(getattr(ns, "eval.dataset")).is_file()
 
 
@@ -159,12 +159,86 @@ def test_scripts_pass_openrlhf_start_up_checks_at_1_2_4_nodes(openrlhf_main, tmp
         ns = openrlhf_main.train_ray.finalize(openrlhf_main.parser, openrlhf_main.parser.parse_args(argv[3:]))
         args = openrlhf_main.run(ns)
         assert (args.actor.num_nodes, args.actor.num_gpus_per_node, args.vllm.num_engines) == (nodes, 8, ranks)
+        assert args.vllm.num_engines * args.vllm.tensor_parallel_size == ranks  # the engines' GPUs: the ranks'
         episodes = args.rollout.batch_size * args.rollout.n_samples_per_prompt
         assert episodes // args.rollout.micro_batch_size >= ranks, script.name  # OpenRLHF's assertion, passed
         cap = (8, 4) if "3b" in script.stem else (16, 8)
         assert args.rollout.micro_batch_size == min(cap[0], episodes // ranks), script.name
         assert args.train.micro_batch_size == min(cap[1], args.train.batch_size // ranks), script.name
         assert args.train.batch_size % (args.train.micro_batch_size * ranks) == 0  # whole DeepSpeed steps
+
+
+def _checked(openrlhf_main, argv):
+    """``argv`` (a script's printed command) through train_ray's checks, then OpenRLHF's start-up checks."""
+    ns = openrlhf_main.train_ray.finalize(openrlhf_main.parser, openrlhf_main.parser.parse_args(argv[3:]))
+    return openrlhf_main.run(ns)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_tensor_parallel_engines_use_exactly_the_gpus_they_share(openrlhf_main, tmp_path, nodes, tp):
+    """``VLLM_TP`` at 1, 2 and 4 nodes x 8 GPUs: engines x TP = the ranks' GPUs (the engines are colocated on
+    them; ``VLLM_TP=2`` on 1 x 8 gave 8 engines x 2 = 16 GPUs, a placement group that can never be placed)."""
+    for script in (SCRIPTS / "train_progpo_alfworld_3b.sh", SLURM):
+        argv = _dry_run(script, NUM_NODES=str(nodes), GPUS_PER_NODE="8", VLLM_TP=str(tp),
+                        OUTPUT_DIR=str(tmp_path / script.stem), PROGPO_REPO=str(REPO))
+        args = _checked(openrlhf_main, argv)
+        assert args.vllm.tensor_parallel_size == tp and args.train.colocate_all, script.name
+        assert args.vllm.num_engines * tp == nodes * 8 == args.actor.num_nodes * args.actor.num_gpus_per_node
+
+
+@pytest.mark.parametrize("tp", ["3", "16", "0", "two"])
+def test_a_tp_the_gpus_cannot_take_stops_the_script_in_one_line(tp):
+    res = subprocess.run(["bash", str(SCRIPTS / "train_progpo_alfworld.sh")], capture_output=True, text=True, cwd="/",
+                         env=dict(os.environ, PROGPO_DRY_RUN="1", GPUS_PER_NODE="8", VLLM_TP=tp))
+    assert res.returncode == 2 and res.stdout == ""
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"progpo: VLLM_TP={tp}" if tp.isdigit() and tp != "0" else f"progpo: VLLM_TP='{tp}'")
+
+
+@pytest.mark.parametrize("extra, flag, says", [
+    # the issue's command line: 8 engines x TP 2 = 16 GPUs colocated on 8
+    (["--vllm.tensor_parallel_size", "2"], "--vllm.num_engines",
+     "--vllm.num_engines 8 x --vllm.tensor_parallel_size 2 = 16 GPUs"),
+    (["--vllm.num_engines", "2", "--vllm.tensor_parallel_size", "3"], "--vllm.tensor_parallel_size",
+     "--vllm.tensor_parallel_size 3 does not divide the 8 GPUs"),
+    (["--vllm.num_engines", "2"], "--vllm.num_engines", "--vllm.num_engines 2 x --vllm.tensor_parallel_size 1 = 2 GPUs"),
+])
+def test_engines_that_do_not_fill_the_shared_gpus_exactly_are_refused_at_start_up(openrlhf_main, tmp_path, capsys,
+                                                                                   extra, flag, says):
+    """Any train_ray command line, not only the scripts': OpenRLHF asserts engines x TP = policy GPUs only
+    inside ``train()``, after Ray and the placement group are up; train_ray refuses it first, naming the flag."""
+    argv = _dry_run(SCRIPTS / "train_progpo_alfworld.sh", GPUS_PER_NODE="8", OUTPUT_DIR=str(tmp_path))
+    with pytest.raises(SystemExit) as exc:
+        _checked(openrlhf_main, argv + extra)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {says}" in err and says.startswith(flag) and "--actor.num_gpus_per_node 8" in err
+
+
+@pytest.mark.parametrize("env, fits", [
+    ({"MAX_PROMPT_TOKENS": "3000"}, False),                          # the issue's case: 3000 + 512 > 2560
+    ({"MAX_PROMPT_TOKENS": "2049"}, False),                          # one token over
+    ({"MAX_PROMPT_TOKENS": "2048"}, True),                           # exactly the default 2048 + 512 = 2560
+    ({"MAX_NEW_TOKENS": "1024"}, False),                             # the answer grew, the prompt budget did not
+    ({"MAX_NEW_TOKENS": "1024", "MAX_LEN": "3072"}, True),
+    ({"MAX_LEN": "2048"}, False),
+])
+def test_a_prompt_budget_that_does_not_fit_max_len_with_the_answer_is_refused(openrlhf_main, tmp_path, capsys, env,
+                                                                            fits):
+    argv = _dry_run(SCRIPTS / "train_progpo_webshop.sh", OUTPUT_DIR=str(tmp_path), **env)
+    if fits:
+        args = _checked(openrlhf_main, argv)
+        assert args.rollout.max_new_tokens + int(_flag(argv, "--rollout.max_prompt_tokens")) <= args.data.max_len
+        return
+    with pytest.raises(SystemExit) as exc:
+        _checked(openrlhf_main, argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    prompt, new, max_len = (_flag(argv, f) for f in ("--rollout.max_prompt_tokens", "--rollout.max_new_tokens",
+                                                    "--data.max_len"))
+    assert (f"error: argument --rollout.max_prompt_tokens {prompt} + "
+            f"--rollout.max_new_tokens {new} = {int(prompt) + int(new)} tokens do not fit --data.max_len {max_len}") in err
 
 
 def test_multi_node_runs_bind_webshop_where_other_nodes_reach_it_and_pass_the_data_folder(tmp_path):
@@ -256,13 +330,13 @@ def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
     assert argv[:3] == ["python3", "-m", "progpo.cli.train"] and argv[-2:] == ["--progpo.kappa", "4"]
     cfg = config_from_args(argv[3:])
     assert cfg.env.name == "webshop" and cfg.actor.model_name_or_path == "smollm2-135m"
-    assert cfg.warm_start.num_tasks >= 1 and cfg.ds.param_dtype == "fp32"
+    assert cfg.sft.num_tasks >= 1 and cfg.ds.param_dtype == "fp32"
     assert cfg.env.max_steps >= 5  # the WebShop expert needs 4.85 steps on average
     bench = build_parser().parse_args([])
     assert (bench.tasks, bench.n, bench.max_steps, bench.history_length, bench.max_prompt_tokens, bench.max_new_tokens,
-            bench.batch_size, bench.micro_batch_size, bench.model) == (
+            bench.batch_size, bench.micro_batch_size, bench.model, bench.mixed_precision) == (
         cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt, cfg.env.max_steps, cfg.env.history_length,
         cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, cfg.train.batch_size, cfg.train.micro_batch_size,
-        cfg.actor.model_name_or_path)
+        cfg.actor.model_name_or_path, cfg.ds.mixed_precision)
     alf = config_from_args(_dry_run(SCRIPTS / "run_local.sh", ENV="alfworld")[3:])
-    assert alf.env.name == "alfworld" and alf.warm_start.num_tasks >= 1
+    assert alf.env.name == "alfworld" and alf.sft.num_tasks >= 1

@@ -38,7 +38,7 @@ def test_metrics_logger_rejects_unnamespaced(tmp_path):
 
 def test_data_download_fails_fast_naming_the_folder(tmp_path, capsys, monkeypatch):
     import progpo.cli.data as data
-    import progpo.run.download as download
+    import progpo.envs.download as download
 
     monkeypatch.setattr(download, "GDRIVE", "http://127.0.0.1:9/{}")  # discard port: nothing listens
     monkeypatch.setattr(download, "ALFWORLD_HOST", "http://127.0.0.1:9")

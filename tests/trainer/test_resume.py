@@ -136,7 +136,7 @@ def test_save_path_on_a_file_is_refused_before_the_model_is_built(tmp_path, webs
     blocker = tmp_path / "notes.txt"
     blocker.write_text("keep me")
     rc = main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(blocker), "--env.url", webshop_url,
-               "--train.num_iterations", "1", "--logger.progress_bar", "false", "--logger.tensorboard", "false"])
+               "--train.num_iterations", "1", "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
     assert rc == 2
     err = capsys.readouterr().err
     assert f"--ckpt.path {blocker} is a file" in err
@@ -154,7 +154,7 @@ def test_metrics_of_a_run_without_checkpoint_are_not_appended_to(tmp_path, websh
     (run / "metrics.jsonl").write_text(old)
     args = ["--actor.model_name_or_path", "tiny", "--ckpt.path", str(run), "--env.url", webshop_url,
             "--train.num_iterations", "1", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2",
-            "--env.max_steps", "2", "--logger.progress_bar", "false", "--logger.tensorboard", "false"]
+            "--env.max_steps", "2", "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"]
     assert main(args) == 2
     assert "holds metrics.jsonl of an earlier run" in capsys.readouterr().err
     assert (run / "metrics.jsonl").read_text() == old  # nothing lost

@@ -110,8 +110,8 @@ def test_sft_cli_checkpoint_starts_train(tmp_path, webshop_url, capsys):
 
     out = tmp_path / "sft"
     rc = sft.main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(out), "--env.url", webshop_url, *SFT_PROTOCOL,
-                   "--sft.num_tasks", "2", "--train.max_epochs", "1", "--train.batch_size", "4",
-                   "--actor.adam.lr", "1e-3", "--logger.progress_bar", "false"])
+                   "--sft.num_tasks", "2", "--sft.max_epochs", "1", "--sft.batch_size", "4",
+                   "--sft.lr", "1e-3", "--logger.progress_bar", "false"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "expert: won" in text and f"--actor.model_name_or_path {out}" in text
@@ -125,7 +125,7 @@ def test_sft_cli_checkpoint_starts_train(tmp_path, webshop_url, capsys):
     cfg = config_from_args(["--actor.model_name_or_path", str(out), "--ckpt.path", str(tmp_path / "rl"), "--env.url", webshop_url,
                             "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2", "--env.max_steps", "2",
                             "--rollout.max_new_tokens", "8", "--rollout.max_prompt_tokens", "384",
-                            "--train.num_iterations", "1", "--logger.progress_bar", "false", "--logger.tensorboard", "false"])
+                            "--train.num_iterations", "1", "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
     trainer = Trainer(cfg)
     from transformers import AutoModelForCausalLM
 
@@ -147,8 +147,8 @@ def _same(trainer, state):
         assert torch.equal(tensor, live[name]), name
 
 
-@pytest.mark.parametrize("flag, value", [("--sft.num_tasks", "0"), ("--train.max_epochs", "0"),
-                                         ("--actor.adam.lr", "-1"), ("--rollout.max_prompt_tokens", "0")])
+@pytest.mark.parametrize("flag, value", [("--sft.num_tasks", "0"), ("--sft.max_epochs", "0"),
+                                         ("--sft.lr", "-1"), ("--rollout.max_prompt_tokens", "0")])
 def test_sft_cli_bad_values_name_the_flag(tmp_path, capsys, flag, value):
     from progpo.cli import sft
 
@@ -180,7 +180,7 @@ def test_sft_cli_refuses_a_save_path_with_an_earlier_runs_records(tmp_path, caps
     save = tmp_path / "sft"
     save.mkdir()
     (save / "metrics.jsonl").write_text('{"iteration": 1, "loss/sft_nll": 2.0}\n')
-    assert sft.main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(save), "--sft.num_tasks", "1", "--train.max_epochs", "1",
+    assert sft.main(["--actor.model_name_or_path", "tiny", "--ckpt.path", str(save), "--sft.num_tasks", "1", "--sft.max_epochs", "1",
                      "--logger.progress_bar", "false"]) == 2
     captured = capsys.readouterr()
     assert f"--ckpt.path {save} holds metrics.jsonl of an earlier run" in captured.err

@@ -32,8 +32,8 @@ def update_metrics(tiny_model):
     """One ``ppo_update`` (one optimizer step) and the plain-model reference values."""
     from transformers import AutoModelForCausalLM
 
-    actor = Actor(ActorConfig(pretrain=str(tiny_model), lr=1e-3, micro_batch_size=2,
-                              zero_stage=1))  # ZeRO >= 1: DeepSpeed reports the gradient norm
+    actor = Actor(ActorConfig(pretrain=str(tiny_model), lr=1e-3, micro_batch_size=2, mixed_precision="off",
+                              zero_stage=1))  # ZeRO >= 1: DeepSpeed reports the gradient norm; fp32 as the reference below
     cfg = UpdateConfig(batch_size=2, epochs=1, kl_coef=0.01, entropy_coef=ENTROPY_COEF)
     samples = [TrainSample(p, r, a) for p, r, a in zip(PROMPTS, RESPONSES, ADVANTAGES)]
     metrics = ppo_update(actor, prepare(actor, samples, cfg), cfg, np.random.default_rng(0))

@@ -1,4 +1,4 @@
-"""``train --warm_start.num_tasks N``: behaviour cloning inside the train run, cached under a key of every
+"""``train --sft.num_tasks N``: behaviour cloning inside the train run, cached under a key of every
 setting that shapes the cloned model, reused when nothing changed, never half-written.
 
 Tiny model, 2 expert episodes, one epoch, on the shared WebShop server (seconds per clone)."""
@@ -11,18 +11,18 @@ import os
 import pytest
 import torch
 
-WARM = ["--warm_start.num_tasks", "2", "--warm_start.epochs", "1", "--warm_start.batch_size", "4",
-        "--warm_start.lr", "1e-3"]
+WARM = ["--sft.num_tasks", "2", "--sft.max_epochs", "1", "--sft.batch_size", "4",
+        "--sft.lr", "1e-3"]
 PROTOCOL = ["--actor.model_name_or_path", "tiny", "--env.max_steps", "8", "--rollout.max_new_tokens", "160",
             "--rollout.max_prompt_tokens", "384", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2",
             "--train.num_iterations", "1", "--train.micro_batch_size", "4", "--logger.progress_bar", "false",
-            "--logger.tensorboard", "false"]
+            "--logger.tensorboard_dir", "none"]
 
 
 def _cfg(tmp_path, webshop_url, cache, *extra):
     from progpo.trainer.config import config_from_args
 
-    return config_from_args([*PROTOCOL, *WARM, "--env.url", webshop_url, "--warm_start.cache_dir", str(cache),
+    return config_from_args([*PROTOCOL, *WARM, "--env.url", webshop_url, "--sft.cache_dir", str(cache),
                              "--ckpt.path", str(tmp_path / f"run{len(list(tmp_path.glob('run*')))}"), *extra])
 
 
@@ -77,7 +77,7 @@ def test_same_settings_reuse_changed_settings_clone_again(tmp_path, webshop_url,
 
 
 def test_a_failed_clone_leaves_nothing_behind(tmp_path, webshop_url, monkeypatch):
-    from progpo.trainer import sft
+    from progpo.trainer import warm_start
 
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -87,12 +87,12 @@ def test_a_failed_clone_leaves_nothing_behind(tmp_path, webshop_url, monkeypatch
     def boom(*args, **kwargs):
         raise RuntimeError("killed mid-epoch")
 
-    monkeypatch.setattr(sft, "sft_epoch", boom)
+    monkeypatch.setattr(warm_start, "sft_epoch", boom)  # the name the behaviour cloning calls
     with pytest.raises(RuntimeError, match="killed mid-epoch"):
-        _warm(_cfg(tmp_path, webshop_url, cache, "--warm_start.epochs", "2"))
+        _warm(_cfg(tmp_path, webshop_url, cache, "--sft.max_epochs", "2"))
     assert [p.name for p in cache.iterdir()] == [stale.name]  # nothing of ours; a stale one of another key stays
     monkeypatch.undo()
-    done = _warm(_cfg(tmp_path, webshop_url, cache, "--warm_start.epochs", "2", "--train.seed", "3"))
+    done = _warm(_cfg(tmp_path, webshop_url, cache, "--sft.max_epochs", "2", "--train.seed", "3"))
     assert (done / "sft_summary.json").is_file()
     assert sorted(p.name for p in cache.iterdir()) == sorted([stale.name, done.name])
 
@@ -100,8 +100,8 @@ def test_a_failed_clone_leaves_nothing_behind(tmp_path, webshop_url, monkeypatch
 def test_bad_warm_start_values_name_the_flag():
     from progpo.trainer.config import config_from_args
 
-    for argv, flag in ((["--warm_start.num_tasks", "-1"], "--warm_start.num_tasks"),
-                       (["--warm_start.lr", "0"], "--warm_start.lr"),
-                       (["--warm_start.epochs", "0"], "--warm_start.epochs")):
+    for argv, flag in ((["--sft.num_tasks", "-1"], "--sft.num_tasks"),
+                       (["--sft.lr", "0"], "--sft.lr"),
+                       (["--sft.max_epochs", "0"], "--sft.max_epochs")):
         with pytest.raises(ValueError, match=f"^{flag}"):
             config_from_args(argv)

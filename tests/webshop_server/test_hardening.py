@@ -248,7 +248,8 @@ def test_synth_never_overwrites_data_it_did_not_write(tmp_path, capsys):
     (["--workers", "0"], "--workers must be >= 1, got 0"),     # failed only after the catalog was prepared
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--sessions", "1", "0"], "--sessions must be >= 1, got 0"),
-    (["--episodes", "-1", "2"], "--episodes must be >= 0, got -1"),
+    (["--rollout.batch_size", "-1"], "--rollout.batch_size must be >= 0, got -1"),
+    (["--episodes", "2", "-1"], "--rollout.n_samples_per_prompt must be >= 0, got -1"),  # its former name
     (["--search-cache", "-1"], "--search-cache must be >= 0, got -1"),
     (["--original-mem-gb", "nan"], "--original-mem-gb must be a finite number > 0, got nan"),
     (["--cache-dir", "{precious}"], "--cache-dir {precious} is not empty and is not a benchmark cache"),  # was emptied

@@ -130,8 +130,9 @@ def test_every_label_of_the_real_products_is_clickable_by_the_agent(shop):
           f"{len(options)} option values, {len(unnormal)} not in normal form: {unnormal}")
 
 
-# ----- synthetic labels: whitespace runs, tabs, NBSP, case ------------------------------------------
-RAW_COLORS = ["Black / White", "Navy\tBlue", "Size\u00a0XL", "Light  Grey", "DARK Red", "Red  Blue", "Red Blue"]
+# ----- synthetic labels: whitespace runs, tabs, NBSP, case, CJK and accents ----------------------------
+RAW_COLORS = ["Black / White", "Navy\tBlue", "Size\u00a0XL", "Light  Grey", "DARK Red", "Red  Blue", "Red Blue",
+              "财48 - Wine", "1.8米", "Café ［Noir］ ☕"]  # labels of WebShop's full catalog (issue 34), accents
 RAW_SIZES = ["X-Large", "2  Pack"]
 
 
@@ -180,12 +181,16 @@ def test_synthetic_labels_with_odd_whitespace_and_case_are_clickable(synthetic_d
     assert clicked["navy\tblue"] == {"navy\tblue"} and clicked["size\u00a0xl"] == {"size\u00a0xl"}
     assert clicked["light  grey"] == {"light  grey"} and clicked["2  pack"] == {"2  pack"}
     assert clicked["dark red"] == {"dark red"}
+    assert clicked["财48 - wine"] == {"财48 - wine"} and clicked["1.8米"] == {"1.8米"}
+    assert clicked["café ［noir］ ☕"] == {"café ［noir］ ☕"}
     assert clicked["red  blue"] == {"red blue"}  # its normal form is the other label's exact text
 
 
-def test_agent_buys_goal_with_double_spaced_option_over_http(synthetic_dir):
+@pytest.mark.parametrize("color", ["black  |  white", "财48 - wine", "1.8米"])
+def test_agent_buys_goal_with_odd_option_over_http(synthetic_dir, color):
     """End to end (server process + WebShopEnv): the model copies actions from the admissible list,
-    the parser normalises them, and the goal with option ``black  |  white`` is bought with score 1."""
+    the parser normalises them, and the goal with option ``color`` (a double-spaced label, or the CJK labels
+    of issue 34) is bought with score 1."""
     from envs.webshop_server.process import WebShopServerProcess
     from envs.webshop_server.reward import get_reward
     from progpo.envs.webshop import WebShopEnv
@@ -193,7 +198,7 @@ def test_agent_buys_goal_with_double_spaced_option_over_http(synthetic_dir):
     shop = Shop(ShopConfig(data_dir=str(synthetic_dir), preload_nlp=False, use_cache=False))
     lo, hi = shop.splits.range("train")
     index, goal = next((i - lo, shop.goals[i]) for i in range(lo, hi)
-                       if shop.goals[i]["goal_options"]["color"] == "black  |  white")
+                       if shop.goals[i]["goal_options"].get("color") == color)
     product = shop.catalog.by_asin[goal["asin"]]
     assert get_reward(product, goal, shop.catalog.prices[goal["asin"]], goal["goal_options"])[0] == 1.0
     with WebShopServerProcess(data_dir=synthetic_dir, port=0, threads=2, start_timeout_s=PATIENCE_S,

@@ -16,7 +16,12 @@
 # ranks). ROLLOUT_MICRO_BATCH / TRAIN_MICRO_BATCH fix a value; MAX_ROLLOUT_MICRO_BATCH /
 # MAX_TRAIN_MICRO_BATCH change the caps (16 / 8).
 #
-# DEVICE=cpu switches to the CPU profile (`--device cpu`: a laptop dry run of the same job, see
+# GPUS_PER_NODE takes every GPU string SLURM writes (progpo_gpu_count: 8, h100:8, gpu:h100:8, volta:3,kepler:1);
+# VLLM_TP (1) is the engines' tensor parallel size: engines = ranks / VLLM_TP, so that the colocated
+# engines use exactly the ranks' GPUs (VLLM_TP must divide them). A value these cannot use stops the
+# script with one line naming the variable and the value.
+#
+# DEVICE=cpu switches to the CPU profile (`--rollout.backend hf`: a laptop dry run of the same job, see
 # docs/distributed.md): SmolLM2-135M-Instruct, 2 tasks x 4 rollouts, 3 steps, 64 response tokens,
 # 2 iterations, caps 4 / 2, no colocation or sleep mode unless COLOCATE=1 (then the GPU scripts'
 # --train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode has no CPU path).
@@ -27,24 +32,31 @@ progpo_train_args() {
   local cpu=0
   [ "${DEVICE:-cuda}" = cpu ] && cpu=1
   local model=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
-  local nodes=${NUM_NODES:-1}
-  local gpus=${GPUS_PER_NODE:-8}
+  local nodes gpus tp=${VLLM_TP:-1}
+  nodes=$(progpo_positive NUM_NODES "${NUM_NODES:-1}") || return 2
   local max_steps=15
   [ "$env_name" = alfworld ] && max_steps=50
   # the protocol's sizes; the CPU profile shrinks them (each still overridable)
   local tasks=16 rollouts=8 iters=160 new_tokens=512 prompt_tokens=2048 max_len=2560
   local max_train_micro=8 max_rollout_micro=16 save_steps=20
   if [ "$cpu" = 1 ]; then
-    model=${MODEL:-smollm2-135m} gpus=${GPUS_PER_NODE:-1} max_steps=3
+    model=${MODEL:-smollm2-135m} max_steps=3
     tasks=2 rollouts=4 iters=2 new_tokens=64 prompt_tokens=1024 max_len=1152
     max_train_micro=2 max_rollout_micro=4 save_steps=-1
   fi
+  gpus=$(progpo_gpu_count GPUS_PER_NODE "${GPUS_PER_NODE:-$((cpu ? 1 : 8))}") || return 2
+  gpus=$(progpo_positive GPUS_PER_NODE "$gpus") || return 2
   tasks=${TASKS_PER_ITER:-$tasks} rollouts=${ROLLOUTS_PER_TASK:-$rollouts}
   local ranks=$((nodes * gpus)) episodes=$((tasks * rollouts))
+  tp=$(progpo_positive VLLM_TP "$tp") || return 2
+  if ((ranks % tp)); then
+    echo "progpo: VLLM_TP=$tp does not divide the $ranks GPUs (NUM_NODES x GPUS_PER_NODE = $nodes x $gpus) that the engines share" >&2
+    return 2
+  fi
   local train_batch=${TRAIN_BATCH_SIZE:-$((2 * episodes))}
   local rollout_micro=${ROLLOUT_MICRO_BATCH:-$(progpo_min "${MAX_ROLLOUT_MICRO_BATCH:-$max_rollout_micro}" $((episodes / ranks)))}
   local train_micro=${TRAIN_MICRO_BATCH:-$(progpo_min "${MAX_TRAIN_MICRO_BATCH:-$max_train_micro}" $((train_batch / ranks)))}
-  local engines=${VLLM_NUM_ENGINES:-$ranks}
+  local engines=${VLLM_NUM_ENGINES:-$((ranks / tp))}  # engines x TP = the ranks' GPUs (colocated)
   local run=${RUN_NAME:-${estimator}_${env_name}_$(basename "$model")}
   local out=${OUTPUT_DIR:-$PWD/runs/$run}  # absolute: Ray actors may run in other working dirs
 
@@ -81,7 +93,7 @@ progpo_train_args() {
     --ref.num_nodes "$nodes"
     --ref.num_gpus_per_node "$gpus"
     --vllm.num_engines "$engines"
-    --vllm.tensor_parallel_size "${VLLM_TP:-1}"
+    --vllm.tensor_parallel_size "$tp"
     --ckpt.path "$out/ckpt"
     --ckpt.output_dir "$out/final"
     --ckpt.save_hf
@@ -91,7 +103,7 @@ progpo_train_args() {
   )
   if [ "$cpu" = 1 ]; then
     # entropy logged (coefficient 0), the weight sync checked after every update
-    PROGPO_ARGS+=(--device cpu --actor.entropy_coef 0 --debug.check_weight_sync)
+    PROGPO_ARGS+=(--rollout.backend hf --actor.entropy_coef 0 --debug.check_weight_sync)
     if [ "${COLOCATE:-0}" = 1 ]; then
       PROGPO_ARGS+=(--train.colocate_all --vllm.enable_sleep)
     fi
@@ -126,4 +138,47 @@ progpo_min() {
   [ "$2" -lt "$m" ] && m=$2
   [ "$m" -lt 1 ] && m=1
   echo "$m"
+}
+
+# progpo_positive NAME VALUE: print VALUE when it is a whole number >= 1, else one line naming NAME (status 2).
+progpo_positive() {
+  if [[ $2 =~ ^[0-9]{1,6}$ ]] && ((10#$2 >= 1)); then
+    echo $((10#$2))
+    return 0
+  fi
+  echo "progpo: $1=${2@Q} must be a whole number >= 1" >&2
+  return 2
+}
+
+# progpo_gpu_count NAME VALUE: print the GPUs per node that VALUE gives, VALUE as SLURM writes it:
+# SLURM_GPUS_PER_NODE is sbatch's --gpus-per-node as typed (src/common/env.c), N or TYPE:N or a comma
+# list of them (volta:3,kepler:1: summed); SLURM_GPUS_ON_NODE is N; --gres style gpu:N and
+# gpu:TYPE:N are taken too. Anything else: one line naming NAME and VALUE on stderr, status 2.
+progpo_gpu_count() {
+  local item='((gpu:)?[A-Za-z0-9_.+-]+:)?[0-9]{1,4}' n total=0
+  local re="^$item(,$item)*\$"
+  if ! [[ $2 =~ $re ]]; then
+    echo "progpo: $1=${2@Q} is not a GPU count per node (N, TYPE:N, gpu:TYPE:N, or a comma list of them)" >&2
+    return 2
+  fi
+  local -a items
+  IFS=, read -r -a items <<<"$2"
+  for n in "${items[@]}"; do
+    total=$((total + 10#${n##*:}))
+  done
+  echo "$total"
+}
+
+# progpo_gpus_per_node: the GPUs per node of this job, read by progpo_gpu_count from the first of
+# SLURM_GPUS_PER_NODE (sbatch --gpus-per-node), SLURM_GPUS_ON_NODE (--gres=gpu:...), GPUS_PER_NODE
+# that is set, else 8.
+progpo_gpus_per_node() {
+  local name
+  for name in SLURM_GPUS_PER_NODE SLURM_GPUS_ON_NODE GPUS_PER_NODE; do
+    if [ -n "${!name:-}" ]; then
+      progpo_gpu_count "$name" "${!name}"
+      return
+    fi
+  done
+  echo 8
 }

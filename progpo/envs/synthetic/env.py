@@ -36,7 +36,7 @@ import struct
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from progpo.envs.base import StepResult, normalize_action
+from progpo.envs.base import StepResult, normalize_action, split_size
 from progpo.envs.synthetic.families import FAMILIES, Task, get_family
 from progpo.envs.synthetic.mdp import Outcome
 
@@ -94,6 +94,10 @@ class SyntheticEnv:
     def split_sizes() -> dict[str, int]:
         """Tasks per split (``train``: 1,000,000, ``test``: 10,000; disjoint seeds)."""
         return {name: size for name, (_, size) in SPLITS.items()}
+
+    def num_tasks(self, split: str) -> int:
+        """Tasks in ``split`` (``TextEnv`` protocol). Raises ValueError for an unknown split."""
+        return split_size(self.split_sizes(), split, "synthetic")
 
     @staticmethod
     def task_seed(split: str, index: int) -> int:

@@ -1,4 +1,4 @@
-"""CPU mode of the OpenRLHF backend (``python -m progpo.cli.train_ray --device cpu``), in one place.
+"""CPU mode of the OpenRLHF backend (``python -m progpo.cli.train_ray --rollout.backend hf``), in one place.
 
 OpenRLHF 0.11.2 is written for CUDA: it imports ``flash_attn`` and ``vllm`` at module level, calls
 ``torch.cuda`` for devices, builds a ``cuda`` device mesh, syncs weights over NCCL and asks Ray for

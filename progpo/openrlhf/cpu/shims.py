@@ -1,7 +1,7 @@
 """Import shims: importable ``flash_attn`` and ``vllm`` modules where the real packages are absent.
 
 So that OpenRLHF 0.11.2 imports on a machine without the GPU stack (``train_ray --help`` on a laptop,
-the tests, ``--device cpu``). ``flash_attn.bert_padding`` gets real CPU implementations
+the tests, ``--rollout.backend hf``). ``flash_attn.bert_padding`` gets real CPU implementations
 (transformers' pure-torch padding helpers, einops' ``rearrange``); ``vllm`` gets a real
 ``SamplingParams`` data class, ``TokensPrompt`` and ``random_uuid``. Everything else in them raises
 :class:`NeedsGPUStack` when called (vLLM's engine, flash-attn's ring all-gather), so no fake

@@ -59,10 +59,10 @@ def _fetch(url: str, dest: Path, timeout_s: float) -> None:
     os.replace(tmp, dest)
 
 
-def download_webshop(root: Path, timeout_s: float, *, webshop: str = "small", **_: Any) -> list[Path]:
-    """WebShop's spec ``download``: fetch the files of catalog size ``webshop`` ("small"/"all") into ``root/webshop``."""
+def download_webshop(out: Path, timeout_s: float, *, webshop: str = "small", **_: Any) -> list[Path]:
+    """WebShop's spec ``download``: fetch the files of catalog size ``webshop`` ("small"/"all") into ``out``
+    (``<data root>/<its spec's data_subdir>``)."""
     which = webshop
-    out = root / "webshop"
     probe(GDRIVE.format(""), timeout_s)
     out.mkdir(parents=True, exist_ok=True)
     done = []
@@ -75,9 +75,9 @@ def download_webshop(root: Path, timeout_s: float, *, webshop: str = "small", **
     return done
 
 
-def download_alfworld(root: Path, timeout_s: float, **_: Any) -> Path:
-    """ALFWorld's spec ``download``: run ``alfworld-download`` with ``ALFWORLD_DATA=root/alfworld``."""
-    out = root / "alfworld"
+def download_alfworld(out: Path, timeout_s: float, **_: Any) -> Path:
+    """ALFWorld's spec ``download``: run ``alfworld-download`` with ``ALFWORLD_DATA=out``
+    (``<data root>/<its spec's data_subdir>``)."""
     probe(ALFWORLD_HOST, timeout_s)
     exe = shutil.which("alfworld-download")
     if exe is None:

@@ -1,0 +1,203 @@
+"""One name per concept on every command line: ``train``, ``train_ray``, ``sft``, ``evaluate``, every ``bench``
+subcommand and the lab's own commands.
+
+The flags compared are the ones each command's ``--help`` shows (old names parse for one release but are
+hidden). Three checks:
+
+* no flag is a known synonym of a canonical flag (:data:`CONCEPTS`: the spellings this project has used);
+* a bench or lab flag whose last word is a word of the training commands' flags (``max_steps``,
+  ``batch_size``, ``seed``, ``lr`` ...) is that training flag itself, unless :data:`DIFFERENT` says why the
+  quantity differs;
+* no command shows two flags of one concept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from progpo.cli import bench, evaluate, sft, train_ray
+from progpo.lab import collapse_trace, learning_probe, learning_report
+from progpo.trainer import config
+
+#: concept -> (its flag, the other spellings it has had). A spelling is the flag's last word, ``-`` read as ``_``.
+#: ``train_ray``'s ``--train.num_episodes`` (OpenRLHF's: passes over the task list) is not ``--train.num_iterations``
+#: (rollout + update iterations, each drawing ``--rollout.batch_size`` tasks; on both CLIs): another quantity.
+CONCEPTS = {
+    "group size": ("--rollout.n_samples_per_prompt", {"n", "rollouts", "trajectories", "n_rollouts", "alf_rollouts",
+                                                       "group_size", "num_rollouts"}),
+    "tasks per iteration": ("--rollout.batch_size", {"tasks", "tasks_per_batch", "tasks_per_iter"}),
+    "iterations": ("--train.num_iterations", {"iterations", "iters"}),
+    "step limit": ("--env.max_steps", {"alf_max_steps", "step_limit"}),
+    "history window": ("--env.history_length", {"history", "alf_history"}),
+    "policy model": ("--actor.model_name_or_path", {"model", "pretrain"}),
+    "env": ("--env.name", {"env"}),
+    "generation engine": ("--rollout.backend", {"device", "engine"}),
+    "generation batch": ("--rollout.gen_batch_size", {"engine_batch_size"}),
+    "TensorBoard": ("--logger.tensorboard_dir", {"tensorboard"}),
+    "warm-start tasks": ("--sft.num_tasks", {"sft_tasks"}),
+    "warm-start epochs": ("--sft.max_epochs", {"sft_epochs"}),
+    "warm-start lr": ("--sft.lr", {"sft_lr"}),
+    "KL coefficient": ("--algo.kl.init_coef", {"kl", "kl_coef"}),
+}
+
+#: (command, flag) -> why this flag is not the training setting whose word it shares.
+DIFFERENT = {
+    ("bench learning", "--lr"): "the tabular/feature policy's step size on its logits, not AdamW's learning rate",
+    ("progpo.lab.collapse_trace", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
+    ("progpo.lab.learning_probe", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
+    ("bench fidelity", "--env"): "a mode, synthetic families or real ALFWorld, not a registered env id",
+    ("bench fidelity", "--n-rollouts"): "a grid of group sizes compared side by side, not one run's group size",
+    ("bench webshop", "--seed"): "the seed of the synthetic product catalog",
+    ("bench webshop", "--cache-dir"): "the benchmark's own scratch folder, emptied first",
+    ("bench webshop", "--steps"): "steps per load-generator session, not OpenRLHF's --eval.steps",
+    ("bench fidelity", "--split"): "the ALFWorld split whose games are replayed (OpenRLHF's --eval.split is a dataset's)",
+    ("bench alfworld", "--split"): "the ALFWorld split whose games are timed (OpenRLHF's --eval.split is a dataset's)",
+    ("bench learning", "--pool"): "the lab's count of distinct tasks drawn from, not --env.pool (local/ray/http)",
+    ("bench learning-lm", "--pool"): "the lab's count of training tasks (0: fresh), not --env.pool (local/ray/http)",
+    ("bench learning", "--target"): "a success rate whose first crossing is reported, not OpenRLHF's --algo.kl.target",
+    ("bench learning-lm", "--target"): "a success rate whose first crossing is reported, not OpenRLHF's --algo.kl.target",
+    ("progpo.lab.learning_report", "--target"): "a success rate whose first crossing is reported, not --algo.kl.target",
+}
+
+TRAINING = ("train", "train_ray", "sft", "evaluate")
+
+
+def _help_flags(run, argv) -> list[str]:
+    """The flags a command's ``--help`` lists (its option lines are indented by two spaces)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        run(argv)
+    return [m.group(2) for m in re.finditer(r"^  (-\w, )?(--[\w.\-]+)", out.getvalue(), re.M) if m.group(2) != "--help"]
+
+
+@pytest.fixture(scope="module")
+def clis() -> dict[str, list[str]]:
+    out = {"train": _help_flags(lambda a: config.build_parser().parse_args(a), ["--help"]),
+           "sft": _help_flags(lambda a: sft.build_parser().parse_args(a), ["--help"]),
+           "evaluate": _help_flags(lambda a: evaluate.build_parser().parse_args(a), ["--help"]),
+           "train_ray": _help_flags(lambda a: train_ray.build_parser().parse_args(a), ["--help"])}
+    for name in bench.BENCHMARKS:
+        out[f"bench {name}"] = _help_flags(bench.main, [name, "--help"])
+    for module in (collapse_trace, learning_probe, learning_report):
+        out[module.__name__] = _help_flags(module.main, ["--help"])
+    assert all(out.values()), [k for k, v in out.items() if not v]
+    return out
+
+
+def _word(flag: str) -> str:
+    return flag.lstrip("-").rsplit(".", 1)[-1].replace("-", "_")
+
+
+def _concept(flag: str) -> str | None:
+    for concept, (canonical, spellings) in CONCEPTS.items():
+        if flag == canonical or _word(flag) in spellings:
+            return concept
+    return None
+
+
+def test_no_command_shows_a_synonym_of_a_canonical_flag(clis):
+    bad = [(cli, flag, CONCEPTS[c][0]) for cli, shown in clis.items() for flag in shown
+           if (c := _concept(flag)) is not None and flag != CONCEPTS[c][0] and (cli, flag) not in DIFFERENT]
+    assert not bad, "say these with the canonical flag (or add the reason the quantity differs to DIFFERENT): " + \
+        ", ".join(f"{cli}: {flag} -> {canonical}" for cli, flag, canonical in bad)
+
+
+def test_bench_and_lab_restate_training_settings_by_their_training_flags(clis):
+    vocabulary = {flag for cli in TRAINING for flag in clis[cli]}
+    words: dict[str, set[str]] = {}
+    for flag in vocabulary:
+        words.setdefault(_word(flag), set()).add(flag)
+    bad = [(cli, flag, sorted(words[_word(flag)])) for cli, shown in clis.items() if cli not in TRAINING
+           for flag in shown if flag not in vocabulary and _word(flag) in words and (cli, flag) not in DIFFERENT]
+    assert not bad, "a training setting restated under another name: " + \
+        "; ".join(f"{cli}: {flag} (train's: {' / '.join(names)})" for cli, flag, names in bad)
+
+
+def test_no_command_has_two_flags_for_one_concept(clis):
+    for cli, shown in clis.items():
+        seen: dict[str, str] = {}
+        for flag in shown:
+            c = _concept(flag)
+            if c is None or (cli, flag) in DIFFERENT:
+                continue
+            assert c not in seen, f"{cli}: {seen[c]} and {flag} are both the {c}"
+            seen[c] = flag
+
+
+def test_the_exemptions_are_still_there(clis):
+    """An exemption whose flag is gone must go too (else it would excuse a new flag of that name)."""
+    assert [key for key in DIFFERENT if key[1] not in clis[key[0]]] == []
+
+
+def test_the_canonical_flags_are_what_train_and_train_ray_show(clis):
+    for concept, (canonical, _) in CONCEPTS.items():
+        if concept not in ("policy model", "env") and concept != "KL coefficient":
+            assert canonical in clis["train"] or canonical in clis["train_ray"], (concept, canonical)
+    for flag in ("--rollout.backend", "--rollout.gen_batch_size", "--logger.tensorboard_dir", "--train.num_iterations"):
+        assert flag in clis["train"] and flag in clis["train_ray"], flag
+    shared = [f for f in clis["train"] if f.startswith("--sft.") and f != "--sft.cache_dir"]
+    assert shared == [f for f in clis["sft"] if f.startswith("--sft.")]
+
+
+def test_the_word_rule_catches_a_new_synonym():
+    """The checks above fail on a new synonym: here a bench that says ``--max-steps`` and ``--rollouts``."""
+    fake = {"train": ["--env.max_steps", "--rollout.n_samples_per_prompt"], "train_ray": [], "sft": [], "evaluate": [],
+            "bench fake": ["--max-steps", "--rollouts"]}
+    with pytest.raises(AssertionError, match="bench fake: --max-steps"):
+        test_bench_and_lab_restate_training_settings_by_their_training_flags(fake)
+    with pytest.raises(AssertionError, match="--rollouts -> --rollout.n_samples_per_prompt"):
+        test_no_command_shows_a_synonym_of_a_canonical_flag(fake)
+    with pytest.raises(AssertionError, match="both the group size"):
+        test_no_command_has_two_flags_for_one_concept({"bench fake": ["--rollout.n_samples_per_prompt", "--n"]})
+
+
+@pytest.mark.parametrize("argv, field, value, line", [
+    (["--warm_start.num_tasks", "3"], ("sft", "num_tasks"), 3, "--warm_start.num_tasks is deprecated and goes in the "
+                                                                "next release; use --sft.num_tasks"),
+    (["--warm_start.epochs", "4"], ("sft", "max_epochs"), 4, "use --sft.max_epochs"),
+    (["--warm_start.lr", "2e-5"], ("sft", "lr"), 2e-5, "use --sft.lr"),
+    (["--warm_start.batch_size", "5"], ("sft", "batch_size"), 5, "use --sft.batch_size"),
+    (["--warm_start.keep_failed", "true"], ("sft", "keep_failed"), True, "use --sft.keep_failed"),
+    (["--warm_start.cache_dir", "/tmp/c"], ("sft", "cache_dir"), "/tmp/c", "use --sft.cache_dir"),
+    (["--logger.tensorboard", "false"], ("logger", "tensorboard_dir"), None, "use --logger.tensorboard_dir none"),
+    (["--logger.tensorboard"], ("logger", "tensorboard_dir"), "tensorboard", "use --logger.tensorboard_dir tensorboard"),
+    (["--log.tensorboard", "no"], ("logger", "tensorboard_dir"), None, "use --logger.tensorboard_dir none"),
+])
+def test_train_s_former_names_parse_with_one_warning_line(argv, field, value, line, capsys):
+    cfg = config.config_from_args(argv)
+    assert getattr(getattr(cfg, field[0]), field[1]) == value
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and line in err[0], err
+
+
+@pytest.mark.parametrize("argv, field, value, new", [
+    (["--actor.adam.lr", "3e-4"], "lr", 3e-4, "--sft.lr"), (["--train.max_epochs", "3"], "max_epochs", 3, "--sft.max_epochs"),
+    (["--train.batch_size", "4"], "batch_size", 4, "--sft.batch_size"),
+])
+def test_sft_s_former_names_parse_with_one_warning_line(argv, field, value, new, capsys):
+    assert getattr(sft.parse(argv).sft, field) == value
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: {argv[0]} is deprecated and goes in the next release; use {new}"]
+
+
+def test_the_warm_start_and_the_sft_command_share_their_defaults():
+    warm, own = config.config_from_args([]).sft, sft.parse([]).sft
+    assert (warm.num_tasks, own.num_tasks) == (0, 64)  # train: no warm start unless asked
+    assert (warm.max_epochs, warm.lr, warm.batch_size, warm.keep_failed) == \
+        (own.max_epochs, own.lr, own.batch_size, own.keep_failed) == (2, 5e-5, 8, False)
+
+
+@pytest.mark.parametrize("argv, dest, value, line", [
+    (["--device", "cpu"], "rollout.backend", "hf", "use --rollout.backend hf"),
+    (["--device", "cuda"], "rollout.backend", "vllm", "use --rollout.backend vllm"),
+    (["--cpu.engine_batch_size", "8"], "rollout.gen_batch_size", 8, "use --rollout.gen_batch_size"),
+])
+def test_train_ray_s_former_names_parse_with_one_warning_line(argv, dest, value, line, capsys):
+    ns = train_ray.build_parser().parse_args(argv)
+    assert getattr(ns, dest) == value
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
+    assert len(err) == 1 and f"warning: {argv[0]} is deprecated" in err[0] and line in err[0], err
