@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +33,7 @@ import pytest
 import torch
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
-from progpo.testing import PATIENCE_S
+from progpo.testing import PATIENCE_S, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -323,15 +325,33 @@ def test_torch_is_cpu_only_here():
 
 
 CLUSTER_SCRIPT = REPO / "examples" / "scripts" / "dry_run_cluster_cpu.sh"
+FAULTS = Path(__file__).with_name("fault_injection.py")
+
+
+def kill_env_actor_in_iteration_1(live: dict) -> dict:
+    """Fault injection for the cluster job (``run_cpu_job``'s ``during``): once Ray is up, a second driver
+    (``fault_injection.py kill-env-actor``) ``ray.kill``s one ALFWorld env actor while it hosts an episode
+    of iteration 1, waits for the pool's replacement and, after iteration 1's rollout, lists the env actors
+    that answer. Returns its JSON: ``killed``, ``replacement``, ``alive_after_iteration_1``."""
+    address = wait_until(lambda: re.search(r"Ray cluster at (\S+) has 2 node", live["stderr_path"].read_text()),
+                         "the Ray cluster's address in the job log", PATIENCE_S).group(1)
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    done = subprocess.run([sys.executable, str(FAULTS), "kill-env-actor", "--address", address,
+                           "--dump", str(live["dump"]), "--timeout", str(2 * PATIENCE_S)],
+                          env=env, capture_output=True, text=True, timeout=3 * PATIENCE_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def cluster_job(tmp_path_factory, shared_data, start_model):
     """``dry_run_cluster_cpu.sh`` once: two Ray nodes with one GPU slot each, 2 policy + 2 reference ranks
-    (ZeRO-3 over gloo), 2 CPU engines building their ALFWorld env actors, colocated as on GPUs."""
+    (ZeRO-3 over gloo), 2 CPU engines building their ALFWorld env actors, colocated as on GPUs; one env
+    actor is killed (``ray.kill``) in the middle of iteration 1 (the suite's one cluster-shaped run, so the
+    fault costs no second one)."""
     return run_cpu_job(tmp_path_factory.mktemp("cluster"), shared_data, start_model, estimator="progpo", iters=2,
                        extra=["--progpo.zero_signal", "off"], script=CLUSTER_SCRIPT, timeout_s=4 * PATIENCE_S,
-                       RAY_STOP_TIMEOUT="20")
+                       during=kill_env_actor_in_iteration_1, RAY_STOP_TIMEOUT="20")
 
 
 def test_cluster_run_ends_cleanly_within_its_patience(cluster_job):
@@ -371,8 +391,29 @@ def test_cluster_actor_moved_and_both_engines_hold_it(cluster_job, start_model):
     tb = tensorboard_scalars(cluster_job["out"])
     assert len(tb["train/sync/max_abs_diff"]) == 2 and max(tb["train/sync/max_abs_diff"]) <= 1e-6  # max over engines
     assert max(tb["train/sync/max_abs_diff_before"]) > 1e-6
-    assert tb["train/rollout/failed_episodes"] == [0.0, 0.0]  # every env actor started and answered
+    assert tb["train/rollout/failed_episodes"][1] == 0  # iteration 2: every env actor (1 replaced) answered
     assert_actor_trained_on_step_advantages(cluster_job["dump"], "progpo", iters=2, min_distinct=2)
+
+
+def test_cluster_env_actor_killed_mid_iteration_is_replaced(cluster_job):
+    """A dying worker costs its episodes, not the run: the env actor killed in iteration 1 fails the
+    episode it hosted (counted as ``env_actor_died``), the pool starts a replacement in its slot, iteration
+    2 runs all 8 episodes on 4 live env actors, and the job ends with exit 0 below ``--env.max_failed_frac``."""
+    assert cluster_job["rc"] == 0, cluster_job["log"][-6000:]
+    seen = cluster_job["during"]
+    killed, replacement = seen["killed"], seen["replacement"]
+    assert replacement.rsplit(":", 1)[0] == killed.rsplit(":", 1)[0]  # same pool and slot, next generation
+    assert int(replacement.rsplit(":g", 1)[1]) == int(killed.rsplit(":g", 1)[1]) + 1
+    # after iteration 1: 2 engines x 2 env actors, every one answering, the killed one gone
+    assert len(seen["alive_after_iteration_1"]) == 4 and killed not in seen["alive_after_iteration_1"]
+    assert replacement in seen["alive_after_iteration_1"]
+    tb = tensorboard_scalars(cluster_job["out"])
+    assert tb["train/rollout/failed_episodes"][0] >= 1 and tb["train/rollout/failed_episodes"][1] == 0
+    assert tb["train/rollout/failed/env_actor_died"][0] == tb["train/rollout/failed_episodes"][0]
+    (_, actor1), (_, actor2) = dumped_iterations(cluster_job["dump"])
+    n_failed = int(tb["train/rollout/failed_episodes"][0])
+    assert len(real(actor1["rows"])) == 3 * (8 - n_failed)  # every tiny-model ALFWorld episode runs its 3 steps
+    assert len(real(actor2["rows"])) == 3 * 8  # iteration 2 at full strength
 
 
 def test_job_pointed_at_a_closed_port_stops_with_one_line(tmp_path, shared_data, start_model):
