@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     Returns 0 when training finished; a bad flag, or ``--rollout.backend vllm`` without vLLM / flash-attn
     installed, exits with status 2 (one line naming the flag, plus a hint); a rollout batch whose
     failed episodes crossed ``--env.max_failed_frac`` (or all failed) exits with status 3 and one
-    line naming the cause (``progpo.run.failures``), before anything more is trained or saved.
+    line naming the cause (``progpo.run.failures``), before anything more is trained or saved; a
+    generation engine that died exits with status 4 and one line naming the engine (``EngineDied``).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = build_parser()
@@ -125,15 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(f"argument {exc}")
     from progpo.openrlhf.trainer import run_openrlhf_main
-    from progpo.run.failures import EXIT_ROLLOUT_FAILED, RolloutFailed
+    from progpo.run.failures import EXIT_ENGINE_DIED, EXIT_ROLLOUT_FAILED, EngineDied, RolloutFailed
 
     os.environ["PROGPO_AGENT_CONFIG"] = run.agent.to_json()
     started = init_ray(args)
-    failure = None
+    failure, status = None, 0
     try:
         run_openrlhf_main(args)
-    except RolloutFailed as exc:  # raised in OpenRLHF's trainer actor; ray.get re-raises it as a subclass
+    except (RolloutFailed, EngineDied) as exc:  # raised in OpenRLHF's trainer actor; ray.get re-raises a subclass
         failure = " ".join(str(getattr(exc, "cause", None) or exc).split())
+        status = EXIT_ENGINE_DIED if isinstance(exc, EngineDied) else EXIT_ROLLOUT_FAILED
     finally:
         if started:
             import ray
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             ray.shutdown()
             logger.info("local Ray head shut down")
     if failure is not None:  # the last line on stderr
-        parser.exit(EXIT_ROLLOUT_FAILED, f"{parser.prog}: error: {failure}\n")
+        parser.exit(status, f"{parser.prog}: error: {failure}\n")
     return 0
 
 

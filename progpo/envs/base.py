@@ -142,6 +142,14 @@ class EnvUnreachable(EnvFailure):
     kind: ClassVar[str] = "env_unreachable"
 
 
+class EnvSessionLost(EnvFailure):
+    """The env service no longer knows the episode's session (a WebShop server restarted, or expired the
+    session): server-side state is gone, so the episode cannot go on (it is not resumed in a fresh
+    session, whose pages the model never saw)."""
+
+    kind: ClassVar[str] = "env_session_lost"
+
+
 class EnvDataMissing(EnvFailure):
     """The env could not find its data folder (a ``FileNotFoundError`` while building the env)."""
 

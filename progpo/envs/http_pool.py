@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from progpo.envs.base import EnvUnreachable, StepResult
-from progpo.envs.webshop import SPLITS, WebShopEnv, _session_base
+from progpo.envs.webshop import CONNECT_RETRIES, SPLITS, WebShopEnv, _session_base, check_connect_retries
 
 
 class RequestStats:
@@ -113,7 +113,12 @@ class AsyncWebShopPool:
     Args:
         base_url: the WebShop server.
         max_envs: at most this many sessions open at once; further ``reset`` calls wait.
-        env_kwargs: more ``WebShopEnv`` arguments (``max_steps``, ``observation_mode``, ...).
+        env_kwargs: more ``WebShopEnv`` arguments (``max_steps``, ``observation_mode``, ...);
+            ``connect_retries`` sets the shared client's retries of refused connections (httpx's
+            transport retries: connection errors only, backoff 0, 0.5, 1, 2, ... s).
+
+    A restarted server fails the episodes whose sessions it lost (``EnvSessionLost``) and serves new
+    ones on the same client (``WebShopEnv`` explains both).
 
     Attributes:
         stats: :class:`RequestStats` of all requests (``peak_in_flight > 1`` = requests overlapped).
@@ -122,6 +127,7 @@ class AsyncWebShopPool:
     def __init__(self, base_url: str, max_envs: int = 256, **env_kwargs: Any) -> None:
         if max_envs < 1:
             raise ValueError(f"max_envs must be >= 1, got {max_envs}")
+        check_connect_retries(env_kwargs.get("connect_retries", CONNECT_RETRIES))
         self.base_url = base_url
         self.env_kwargs = env_kwargs
         self._client: httpx.AsyncClient | None = None
@@ -133,7 +139,8 @@ class AsyncWebShopPool:
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             limits = httpx.Limits(max_connections=self._max_envs, max_keepalive_connections=self._max_envs)
-            self._client = httpx.AsyncClient(limits=limits)
+            retries = self.env_kwargs.get("connect_retries", CONNECT_RETRIES)
+            self._client = httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(limits=limits, retries=retries))
         return self._client
 
     async def reset(self, episode_id: Any, *, split: str, index: int | None = None, seed: int | None = None):

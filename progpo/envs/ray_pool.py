@@ -6,6 +6,10 @@ loaded live actor and keeps it there until ``release``. Calls to different actor
 parallel (ALFWorld's ~1.3 s reset on 8 actors overlaps 8-fold, CPU permitting); calls to one
 actor run one at a time.
 
+Each actor is named ``progpo_env:<env>:<pool id>:<slot>:g<generation>`` (:meth:`RayEnvPool.actor_name`),
+so that monitoring and failure tests find it through Ray (``ray.util.list_named_actors``); a
+replacement takes its slot's next generation.
+
 Placement: the actors never join the placement group of the process that creates them. OpenRLHF
 creates its vLLM engines with ``placement_group_capture_child_tasks=True``; an env pool built inside
 an engine would otherwise be captured into the engine's GPU bundle, where a handful of 0.25-CPU actors
@@ -34,6 +38,7 @@ import logging
 import math
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -77,6 +82,10 @@ class _EnvHost:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def busy(self) -> int:
+        """Episodes this actor hosts now (reset and not yet released)."""
+        return len(self._busy)
 
     def placement(self) -> dict[str, Any]:
         """Where this actor runs: ``pid``, ``node_id`` and ``placement_group`` (its id, None outside any)."""
@@ -184,7 +193,8 @@ class RayEnvPool:
             ray.init(**self._default_init_kwargs(ray_init_kwargs))
             self._owns_ray = True
         self._actor_cls = ray.remote(_EnvHost)
-        self._slots = [self._new_slot() for _ in range(num_actors)]
+        self._uid = uuid.uuid4().hex[:8]
+        self._slots = [self._new_slot(i, 0) for i in range(num_actors)]
         self._episodes: dict[Any, _Episode] = {}
         self._keys = itertools.count()
         self._changed: asyncio.Condition | None = None
@@ -203,10 +213,17 @@ class RayEnvPool:
         kwargs.update(extra or {})
         return kwargs
 
-    def _new_slot(self) -> _Slot:
+    def actor_name(self, slot_idx: int, generation: int) -> str:
+        """The Ray name of the actor in ``slot_idx`` after ``generation`` replacements:
+        ``progpo_env:<env>:<pool id>:<slot>:g<generation>`` (in the creating job's namespace; find them
+        with ``ray.util.list_named_actors``, or ``ray list actors`` where the dashboard runs)."""
+        return f"progpo_env:{self.env_name}:{self._uid}:{slot_idx}:g{generation}"
+
+    def _new_slot(self, slot_idx: int, generation: int) -> _Slot:
         actor = self._actor_cls.options(num_cpus=self.num_cpus_per_actor, max_restarts=0,
+                                        name=self.actor_name(slot_idx, generation),
                                         scheduling_strategy=env_actor_strategy()).remote(self.env_name, self.env_kwargs)
-        return _Slot(actor, ready=actor.pid.remote())
+        return _Slot(actor, ready=actor.pid.remote(), generation=generation)
 
     def _condition(self) -> asyncio.Condition:
         # An asyncio.Condition binds to one event loop: make one per loop that drives the pool.
@@ -227,9 +244,9 @@ class RayEnvPool:
             ray.kill(slot.actor, no_restart=True)
         except (RayActorError, ValueError) as exc:  # already gone
             logger.debug("ray.kill of dead actor %d: %s", slot_idx, exc)
-        fresh = self._new_slot()
+        fresh = self._new_slot(slot_idx, slot.generation + 1)
         slot.actor, slot.ready, slot.created_at, slot.started = fresh.actor, fresh.ready, fresh.created_at, False
-        slot.generation += 1
+        slot.generation = fresh.generation
         slot.load = 0  # the dead actor's episodes fail on their next call and free nothing here
         self.actors_replaced += 1
 

@@ -34,12 +34,18 @@ from typing import Any
 from urllib.parse import unquote
 
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
-from progpo.envs.base import EnvFailure, EnvUnreachable, StepResult, normalize_action, split_size
+from progpo.envs.base import EnvFailure, EnvSessionLost, EnvUnreachable, StepResult, normalize_action, split_size
 from progpo.envs.spec import ANSWER_FORMAT, PromptTemplate
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
+CONNECT_RETRIES = 6
+"""Default retries of a request whose connection was refused (nothing reached the server), with
+exponential backoff (0.5 s doubling: ~15 s in all with httpx, ~30 s with urllib3): a WebShop server
+that restarts within that window serves the request."""
 
 WEBSHOP_TEMPLATE = PromptTemplate(
     env_name="webshop",
@@ -89,6 +95,13 @@ class WebShopEnv:
         observation_mode: ``"text"`` (``[SEP]``-joined, default) or ``"text_rich"``.
         success_reward: env reward = score * success_reward on purchase (default 10).
         timeout_s: HTTP timeout per request, seconds.
+        connect_retries: retries of a request whose connection failed (nothing was sent: safe for
+            every request), with exponential backoff (:data:`CONNECT_RETRIES`); a read timeout or an
+            answer is never retried. When they run out: ``EnvUnreachable``.
+
+    Server restarts: sessions are the server's state. A step of a session the server does not know
+    (it restarted, or expired the session) raises ``EnvSessionLost``: the episode fails and is counted;
+    new episodes run on the restarted server.
 
     Raises:
         ValueError: bad argument (names the argument).
@@ -101,6 +114,7 @@ class WebShopEnv:
         observation_mode: str = "text",
         success_reward: float = 10.0,
         timeout_s: float = 30.0,
+        connect_retries: int = CONNECT_RETRIES,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
@@ -112,12 +126,17 @@ class WebShopEnv:
             raise ValueError(f"success_reward must be a finite number > 0, got {success_reward!r}")
         if not _finite_positive(timeout_s):  # None would let a silent server hang the episode forever
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+        check_connect_retries(connect_retries)
         self.base_url = base_url.rstrip("/")
         self.max_steps = max_steps
         self.observation_mode = observation_mode
         self.success_reward = float(success_reward)
         self.timeout_s = timeout_s
+        self.connect_retries = connect_retries
         self._http = requests.Session()
+        retry = Retry(total=None, connect=connect_retries, read=0, status=0, other=0, redirect=0, backoff_factor=0.5)
+        for prefix in ("http://", "https://"):
+            self._http.mount(prefix, HTTPAdapter(max_retries=retry))
         self._sid: str | None = None
         self._session_base: str | None = None
         self._split_sizes: dict[str, int] | None = None
@@ -149,7 +168,10 @@ class WebShopEnv:
     def _answer(self, path: str, status: int, text: str) -> dict[str, Any]:
         """Decode one answer: EnvFailure on 5xx, unknown session, non-JSON or a view missing fields;
         ValueError on other 4xx (the server refused the request itself)."""
-        if status >= 500 or status == 404 and path.startswith("/api/sessions/"):
+        if status == 404 and path.startswith("/api/sessions/"):
+            raise EnvSessionLost(f"WebShop server at {self.base_url} does not know the episode's session (it restarted "
+                                 f"or expired it; the episode cannot resume): {_error_text(text)}")
+        if status >= 500:
             raise EnvFailure(f"WebShop server error {status} on {path}: {text[:300]}")
         if status == 409:  # the server cannot serve this at all (e.g. an empty split): not the agent's doing
             raise EnvFailure(f"WebShop server at {self.base_url} cannot serve {path}: {_error_text(text)}")
@@ -296,6 +318,12 @@ def _error_text(text: str) -> str:
         return str(json.loads(text)["error"])
     except (ValueError, KeyError, TypeError):
         return text[:300]
+
+
+def check_connect_retries(value: Any) -> None:
+    """ValueError naming ``connect_retries`` unless it is an int >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"connect_retries must be an int >= 0, got {value!r}")
 
 
 def _finite_positive(value: Any) -> bool:

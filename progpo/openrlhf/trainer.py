@@ -26,6 +26,7 @@ from typing import Any
 
 import ray
 import torch
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from openrlhf.trainer import ppo_trainer as _ppo_trainer_module
 from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.trainer.ray import launcher as _launcher_module
@@ -38,6 +39,7 @@ from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.patching import patched
 from progpo.openrlhf.samples import StepSamplesGenerator
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
+from progpo.run.failures import EngineDied, engine_died_message
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,28 @@ __all__ = ["OPENRLHF_VERSION", "ProGPOPPOTrainer", "ProGPOPolicyModelActor", "Pr
            "check_openrlhf_version", "openrlhf_parser", "run_openrlhf_main"]
 
 _TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
+ENGINE_PROBE_TIMEOUT_S = 60.0
+"""Seconds an engine may take to answer the liveness probe after the trainer met an actor error."""
+
+
+def dead_engines(engines: list[Any], timeout_s: float = ENGINE_PROBE_TIMEOUT_S) -> dict[int, str]:
+    """``index -> description`` of the engines that are dead (or do not answer within ``timeout_s``).
+
+    Each engine is asked ``get_num_unfinished_requests`` (a method of OpenRLHF's ``RolloutRayActor``
+    and of the CPU stand-in); a ``RayActorError`` means the actor is dead.
+    """
+    refs = [e.get_num_unfinished_requests.remote() for e in engines]
+    dead: dict[int, str] = {}
+    for i, (engine, ref) in enumerate(zip(engines, refs)):
+        actor = engine._actor_id.hex()[:16]  # noqa: SLF001 - Ray's handle carries no public id accessor
+        try:
+            ray.get(ref, timeout=timeout_s)
+        except RayActorError as exc:
+            reason = next(iter(str(exc).strip().splitlines()), type(exc).__name__)
+            dead[i] = f"actor {actor}: {reason}"
+        except GetTimeoutError:
+            dead[i] = f"actor {actor}: no answer within {timeout_s:g} s"
+    return dead
 
 
 def max_weight_diff(actor_state: dict[str, torch.Tensor], engine_state: dict[str, torch.Tensor]) -> float:
@@ -87,6 +111,22 @@ class _ProGPOTrainerMixin:
             encoder=encoder,
             episodes_source=lambda: self.samples_generator.last_episodes,
         )
+
+    def fit(self, global_step: int = 0) -> None:
+        """OpenRLHF's training loop; an actor error met while an engine is dead becomes :class:`EngineDied`.
+
+        OpenRLHF's loop raises ``ActorDiedError`` (a ``RayActorError``) where it waits for a dead engine
+        (a rollout's ``ray.get``, ``wake_up``/``sleep``), or the policy rank's error around the weight
+        broadcast (a ``RayTaskError``). The engines are then probed (:func:`dead_engines`); when one is
+        dead the run stops with one line naming it (``EngineDied``); any other error is raised unchanged.
+        """
+        try:
+            return super().fit(global_step)
+        except (RayActorError, RayTaskError) as exc:
+            dead = dead_engines(list(self.vllm_engines or []))
+            if dead:
+                raise EngineDied(engine_died_message(dead, len(self.vllm_engines), exc)) from exc
+            raise
 
     def train_step(self, rollout_samples: Any, global_step: int) -> tuple[dict, int]:
         """OpenRLHF's train step, plus episode (``env/``, ``rollout/``), estimator (``adv/``) and,

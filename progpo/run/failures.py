@@ -19,9 +19,38 @@ from progpo.agents.types import Episode
 EXIT_ROLLOUT_FAILED = 3
 """Exit status of ``train_ray`` when a batch's failed episodes crossed the threshold."""
 
+EXIT_ENGINE_DIED = 4
+"""Exit status of ``train_ray`` when a generation engine actor died (the run cannot go on)."""
+
 
 class RolloutFailed(RuntimeError):
     """Too many episodes of one rollout batch failed; the message is one line naming the cause."""
+
+
+class EngineDied(RuntimeError):
+    """A generation engine actor (OpenRLHF's vLLM ``RolloutRayActor``, or the CPU stand-in) died.
+
+    The run cannot go on: OpenRLHF 0.11.2 creates its engines without restarts, hands the trainer a
+    fixed list of them, and makes every engine a member of the weight-sync group (a broadcast to a
+    group with a dead member fails). The message is one line naming the engine (see
+    :func:`engine_died_message`); ``train_ray`` prints it and exits with :data:`EXIT_ENGINE_DIED`.
+    """
+
+
+def engine_died_message(dead: dict[int, str], num_engines: int, cause: BaseException) -> str:
+    """One line naming the dead engines.
+
+    Args:
+        dead: ``engine index -> what the probe said`` (its actor id and the error's first line).
+        num_engines: how many engines the run has (``--vllm.num_engines``).
+        cause: the error that stopped the trainer (its first line is quoted).
+    """
+    first = next(iter(str(cause).strip().splitlines()), type(cause).__name__)
+    names = "; ".join(f"vLLM engine {i} of {num_engines} ({what})" for i, what in sorted(dead.items()))
+    return " ".join(
+        f"{names} died; the run cannot go on (OpenRLHF does not restart engines, and each is a member of the "
+        f"weight-sync group): restart the job, from the last checkpoint if any (--ckpt.load_enable); "
+        f"the trainer stopped on: {first}".split())[:1000]
 
 
 def failure_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

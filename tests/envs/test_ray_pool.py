@@ -74,6 +74,8 @@ def test_killed_actor_costs_only_its_episode(pool: RayEnvPool) -> None:
 
     before = pool.actors_replaced
     pids_before = set(pool.actor_pids())
+    names_before = _env_actor_names()
+    assert len(names_before) == NUM_ACTORS
     results = asyncio.run(run())
     failed = [r for r in results if "failed" in r]
     assert [r["id"] for r in failed] == [("b", 0)] and "died" in failed[0]["failed"]
@@ -84,7 +86,17 @@ def test_killed_actor_costs_only_its_episode(pool: RayEnvPool) -> None:
     pids_after = set(pool.actor_pids())
     assert len(pids_after) == NUM_ACTORS and failed[0]["actor"] in pids_before - pids_after
     assert len(pids_after - pids_before) == 1
+    # found by name from outside the pool: the killed actor's name is gone, its slot's next generation is there
+    (gone,), (fresh,) = names_before - _env_actor_names(), _env_actor_names() - names_before
+    slot, generation = gone.rsplit(":g", 1)
+    assert fresh == f"{slot}:g{int(generation) + 1}" and slot.startswith("progpo_env:alfworld:")
+    assert ray.get(ray.get_actor(fresh).pid.remote()) in pids_after
     assert asyncio.run(_expert_episode(pool, ("c", 0), "valid_seen", 1))["won"]
+
+
+def _env_actor_names() -> set[str]:
+    """Names of the live env actors (``progpo_env:<env>:<pool>:<slot>:g<generation>``)."""
+    return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("progpo_env:")}
 
 
 def test_pool_rejects_bad_arguments(pool: RayEnvPool) -> None:

@@ -82,7 +82,7 @@ def test_actors_that_cannot_start_fail_their_episodes_within_the_start_timeout(c
 
 def test_the_envs_own_failure_kinds_cross_the_actor_boundary(cluster, tmp_path):
     async def run():
-        pool = RayEnvPool("webshop", {"base_url": CLOSED_URL}, num_actors=1)
+        pool = RayEnvPool("webshop", {"base_url": CLOSED_URL, "connect_retries": 0}, num_actors=1)
         missing = RayEnvPool("alfworld", {"data_dir": str(tmp_path / "no_such_folder")}, num_actors=1)
         try:
             with pytest.raises(EnvUnreachable, match=f"WebShop server at {CLOSED_URL} unreachable"):

@@ -92,7 +92,7 @@ def test_silent_server_times_out_as_env_failure(silent_server):
 
 def test_server_killed_mid_episode_is_env_failure():
     httpd, url = _serve(json.dumps(VIEW).encode())
-    env = WebShopEnv(url, timeout_s=PATIENCE_S)
+    env = WebShopEnv(url, timeout_s=PATIENCE_S, connect_retries=0)  # a server back in time: test_webshop_restart.py
     env.reset(split="test", index=0)
     assert not env.step("search[tea]").done
     httpd.shutdown()

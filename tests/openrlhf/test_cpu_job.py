@@ -16,19 +16,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
-from progpo.testing import PATIENCE_S
+from progpo.testing import PATIENCE_S, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -88,8 +93,15 @@ def warm_started_tiny_model(out: Path, steps: int = 80, lr: float = 5e-3, seed: 
 
 
 def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, iters: int,
-                extra: list[str], script: Path = SCRIPT, timeout_s: float = 1500, **env_vars: str) -> dict:
-    """Run a CPU launch script once; returns its paths, exit status, log and wall time."""
+                extra: list[str], script: Path = SCRIPT, timeout_s: float = 1500,
+                during: Callable[[dict], Any] | None = None, **env_vars: str) -> dict:
+    """Run a CPU launch script once; returns its paths, exit status, log and wall time.
+
+    ``during(live)``, when given, runs in a thread while the job runs (fault injection: it may kill
+    the job's actors or stop its servers); ``live`` holds ``proc``, ``stderr_path`` (the job's stderr
+    so far), ``dump``, ``ray_tmp`` and ``webshop_port``. What it returns is ``["during"]`` of the
+    result; an exception in it is re-raised after the job ended.
+    """
     out, dump = root / "out", root / "dump"
     ray_tmp = Path("/tmp") / f"pg_ray_{os.getpid()}_{estimator}_{root.name[-6:]}"  # short: Ray's socket paths < 108
     webshop_port = _free_port()
@@ -98,19 +110,36 @@ def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, i
                WEBSHOP_DATA_DIR=str(shared_data / "webshop"), WEBSHOP_PORT=str(webshop_port), WEBSHOP_THREADS="4",
                RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **env_vars)
     t0 = time.monotonic()
-    proc = subprocess.Popen(["bash", str(script), "--debug.dump_dir", str(dump), *extra], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out_path, err_path = root / "job.stdout", root / "job.stderr"
+    with out_path.open("w") as out_f, err_path.open("w") as err_f:
+        proc = subprocess.Popen(["bash", str(script), "--debug.dump_dir", str(dump), *extra], cwd=REPO, env=env,
+                                stdout=out_f, stderr=err_f, text=True, start_new_session=True)
+    live = {"proc": proc, "stderr_path": err_path, "dump": dump, "ray_tmp": str(ray_tmp), "webshop_port": webshop_port}
+    injected: dict[str, Any] = {}
+    injector = None
+    if during is not None:
+        def inject() -> None:
+            try:
+                injected["result"] = during(live)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread below
+                injected["error"] = exc
+
+        injector = threading.Thread(target=inject, daemon=True)
+        injector.start()
+    killed = ""
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:  # SIGTERM its process group: the script's trap stops what it started
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            stdout, stderr = proc.communicate(timeout=180)
+            proc.wait(timeout=180)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-        stderr += f"\n[test] killed after {timeout_s:.0f} s\n"
-    res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+            proc.wait()
+        killed = f"\n[test] killed after {timeout_s:.0f} s\n"
+    if injector is not None:
+        injector.join(PATIENCE_S)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out_path.read_text(), err_path.read_text() + killed)
     wall = time.monotonic() - t0
     leftover = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     ray_sessions = [*ray_tmp.glob("ray/session_*"), *ray_tmp.glob("session_*")]  # ray.init / ray start layout
@@ -118,8 +147,12 @@ def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, i
     log = res.stdout + res.stderr
     (root / "job.log").write_text(log)
     print(f"\n[{script.name} {estimator} x{iters}] wall {wall:.0f} s, exit {res.returncode}, load {os.getloadavg()}")
+    if "error" in injected:
+        raise AssertionError(f"the fault injection failed (job exit {res.returncode}); job log tail:\n{log[-4000:]}") \
+            from injected["error"]
     return {"rc": res.returncode, "log": log, "stderr": res.stderr, "wall": wall, "out": out, "dump": dump,
-            "leftover": leftover, "ray_tmp": str(ray_tmp), "ray_sessions": ray_sessions, "webshop_port": webshop_port}
+            "leftover": leftover, "ray_tmp": str(ray_tmp), "ray_sessions": ray_sessions, "webshop_port": webshop_port,
+            "during": injected.get("result")}
 
 
 def tensorboard_scalars(out: Path) -> dict[str, list[float]]:
@@ -292,15 +325,33 @@ def test_torch_is_cpu_only_here():
 
 
 CLUSTER_SCRIPT = REPO / "examples" / "scripts" / "dry_run_cluster_cpu.sh"
+FAULTS = Path(__file__).with_name("fault_injection.py")
+
+
+def kill_env_actor_in_iteration_1(live: dict) -> dict:
+    """Fault injection for the cluster job (``run_cpu_job``'s ``during``): once Ray is up, a second driver
+    (``fault_injection.py kill-env-actor``) ``ray.kill``s one ALFWorld env actor while it hosts an episode
+    of iteration 1, waits for the pool's replacement and, after iteration 1's rollout, lists the env actors
+    that answer. Returns its JSON: ``killed``, ``replacement``, ``alive_after_iteration_1``."""
+    address = wait_until(lambda: re.search(r"Ray cluster at (\S+) has 2 node", live["stderr_path"].read_text()),
+                         "the Ray cluster's address in the job log", PATIENCE_S).group(1)
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    done = subprocess.run([sys.executable, str(FAULTS), "kill-env-actor", "--address", address,
+                           "--dump", str(live["dump"]), "--timeout", str(2 * PATIENCE_S)],
+                          env=env, capture_output=True, text=True, timeout=3 * PATIENCE_S)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def cluster_job(tmp_path_factory, shared_data, start_model):
     """``dry_run_cluster_cpu.sh`` once: two Ray nodes with one GPU slot each, 2 policy + 2 reference ranks
-    (ZeRO-3 over gloo), 2 CPU engines building their ALFWorld env actors, colocated as on GPUs."""
+    (ZeRO-3 over gloo), 2 CPU engines building their ALFWorld env actors, colocated as on GPUs; one env
+    actor is killed (``ray.kill``) in the middle of iteration 1 (the suite's one cluster-shaped run, so the
+    fault costs no second one)."""
     return run_cpu_job(tmp_path_factory.mktemp("cluster"), shared_data, start_model, estimator="progpo", iters=2,
                        extra=["--progpo.zero_signal", "off"], script=CLUSTER_SCRIPT, timeout_s=4 * PATIENCE_S,
-                       RAY_STOP_TIMEOUT="20")
+                       during=kill_env_actor_in_iteration_1, RAY_STOP_TIMEOUT="20")
 
 
 def test_cluster_run_ends_cleanly_within_its_patience(cluster_job):
@@ -340,8 +391,29 @@ def test_cluster_actor_moved_and_both_engines_hold_it(cluster_job, start_model):
     tb = tensorboard_scalars(cluster_job["out"])
     assert len(tb["train/sync/max_abs_diff"]) == 2 and max(tb["train/sync/max_abs_diff"]) <= 1e-6  # max over engines
     assert max(tb["train/sync/max_abs_diff_before"]) > 1e-6
-    assert tb["train/rollout/failed_episodes"] == [0.0, 0.0]  # every env actor started and answered
+    assert tb["train/rollout/failed_episodes"][1] == 0  # iteration 2: every env actor (1 replaced) answered
     assert_actor_trained_on_step_advantages(cluster_job["dump"], "progpo", iters=2, min_distinct=2)
+
+
+def test_cluster_env_actor_killed_mid_iteration_is_replaced(cluster_job):
+    """A dying worker costs its episodes, not the run: the env actor killed in iteration 1 fails the
+    episode it hosted (counted as ``env_actor_died``), the pool starts a replacement in its slot, iteration
+    2 runs all 8 episodes on 4 live env actors, and the job ends with exit 0 below ``--env.max_failed_frac``."""
+    assert cluster_job["rc"] == 0, cluster_job["log"][-6000:]
+    seen = cluster_job["during"]
+    killed, replacement = seen["killed"], seen["replacement"]
+    assert replacement.rsplit(":", 1)[0] == killed.rsplit(":", 1)[0]  # same pool and slot, next generation
+    assert int(replacement.rsplit(":g", 1)[1]) == int(killed.rsplit(":g", 1)[1]) + 1
+    # after iteration 1: 2 engines x 2 env actors, every one answering, the killed one gone
+    assert len(seen["alive_after_iteration_1"]) == 4 and killed not in seen["alive_after_iteration_1"]
+    assert replacement in seen["alive_after_iteration_1"]
+    tb = tensorboard_scalars(cluster_job["out"])
+    assert tb["train/rollout/failed_episodes"][0] >= 1 and tb["train/rollout/failed_episodes"][1] == 0
+    assert tb["train/rollout/failed/env_actor_died"][0] == tb["train/rollout/failed_episodes"][0]
+    (_, actor1), (_, actor2) = dumped_iterations(cluster_job["dump"])
+    n_failed = int(tb["train/rollout/failed_episodes"][0])
+    assert len(real(actor1["rows"])) == 3 * (8 - n_failed)  # every tiny-model ALFWorld episode runs its 3 steps
+    assert len(real(actor2["rows"])) == 3 * 8  # iteration 2 at full strength
 
 
 def test_job_pointed_at_a_closed_port_stops_with_one_line(tmp_path, shared_data, start_model):
