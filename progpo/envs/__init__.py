@@ -30,6 +30,7 @@ register(
     download="progpo.envs.download:download_webshop",
     data_subdir="webshop",
     http_pool="progpo.envs.http_pool:make_async_http_pool",
+    server="envs.webshop_server",
     pool="http",
     reports_score=True,
     language_rule=False,  # its catalog and goals hold CJK (goal #706: "... 1.8米 capacity")

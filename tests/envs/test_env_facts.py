@@ -131,3 +131,12 @@ def test_the_spec_query_names_an_unknown_env_or_field_in_one_line(argv, says, ca
     assert envs_cli.main(argv) == 2
     out = capsys.readouterr()
     assert out.out == "" and len(out.err.splitlines()) == 1 and says in out.err
+
+
+@pytest.mark.parametrize("env, server", [("webshop", "envs.webshop_server:main"), ("webshop", "python -m x"),
+                                         ("webshop_like", "envs.webshop_server")])
+def test_a_server_is_a_module_of_an_env_with_a_service(env, server):
+    """``server`` is what the launch scripts run as ``python3 -m``; its URL reaches the env through its service."""
+    with pytest.raises(ValueError, match=f"EnvSpec '{env}': server must be a module name"):
+        replace_spec(env, server=server)
+    assert replace_spec("webshop", server="a.b_c").server == "a.b_c"
