@@ -16,7 +16,8 @@ A response is **valid** when all of these hold:
   same normalisation): the action is ONE command of the env's own grammar, so that a format-valid
   answer is exactly an answer the env's parser reads as that one command. Nothing else is asked of
   the action's characters: any script, bracket, emoji or markup the env reads as one command passes
-  (``tests/agents/test_env_grammar.py`` draws them from the whole of Unicode):
+  (``tests/agents/test_env_grammar.py`` draws them from the whole of Unicode). Each check lives in its env's
+  module, next to the env (``progpo.envs.webshop.webshop_syntax_ok``, ``progpo.envs.alfworld.alfworld_syntax_ok``):
 
   - WebShop: ``search[<query>]`` or ``click[<label>]`` with at least one character inside the brackets
     and no ``[`` in it but as its last character. The server (``envs/webshop_server/engine.py``, the
@@ -26,7 +27,7 @@ A response is **valid** when all of these hold:
     ``search[red shoes]search`` (etc.), an invalid no-op, and are format-invalid here; a ``]`` inside
     the argument, or a ``[`` right before the closing one (``search[x[]``), is read as part of it.
     Whether a clicked label is on the page, or a query is not too long, is the env's call.
-  - ALFWorld: one instance of a command template of the games' grammar (:data:`ALFWORLD_COMMANDS`,
+  - ALFWorld: one instance of a command template of the games' grammar (``progpo.envs.alfworld.ALFWORLD_COMMANDS``,
     identical in every json_2.1.1 game), each ``{}`` an object name ``<type> <number>``
     (``take mug 2 from sinkbasin 1``). Whether it is admissible now is the env's call
     (``info["invalid_action"]``).
@@ -59,51 +60,7 @@ ANSWER_TAG = re.compile(r"<(/?)(think|action)>", re.IGNORECASE)
 _ACTION_BLOCK = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
-WEBSHOP_ACTION = re.compile(r"(search|click)\[((?:[^\[]+\[?)|\[)\]", re.DOTALL)
-"""One WebShop action (``fullmatch`` on the normalised action); see the module docstring."""
-
-ALFWORLD_COMMANDS: tuple[str, ...] = (
-    "look", "inventory", "help",
-    "go to {}", "open {}", "close {}", "examine {}", "use {}",
-    "take {} from {}", "move {} to {}", "put {} into {}", "put {} in {}",
-    "heat {} with {}", "clean {} with {}", "cool {} with {}", "slice {} with {}",
-)
-"""ALFWorld's command templates (the ``template ::`` lines of every game's grammar in json_2.1.1),
-each ``{}`` an object or receptacle."""
-
-ALFWORLD_NAME = r"[a-z]+ [0-9]+"
-"""An ALFWorld object name as commands spell it: its type, lower-cased, and its number
-(``alfworld.agents.utils.misc.Demangler``: ``"alarmclock 2"``, ``"sinkbasin 1"``)."""
-
-ALFWORLD_COMMAND = re.compile("|".join(
-    "(?:" + re.escape(t).replace(re.escape("{}"), f"(?:{ALFWORLD_NAME})") + ")" for t in ALFWORLD_COMMANDS))
-"""One ALFWorld command (``fullmatch`` on the normalised action)."""
-
-
-def webshop_syntax_ok(action: str) -> bool:
-    """WebShop's spec ``syntax``: the action is one command of the server's grammar (:data:`WEBSHOP_ACTION`)."""
-    return WEBSHOP_ACTION.fullmatch(action) is not None
-
-
-def alfworld_syntax_ok(action: str) -> bool:
-    """ALFWorld's spec ``syntax``: the action is one command of the games' grammar (:data:`ALFWORLD_COMMAND`)."""
-    return ALFWORLD_COMMAND.fullmatch(action) is not None
-
-
-ALFWORLD_LIKE_PUT = re.compile(f"put (?:{ALFWORLD_NAME}) in/on (?:{ALFWORLD_NAME})")
-"""The one command of the synthetic ALFWorld-like family outside :data:`ALFWORLD_COMMANDS`: its placing
-action keeps the wording of earlier ALFWorld releases (``put mug 1 in/on shelf 2``), which the lab's
-figures were measured with."""
-
-
-def alfworld_like_syntax_ok(action: str) -> bool:
-    """The ``alfworld_like`` spec's ``syntax``: ALFWorld's grammar (:func:`alfworld_syntax_ok`) plus
-    :data:`ALFWORLD_LIKE_PUT`."""
-    return alfworld_syntax_ok(action) or ALFWORLD_LIKE_PUT.fullmatch(action) is not None
-
-
-__all__ = ["ANSWER_TAG", "ANSWER_TAGS", "ALFWORLD_COMMAND", "ALFWORLD_COMMANDS", "ALFWORLD_LIKE_PUT", "alfworld_like_syntax_ok", "WEBSHOP_ACTION", "alfworld_syntax_ok", "normalize_action",
-           "parse_action", "parse_actions", "syntax_check", "webshop_syntax_ok"]
+__all__ = ["ANSWER_TAG", "ANSWER_TAGS", "normalize_action", "parse_action", "parse_actions", "syntax_check"]
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,9 @@ Every step is its own prompt (one training sample): the task, a step counter, th
 (Feng et al., 2025, "Group-in-Group Policy Optimization for LLM Agent Training", Appendix prompts)
 in content and order, so that ProGPO / GiGPO / GRPO comparisons see the same inputs.
 
-Templates are data: one frozen :class:`~progpo.envs.spec.PromptTemplate` per env, named by its spec. Rendering is
+Templates are data: one frozen :class:`~progpo.envs.spec.PromptTemplate` per env, defined in the env's own
+module (``progpo.envs.alfworld.ALFWORLD_TEMPLATE``, ``progpo.envs.webshop.WEBSHOP_TEMPLATE``) and named by its
+spec; the answer-format instruction they share is :data:`progpo.envs.spec.ANSWER_FORMAT`. Rendering is
 ``str.format`` on the template fields only, so braces inside observations are never interpreted.
 The context-length guard lives in :func:`build_prompt`: it drops the oldest history turns first,
 then truncates the current observation on token boundaries, and counts what it cut.
@@ -29,65 +31,6 @@ logger = logging.getLogger(__name__)
 TRUNCATION_MARKER = " ...[truncated]"
 """Appended to an observation (or action list) the context guard had to shorten."""
 
-
-_ANSWER_FORMAT = (
-    "Now it's your turn to take an action.\n"
-    "First reason step by step about the current situation; this reasoning MUST be enclosed "
-    "within <think> </think> tags.\n"
-    "Then choose exactly one admissible action for the current step and give it within "
-    "<action> </action> tags."
-)
-
-ALFWORLD_TEMPLATE = PromptTemplate(
-    env_name="alfworld",
-    with_history=(
-        "You are an expert agent acting in the ALFRED embodied household environment. "
-        "Your task is to: {task}\n"
-        "Before this step you have taken {step_count} step(s). Here are the most recent "
-        "{history_length} observations and the actions you took:\n{history}\n"
-        "You are now at step {current_step} and your current observation is: {observation}\n"
-        "Your admissible actions in the current situation are: [{actions}].\n\n" + _ANSWER_FORMAT
-    ),
-    no_history=(
-        "You are an expert agent acting in the ALFRED embodied household environment. "
-        "Your task is to: {task}\n"
-        "Your current observation is: {observation}\n"
-        "Your admissible actions in the current situation are: [{actions}].\n\n" + _ANSWER_FORMAT
-    ),
-    history_turn="[Observation {step}: '{observation}', Action {step}: '{action}']",
-    history_separator="\n",
-    action_item="'{action}'",
-    action_separator="\n ",
-    hidden_actions=("help",),
-)
-
-WEBSHOP_TEMPLATE = PromptTemplate(
-    env_name="webshop",
-    with_history=(
-        "You are an expert autonomous agent shopping in the WebShop e-commerce environment.\n"
-        "Your task is to: {task}.\n"
-        "Before this step you have taken {step_count} step(s). Here are the most recent "
-        "{history_length} observations and the actions you took:\n{history}\n"
-        "You are now at step {current_step} and your current observation is: {observation}\n"
-        "Your admissible actions in the current situation are:\n[\n{actions}\n].\n\n"
-        + _ANSWER_FORMAT.replace(
-            "situation;", "situation and which admissible action best advances the shopping goal;"
-        )
-    ),
-    no_history=(
-        "You are an expert autonomous agent shopping in the WebShop e-commerce environment.\n"
-        "Your task is to: {task}.\n"
-        "Your current observation is: {observation}\n"
-        "Your admissible actions in the current situation are:\n[\n{actions}\n].\n\n"
-        + _ANSWER_FORMAT.replace(
-            "situation;", "situation and which admissible action best advances the shopping goal;"
-        )
-    ),
-    history_turn="[Observation {step}: '{observation}', Action {step}: '{action}']",
-    history_separator="\n",
-    action_item="'{action}'",
-    action_separator=",\n",
-)
 
 def get_template(env_name: str) -> PromptTemplate:
     """The prompt template of env ``env_name`` (its spec's ``template``).

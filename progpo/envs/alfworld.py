@@ -43,6 +43,7 @@ from progpo.envs.alfworld_data import (
     task_type_of,
 )
 from progpo.envs.base import StepResult, normalize_action
+from progpo.envs.spec import ANSWER_FORMAT, PromptTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,54 @@ _BANNER = re.compile(r"^-= Welcome to TextWorld, ALFRED! =-\s*")
 _TASK = re.compile(r"Your task is to: (.*)")
 _HIDDEN_ACTIONS = frozenset({"help"})
 NOT_CARRYING = "You are not carrying anything."
+
+ALFWORLD_TEMPLATE = PromptTemplate(
+    env_name="alfworld",
+    with_history=(
+        "You are an expert agent acting in the ALFRED embodied household environment. "
+        "Your task is to: {task}\n"
+        "Before this step you have taken {step_count} step(s). Here are the most recent "
+        "{history_length} observations and the actions you took:\n{history}\n"
+        "You are now at step {current_step} and your current observation is: {observation}\n"
+        "Your admissible actions in the current situation are: [{actions}].\n\n" + ANSWER_FORMAT
+    ),
+    no_history=(
+        "You are an expert agent acting in the ALFRED embodied household environment. "
+        "Your task is to: {task}\n"
+        "Your current observation is: {observation}\n"
+        "Your admissible actions in the current situation are: [{actions}].\n\n" + ANSWER_FORMAT
+    ),
+    history_turn="[Observation {step}: '{observation}', Action {step}: '{action}']",
+    history_separator="\n",
+    action_item="'{action}'",
+    action_separator="\n ",
+    hidden_actions=tuple(sorted(_HIDDEN_ACTIONS)),  # never offered: the env drops them from its admissible list
+)
+"""ALFWorld's prompt (its spec's ``template``): verl-agent's ALFWorld prompt (Feng et al. 2025, arXiv:2505.10978,
+Appendix prompts), rendered by ``progpo.agents.templates``."""
+
+ALFWORLD_COMMANDS: tuple[str, ...] = (
+    "look", "inventory", "help",
+    "go to {}", "open {}", "close {}", "examine {}", "use {}",
+    "take {} from {}", "move {} to {}", "put {} into {}", "put {} in {}",
+    "heat {} with {}", "clean {} with {}", "cool {} with {}", "slice {} with {}",
+)
+"""ALFWorld's command templates (the ``template ::`` lines of every game's grammar in json_2.1.1),
+each ``{}`` an object or receptacle."""
+
+ALFWORLD_NAME = r"[a-z]+ [0-9]+"
+"""An ALFWorld object name as commands spell it: its type, lower-cased, and its number
+(``alfworld.agents.utils.misc.Demangler``: ``"alarmclock 2"``, ``"sinkbasin 1"``)."""
+
+ALFWORLD_COMMAND = re.compile("|".join(
+    "(?:" + re.escape(t).replace(re.escape("{}"), f"(?:{ALFWORLD_NAME})") + ")" for t in ALFWORLD_COMMANDS))
+"""One ALFWorld command (``fullmatch`` on the normalised action)."""
+
+
+def alfworld_syntax_ok(action: str) -> bool:
+    """ALFWorld's spec ``syntax``: the action is one command of the games' grammar (:data:`ALFWORLD_COMMAND`)."""
+    return ALFWORLD_COMMAND.fullmatch(action) is not None
+
 
 # TextWorld's PDDL/grammar parsing (tatsu) keeps shared state: two games parsed or stepped at once in
 # one process fail with IndexError/TypeError. Every TextWorld call of every AlfWorldEnv in this

@@ -18,12 +18,31 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Any
+
+REF_FIELDS: tuple[str, ...] = ("entry_point", "template", "syntax", "expert", "service", "summary", "download",
+                               "data_check", "http_pool")
+"""The :class:`EnvSpec` fields that name code as ``"module:attribute"`` (:meth:`EnvSpec.load`)."""
+
+_MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 POOLS = ("local", "ray", "http")
 """Env pools: ``local`` (envs in this process, stepped in threads), ``ray`` (one Ray actor per env),
 ``http`` (WebShop over async HTTP, no threads)."""
+
+
+ANSWER_FORMAT = (
+    "Now it's your turn to take an action.\n"
+    "First reason step by step about the current situation; this reasoning MUST be enclosed "
+    "within <think> </think> tags.\n"
+    "Then choose exactly one admissible action for the current step and give it within "
+    "<action> </action> tags."
+)
+"""The answer-format instruction the verl-agent / GiGPO prompts end with (the real envs' templates and the
+synthetic families built on them): reason in ``<think> </think>``, answer one admissible action in
+``<action> </action>`` (the tags ``progpo.agents.parsing`` checks)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,11 @@ class EnvSpec:
             calls it at start-up, before any actor starts. None: nothing to check.
         http_pool: ``"module:function"``, ``(env_kwargs, max_envs) -> EnvPool``: the async HTTP pool of an env
             served over HTTP (``--env.pool http``); None: the env has none.
+        server: the ``python -m`` module of the HTTP server that serves the env, taking ``--host``, ``--port``,
+            ``--threads`` and ``--data-dir`` (WebShop: ``envs.webshop_server``): the launch scripts
+            (``examples/scripts``) start it once where every node reaches it, unless ``WEBSHOP_URL`` names a
+            running one, and pass its URL as ``--env.url`` (which its ``service`` then uses). None: they start
+            nothing.
         pool: default ``--env.pool`` on the cluster path (``train_ray``): one of :data:`POOLS`.
         reports_score: ``info["score"]`` is a [0, 1] task score (WebShop's), logged as ``env/score_mean``.
         language_rule: verl-agent's rule against language switches applies: a response holding a CJK ideograph
@@ -110,14 +134,14 @@ class EnvSpec:
     data_subdir: str | None = None
     data_check: str | None = None
     http_pool: str | None = None
+    server: str | None = None
     pool: str = "local"
     reports_score: bool = False
     language_rule: bool = True
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("entry_point", "template", "syntax", "expert", "service", "summary", "download", "data_check",
-                     "http_pool"):
+        for name in REF_FIELDS:
             ref = getattr(self, name)
             if ref is not None and (not isinstance(ref, str) or ref.count(":") != 1):
                 raise ValueError(f"EnvSpec {self.id!r}: {name} must be a 'module:attribute' string, got {ref!r}")
@@ -131,6 +155,9 @@ class EnvSpec:
             raise ValueError(f"EnvSpec {self.id!r}: a download needs a data_subdir (the folder it fills)")
         if self.pool == "http" and self.http_pool is None:
             raise ValueError(f"EnvSpec {self.id!r}: pool http needs an http_pool")
+        if self.server is not None and (self.service is None or not _MODULE.fullmatch(self.server)):
+            raise ValueError(f"EnvSpec {self.id!r}: server must be a module name (python -m MODULE) of an env with a "
+                             f"service (that takes its URL), got server={self.server!r}, service={self.service!r}")
 
     @property
     def train_split(self) -> str:

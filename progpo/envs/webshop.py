@@ -29,6 +29,7 @@ import ast
 import json
 import math
 import random
+import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -37,6 +38,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from progpo.envs.base import EnvFailure, EnvSessionLost, EnvUnreachable, StepResult, normalize_action, split_size
+from progpo.envs.spec import ANSWER_FORMAT, PromptTemplate
 
 SEARCH_MARKER = "search[<your query>]"
 SPLITS = ("train", "eval", "test")
@@ -44,6 +46,44 @@ CONNECT_RETRIES = 6
 """Default retries of a request whose connection was refused (nothing reached the server), with
 exponential backoff (0.5 s doubling: ~15 s in all with httpx, ~30 s with urllib3): a WebShop server
 that restarts within that window serves the request."""
+
+WEBSHOP_TEMPLATE = PromptTemplate(
+    env_name="webshop",
+    with_history=(
+        "You are an expert autonomous agent shopping in the WebShop e-commerce environment.\n"
+        "Your task is to: {task}.\n"
+        "Before this step you have taken {step_count} step(s). Here are the most recent "
+        "{history_length} observations and the actions you took:\n{history}\n"
+        "You are now at step {current_step} and your current observation is: {observation}\n"
+        "Your admissible actions in the current situation are:\n[\n{actions}\n].\n\n"
+        + ANSWER_FORMAT.replace(
+            "situation;", "situation and which admissible action best advances the shopping goal;"
+        )
+    ),
+    no_history=(
+        "You are an expert autonomous agent shopping in the WebShop e-commerce environment.\n"
+        "Your task is to: {task}.\n"
+        "Your current observation is: {observation}\n"
+        "Your admissible actions in the current situation are:\n[\n{actions}\n].\n\n"
+        + ANSWER_FORMAT.replace(
+            "situation;", "situation and which admissible action best advances the shopping goal;"
+        )
+    ),
+    history_turn="[Observation {step}: '{observation}', Action {step}: '{action}']",
+    history_separator="\n",
+    action_item="'{action}'",
+    action_separator=",\n",
+)
+"""WebShop's prompt (its spec's ``template``): verl-agent's WebShop prompt (Feng et al. 2025, arXiv:2505.10978,
+Appendix prompts), rendered by ``progpo.agents.templates``."""
+
+WEBSHOP_ACTION = re.compile(r"(search|click)\[((?:[^\[]+\[?)|\[)\]", re.DOTALL)
+"""One WebShop action (``fullmatch`` on the normalised action); see ``progpo.agents.parsing``'s module docstring."""
+
+
+def webshop_syntax_ok(action: str) -> bool:
+    """WebShop's spec ``syntax``: the action is one command of the server's grammar (:data:`WEBSHOP_ACTION`)."""
+    return WEBSHOP_ACTION.fullmatch(action) is not None
 
 
 class WebShopEnv:

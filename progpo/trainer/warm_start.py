@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import gc
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from progpo.envs import spec
 from progpo.run.metrics import MetricsLogger
 from progpo.run.precision import resolve_precision
 from progpo.run.settings import EnvSettings, RolloutSettings
@@ -49,9 +51,19 @@ KEY_FILE = "warm_start_key.json"
 WARM_START_DIR = Path.home() / ".cache" / "progpo" / "warm_start"
 """Default root of the cached warm starts (``--sft.cache_dir``)."""
 
-#: source files whose code shapes the cloned samples or their training (part of the cache key).
+#: source files whose code shapes the cloned samples or their training (part of the cache key), with the
+#: env's own modules named by its spec (:data:`KEY_SPEC_FIELDS`).
 KEY_SOURCES = ("agents/templates.py", "agents/experts.py", "agents/episode.py", "agents/parsing.py",
                "trainer/sft.py", "trainer/warm_start.py", "trainer/actor.py", "run/precision.py")
+KEY_SPEC_FIELDS = ("template", "syntax", "expert")
+"""Spec fields whose modules shape the cloned samples: the env's prompt template, action-syntax check and expert."""
+
+
+def _env_sources(env_name: str) -> dict[str, str]:
+    """sha256 of the source file of each module the env's spec names in :data:`KEY_SPEC_FIELDS`, by module name."""
+    env_spec = spec(env_name)
+    modules = {ref.split(":")[0] for ref in (getattr(env_spec, f) for f in KEY_SPEC_FIELDS) if ref is not None}
+    return {m: hashlib.sha256(Path(importlib.util.find_spec(m).origin).read_bytes()).hexdigest() for m in sorted(modules)}
 
 
 @dataclass(frozen=True)
@@ -264,12 +276,14 @@ def cache_key(args: SFTArgs, base_model_dir: str, data_identity: dict[str, Any])
     ``--ds.mixed_precision`` resolves to on this machine (``bf16`` clones another model than fp32);
     ``base_model``: name, size and sha256 of each file of
     the resolved base model folder; ``data``: the env's data folder and split size; ``code``: sha256 of
-    the source files that build and train on the samples (:data:`KEY_SOURCES`).
+    the source files that build and train on the samples (:data:`KEY_SOURCES`, and the env's own modules that
+    hold its template, syntax check and expert).
     """
     settings = dataclasses.asdict(dataclasses.replace(args, ckpt=CkptSettings(max_num=1), logger=LoggerSettings()))
     settings["env"].pop("url", None)  # where a server runs, not what it serves (the data says that)
     root = Path(__file__).resolve().parent.parent
     code = {src: hashlib.sha256((root / src).read_bytes()).hexdigest() for src in KEY_SOURCES}
+    code.update(_env_sources(args.env.name))
     precision = resolve_precision(args.ds.mixed_precision, param_dtype=args.ds.param_dtype,
                                   device_type="cuda" if torch.cuda.is_available() else "cpu").name
     return {"settings": settings, "precision": precision, "base_model": _files_digest(Path(base_model_dir)),

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from envs.webshop_server import engine
 from envs.webshop_server.catalog import load_catalog
 from envs.webshop_server.goals import synthetic_goals
-from progpo.agents.parsing import ALFWORLD_COMMANDS, ALFWORLD_NAME, parse_action, syntax_check
+from progpo.agents.parsing import parse_action, syntax_check
+from progpo.envs.alfworld import ALFWORLD_COMMANDS, ALFWORLD_NAME
 from progpo.envs.base import normalize_action
 from progpo.envs.webshop import SEARCH_MARKER, admissible_actions
 

@@ -12,7 +12,9 @@ import pytest
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
 from progpo.agents.episode import run_episodes, step_seed
 from progpo.agents.scripted import ScriptedGenerate
+from progpo.agents.templates import build_prompt
 from progpo.agents.types import SamplingParams
+from progpo.envs.alfworld import ALFWORLD_TEMPLATE
 from progpo.envs.local_pool import LocalEnvPool
 from progpo.testing import PATIENCE_S
 
@@ -194,8 +196,6 @@ def test_step_batch_rows_align_with_records(qwen3_tokenizer, fake_env_cls) -> No
 
 
 def test_context_guard_inside_loop(qwen3_tokenizer, fake_env_cls, caplog) -> None:
-    from progpo.agents.templates import ALFWORLD_TEMPLATE, build_prompt
-
     # room 0 prompt with no history: the guard limit leaves no space for history turns
     base = build_prompt(qwen3_tokenizer, ALFWORLD_TEMPLATE, task="reach room 4",
                         observation="You are in room 1.", admissible_actions=["go to door 1", "look"])

@@ -8,13 +8,15 @@ tokens; its template was not found offline, so there are no Qwen2.5 golden promp
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+
 import pytest
 
 from progpo.agents.templates import (
-    ALFWORLD_TEMPLATE,
     TRUNCATION_MARKER,
-    WEBSHOP_TEMPLATE,
     HistoryTurn,
+    build_messages,
     build_prompt,
     decode_response,
     encode_text,
@@ -22,6 +24,8 @@ from progpo.agents.templates import (
     prefix_key,
     render_user_message,
 )
+from progpo.envs.alfworld import ALFWORLD_TEMPLATE
+from progpo.envs.webshop import WEBSHOP_TEMPLATE
 
 ALF_HISTORY = [
     HistoryTurn("You are in the middle of a room. Looking quickly around you, you see a sinkbasin 1.",
@@ -269,3 +273,31 @@ def test_one_decoding_rule_drops_control_tokens(tiny_tokenizer) -> None:
            + [tok.eos_token_id])
     assert tok.decode(ids, skip_special_tokens=False).startswith("<|im_start|>")  # what vLLM's text holds
     assert decode_response(tok, ids) == "<think>a</think>"
+
+
+# sha256 of main's (0024b02) rendering, taken before the templates moved into their env modules (issue 33):
+# the chat messages with and without history, and every field of the template (repr of its astuple).
+MAINS_RENDERING = {
+    "alfworld": ("6e2ec792b675a0bbbdd2d41d7ceb3fdeae9b6fdce5e1a754580d332b1e56736d",
+                 "6afac52b8c5ca5de3f6264bbe3d640ef3e654cec5f8cdf5ae624903247d5bfa8",
+                 "bbb068cb91e26807b819f79d897a6161cdd0bd7a3b276f676a6d3adb89f6f20f"),
+    "webshop": ("7c9e8d41e70b7d6c61ce28f8108cdfb2f17fe8b2141a3c4f78bfe3df52ffb6d7",
+                "d574abf68f475ea37e216dbdfb2ad7b79fd79b91adfa17b24ae929b0f30b865e",
+                "6eab309bddacdd50faab5f4d916d0ef71334492807b4d6efe3be6af9c3fde9fe"),
+}
+MAINS_RENDERING["alfworld_like"] = MAINS_RENDERING["alfworld"]  # the synthetic families use the real templates
+MAINS_RENDERING["webshop_like"] = MAINS_RENDERING["webshop"]
+
+
+@pytest.mark.parametrize("env", sorted(MAINS_RENDERING))
+def test_every_env_renders_mains_prompt_byte_for_byte(env) -> None:
+    """The prompts a user sees are main's, byte for byte, wherever the template is defined (issue 33 moved them)."""
+    template = get_template(env)
+    kw = dict(task="put a {clean} mug in coffeemachine.", observation="You arrive at sinkbasin 1. On it: a mug 2, help",
+              admissible_actions=["go to countertop 1", "help", "click[1.8米]", "search[<your query>]"])
+    history = [HistoryTurn("obs {a}", "go to countertop 1"), HistoryTurn("obs b", "help")]
+    got = [hashlib.sha256(repr(build_messages(template, render_user_message(template, **kw))).encode()).hexdigest(),
+           hashlib.sha256(repr(build_messages(template, render_user_message(template, **kw, history=history,
+                                                                             step_count=5))).encode()).hexdigest(),
+           hashlib.sha256(repr(dataclasses.astuple(template)).encode()).hexdigest()]
+    assert tuple(got) == MAINS_RENDERING[env]

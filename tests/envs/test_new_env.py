@@ -131,7 +131,9 @@ def test_train_and_evaluate_run_on_it(counter, tmp_path, capsys):
                        "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--train.num_iterations",
                        "1", "--rollout.max_new_tokens", "8", "--logger.progress_bar", "false",
                        "--logger.tensorboard_dir", "none"]) == 0
-    assert (run / "metrics.jsonl").is_file()
+    (row,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # the one iteration
+    assert row["rollout/num_episodes"] == 4 and row["rollout/num_steps"] >= 4  # 2 tasks x 2 rollouts, >= 1 step each
+    assert row["env/failed_frac"] == 0
     capsys.readouterr()
     assert evaluate.main(["--env.name", "counter", "--actor.model_name_or_path", str(run), "--eval.num_tasks", "2",
                           "--rollout.max_new_tokens", "8"]) == 0

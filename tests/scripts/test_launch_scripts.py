@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from progpo.envs import env_ids, spec
 from progpo.testing import PATIENCE_S
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +107,88 @@ def test_train_script_flags_are_accepted_by_train_ray(tmp_path):
         ns = train_ray.finalize(parser, parser.parse_args(argv[3:]))
         assert ns.progpo.advantage.kappa == 4.0
         assert Path(getattr(ns, "data.prompt_dataset")).is_file() and Path(getattr(ns, "eval.dataset")).is_file()
+
+
+
+LIB = SCRIPTS / "lib" / "train_args.sh"
+
+
+def _train_args(cwd: Path = REPO, **env) -> subprocess.CompletedProcess:
+    """``progpo_train_args`` of lib/train_args.sh run alone, PROGPO_ARGS printed one a line."""
+    return subprocess.run(["bash", "-c", f'set -euo pipefail; source "{LIB}"; progpo_train_args; '
+                           'printf "%s\\n" "${PROGPO_ARGS[@]}"'], capture_output=True, text=True, cwd=cwd,
+                          env=dict(os.environ, **env))
+
+
+@pytest.mark.parametrize("env", env_ids())
+def test_env_facts_of_the_launch_args_come_from_the_spec(env):
+    """Step limit, eval split, the ray pool's actor flags and the server's URL: each registered env's spec."""
+    res = _train_args(ENV_NAME=env, EVAL_TASKS="2", WEBSHOP_URL="http://HEAD_IP:3000")
+    assert res.returncode == 0, res.stderr
+    argv, s = res.stdout.splitlines(), spec(env)
+    assert _flag(argv, "--env.max_steps") == str(s.max_steps) and _flag(argv, "--env.eval_split") == s.eval_split
+    assert ("--env.num_env_actors" in argv) == (s.pool == "ray")
+    assert ("--env.url" in argv) == (s.server is not None)
+    over = _train_args(ENV_NAME=env, EVAL_TASKS="2", WEBSHOP_URL="http://h:1", MAX_STEPS="7", EVAL_SPLIT=s.splits[-1])
+    argv = over.stdout.splitlines()
+    assert (_flag(argv, "--env.max_steps"), _flag(argv, "--env.eval_split")) == ("7", s.splits[-1])  # overrides win
+
+
+THROWAWAY = """
+from progpo.envs.spec import register
+
+for _id, _extra in (("counter_ray", dict(max_steps=7, splits=("train", "dev"), eval_split="dev", pool="ray")),
+                    ("counter_svc", dict(max_steps=9, splits=("train", "heldout", "x"), eval_split="heldout",
+                                         service="counter_env:service", server="counter_server"))):
+    register(id=_id, entry_point="counter_env:Env", template="counter_env:T", syntax="counter_env:ok", **_extra)
+"""
+
+
+def test_a_throw_away_env_s_spec_reaches_the_launch_args(tmp_path):
+    """An env registered from its own module (imported in every Python process here through ``sitecustomize``)
+    gets its step limit, eval split, pool flags and server URL into the launch args from its register call."""
+    (tmp_path / "counter_env.py").write_text(THROWAWAY)
+    (tmp_path / "sitecustomize.py").write_text("import counter_env  # noqa: F401 - registers the throw-away envs\n")
+    path = os.pathsep.join(p for p in (str(tmp_path), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    ray = _train_args(ENV_NAME="counter_ray", EVAL_TASKS="2", PYTHONPATH=path)
+    assert ray.returncode == 0, ray.stderr
+    argv = ray.stdout.splitlines()
+    assert (_flag(argv, "--env.name"), _flag(argv, "--env.max_steps"), _flag(argv, "--env.eval_split")) == (
+        "counter_ray", "7", "dev")
+    assert _flag(argv, "--env.num_env_actors") == "16" and "--env.url" not in argv
+    svc = _train_args(ENV_NAME="counter_svc", EVAL_TASKS="2", WEBSHOP_URL="http://h:1", PYTHONPATH=path)
+    argv = svc.stdout.splitlines()
+    assert (_flag(argv, "--env.max_steps"), _flag(argv, "--env.eval_split"), _flag(argv, "--env.url")) == (
+        "9", "heldout", "http://h:1")
+    assert "--env.num_env_actors" not in argv
+    unset = _train_args(ENV_NAME="counter_svc", PYTHONPATH=path, **{"WEBSHOP_URL": ""})
+    assert unset.returncode != 0 and "WEBSHOP_URL" in unset.stderr  # a server's URL is required
+
+
+ENV_NAME_TEST = re.compile(r"""(==?|!=)\s*["']?({names})["']?\s*\]|^\s*\(?({names})\)""".format(
+    names="|".join(re.escape(n) for n in sorted(env_ids(), key=len, reverse=True))), re.MULTILINE)
+#: the one per-env literal left in the scripts: run_local.sh's short demo step limits (6 WebShop, 8 ALFWorld),
+#: a choice of that demo, not a fact of the env (the spec's are the protocol's 15 / 50).
+DEMO_STEP_LIMITS = {"examples/scripts/run_local.sh": 2}
+
+
+def test_no_launch_script_branches_on_an_env_name():
+    """``[ "$ENV_NAME" = webshop ]``, ``case ... webshop)``: none; the scripts ask the spec (progpo_env_fact)."""
+    found = {}
+    for path in ALL:
+        hits = ENV_NAME_TEST.findall(path.read_text(encoding="utf-8"))
+        if hits:
+            found[str(path.relative_to(REPO))] = len(hits)
+    assert found == DEMO_STEP_LIMITS
+    assert ENV_NAME_TEST.findall('if [ "$ENV_NAME" = webshop ]; then\n  alfworld) x ;;\n[[ $e == "alfworld_like" ]]') \
+        == [("=", "webshop", ""), ("", "", "alfworld"), ("==", "alfworld_like", "")]
+
+
+def test_an_unknown_env_stops_the_launch_args_in_one_line_naming_it():
+    res = _train_args(ENV_NAME="sokoban")
+    assert res.returncode != 0 and res.stdout == ""
+    (line,) = res.stderr.splitlines()
+    assert "unknown env 'sokoban'; registered:" in line
 
 
 SLURM = SCRIPTS / "slurm_train_ray.sbatch"

@@ -5,11 +5,18 @@ Tiny model, 2 expert episodes, one epoch, on the shared WebShop server (seconds 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import importlib.util
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+from progpo.envs import spec
+from progpo.trainer.warm_start import SFTArgs, cache_key
 
 WARM = ["--sft.num_tasks", "2", "--sft.max_epochs", "1", "--sft.batch_size", "4",
         "--sft.lr", "1e-3"]
@@ -105,3 +112,18 @@ def test_bad_warm_start_values_name_the_flag():
                        (["--sft.max_epochs", "0"], "--sft.max_epochs")):
         with pytest.raises(ValueError, match=f"^{flag}"):
             config_from_args(argv)
+
+
+@pytest.mark.parametrize("env", ["webshop", "alfworld", "alfworld_like"])
+def test_the_cache_key_holds_the_env_modules_that_shape_the_samples(tmp_path, env):
+    """The template and syntax check live in the env's own module (issue 33): a change there must clone again,
+    as a change in ``agents/templates.py`` does."""
+    (tmp_path / "config.json").write_text("{}")
+    args = SFTArgs()
+    args = dataclasses.replace(args, env=dataclasses.replace(args.env, name=env))
+    code = cache_key(args, str(tmp_path), {"data": 1})["code"]
+    for field in ("template", "syntax", "expert"):
+        module = getattr(spec(env), field).split(":")[0]
+        source = Path(importlib.util.find_spec(module).origin).read_bytes()
+        assert code[module] == hashlib.sha256(source).hexdigest()
+    assert "agents/templates.py" in code and "agents/parsing.py" in code

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # progpo_one_node [extra train_ray flags...]: train on this machine's GPUs (sourced by train_*.sh).
 #
-# Starts the WebShop server here when ENV_NAME=webshop and WEBSHOP_URL is unset (stopped on exit),
+# Starts the env's server here (its spec's `server`: WebShop's) when WEBSHOP_URL is unset (stopped on exit),
 # then runs `python -m progpo.cli.train_ray` as the Ray driver: it joins the cluster in RAY_ADDRESS
 # or starts a local one (dashboard on 127.0.0.1:8265). The server listens on 127.0.0.1 for a local
 # cluster, and on this node's address (progpo_node_ip; WEBSHOP_HOST overrides) when the job joins a
@@ -23,12 +23,14 @@ progpo_one_node() {
   elif [ -n "${RAY_ADDRESS:-}" ] || [ "${NUM_NODES:-1}" -gt 1 ]; then
     host=$(progpo_node_ip)
   fi
+  local server
+  server=$(progpo_env_fact server) || return 2
   if [ "${PROGPO_DRY_RUN:-0}" = 1 ]; then
     WEBSHOP_URL=${WEBSHOP_URL:-http://$host:${WEBSHOP_PORT:-3000}}
-  elif [ "${ENV_NAME:-}" = webshop ] && [ -z "${WEBSHOP_URL:-}" ]; then
+  elif [ -n "$server" ] && [ -z "${WEBSHOP_URL:-}" ]; then
     mkdir -p "${PROGPO_LOG_DIR:-logs}"
-    trap progpo_stop_webshop EXIT
-    progpo_start_webshop "$host" "${WEBSHOP_PORT:-$(progpo_free_port)}" "${PROGPO_LOG_DIR:-logs}/webshop_server.log" \
+    trap progpo_stop_server EXIT
+    progpo_start_server "$server" "$host" "${WEBSHOP_PORT:-$(progpo_free_port)}" "${PROGPO_LOG_DIR:-logs}/${ENV_NAME}_server.log" \
       ${WEBSHOP_DATA_DIR:+--data-dir "$WEBSHOP_DATA_DIR"} --threads "${WEBSHOP_THREADS:-32}"
   fi
   progpo_train_args

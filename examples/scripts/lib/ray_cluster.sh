@@ -153,16 +153,17 @@ progpo_wait_http() {
   return 1
 }
 
-# progpo_start_webshop HOST PORT LOG [server args...]: start the WebShop server (waitress) in the
-# background from the repository root, set WEBSHOP_PID and WEBSHOP_URL, wait for /health.
-progpo_start_webshop() {
-  local host=$1 port=$2 log=$3
-  shift 3
-  progpo_log "starting WebShop server on $host:$port (log $log)"
+# progpo_start_server MODULE HOST PORT LOG [server args...]: start the env's HTTP server (its spec's
+# `server`, `python3 -m MODULE --host HOST --port PORT ...`; WebShop's: envs.webshop_server, waitress) in
+# the background from the repository root, set WEBSHOP_PID and WEBSHOP_URL, wait for /health.
+progpo_start_server() {
+  local module=$1 host=$2 port=$3 log=$4
+  shift 4
+  progpo_log "starting $module on $host:$port (log $log)"
   if [ ${#PROGPO_LAUNCH[@]} -eq 0 ]; then
-    setsid python3 -m envs.webshop_server --host "$host" --port "$port" "$@" >"$log" 2>&1 &
+    setsid python3 -m "$module" --host "$host" --port "$port" "$@" >"$log" 2>&1 &
   else
-    "${PROGPO_LAUNCH[@]}" python3 -m envs.webshop_server --host "$host" --port "$port" "$@" >"$log" 2>&1 &
+    "${PROGPO_LAUNCH[@]}" python3 -m "$module" --host "$host" --port "$port" "$@" >"$log" 2>&1 &
   fi
   WEBSHOP_PID=$!
   WEBSHOP_URL="http://$host:$port"
@@ -170,8 +171,8 @@ progpo_start_webshop() {
   progpo_wait_http "$WEBSHOP_URL/health" "${WEBSHOP_START_TIMEOUT:-300}"
 }
 
-# progpo_stop_webshop: stop the server started by progpo_start_webshop.
-progpo_stop_webshop() {
+# progpo_stop_server: stop the server started by progpo_start_server.
+progpo_stop_server() {
   progpo_stop_pid "$WEBSHOP_PID" 30
   WEBSHOP_PID=""
 }

@@ -2,12 +2,18 @@
 # progpo_train_args: fill the PROGPO_ARGS array with `python -m progpo.cli.train_ray` flags (sourced).
 #
 # Defaults follow the GiGPO paper protocol (Feng et al. 2025) for Qwen2.5-1.5B-Instruct: 16 tasks x 8
-# rollouts per iteration, history window 2, 50 (ALFWorld) / 15 (WebShop) steps, lr 1e-6, KL loss
-# 0.01 (k3 estimator, as verl's low_var_kl), DeepSpeed ZeRO-3, 512 response tokens, 160 iterations.
+# rollouts per iteration, history window 2, the env spec's step limit (50 ALFWorld / 15 WebShop), lr 1e-6,
+# KL loss 0.01 (k3 estimator, as verl's low_var_kl), DeepSpeed ZeRO-3, 512 response tokens, 160 iterations.
+#
+# What depends on the env comes from its spec (its register(...) call in progpo.envs), read once with
+# `python3 -m progpo.cli.envs get ENV_NAME max_steps eval_split pool server`: the step limit (MAX_STEPS
+# overrides), the eval split (EVAL_SPLIT overrides), the Ray env-actor flags for an env on the ray pool,
+# and --env.url (WEBSHOP_URL) for an env served by a server the scripts start (WebShop's; progpo_env_fact).
 # Every default can be overridden by the environment variable named next to it; any extra flag
 # given to a launch script is appended last and wins (argparse keeps the last value).
 #
-# Inputs: ESTIMATOR (progpo|gigpo|grpo|rloo|hgpo), ENV_NAME (webshop|alfworld), WEBSHOP_URL (webshop).
+# Inputs: ESTIMATOR (progpo|gigpo|grpo|rloo|hgpo), ENV_NAME (a registered env: webshop, alfworld, ...),
+# WEBSHOP_URL (an env with a server: webshop).
 #
 # Batch arithmetic, derived from the ranks (NUM_NODES x GPUS_PER_NODE) so that OpenRLHF's start-up
 # check (tasks x rollouts / rollout micro batch >= ranks) and ProGPO's rank-equal per-step batches
@@ -27,15 +33,18 @@
 # --train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode has no CPU path).
 
 progpo_train_args() {
-  local env_name=${ENV_NAME:?set ENV_NAME to webshop or alfworld}
+  local env_name=${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list), e.g. webshop or alfworld}
   local estimator=${ESTIMATOR:-progpo}
   local cpu=0
   [ "${DEVICE:-cuda}" = cpu ] && cpu=1
   local model=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
   local nodes gpus tp=${VLLM_TP:-1}
   nodes=$(progpo_positive NUM_NODES "${NUM_NODES:-1}") || return 2
-  local max_steps=15
-  [ "$env_name" = alfworld ] && max_steps=50
+  local spec_out
+  spec_out=$(progpo_env_fact max_steps eval_split pool server) || return 2
+  local -a spec_facts
+  mapfile -t spec_facts <<<"$spec_out"
+  local max_steps=${spec_facts[0]} eval_split=${spec_facts[1]} pool=${spec_facts[2]} server=${spec_facts[3]:-}
   # the protocol's sizes; the CPU profile shrinks them (each still overridable)
   local tasks=16 rollouts=8 iters=160 new_tokens=512 prompt_tokens=2048 max_len=2560
   local max_train_micro=8 max_rollout_micro=16 save_steps=20
@@ -114,15 +123,13 @@ progpo_train_args() {
   if [ -n "${TRAIN_SPLIT_SIZE:-}" ]; then  # e.g. 393 train goals of the 87-product WebShop subset
     PROGPO_ARGS+=(--env.split_size "$TRAIN_SPLIT_SIZE")
   fi
-  if [ "$env_name" = webshop ]; then
+  if [ -n "$server" ]; then  # the launch script started it (WebShop's server) where every node reaches it
     PROGPO_ARGS+=(--env.url "${WEBSHOP_URL:?set WEBSHOP_URL to the WebShop server, e.g. http://HEAD_IP:3000}")
   fi
-  if [ "$env_name" = alfworld ]; then
+  if [ "$pool" = ray ]; then
     PROGPO_ARGS+=(--env.num_env_actors "${ENV_ACTORS_PER_ENGINE:-16}" --env.num_cpus_per_actor "${ENV_CPUS_PER_ACTOR:-0.25}")
   fi
   if [ -n "${EVAL_TASKS:-}" ]; then
-    local eval_split=test
-    [ "$env_name" = alfworld ] && eval_split=valid_unseen
     PROGPO_ARGS+=(--env.eval_split "${EVAL_SPLIT:-$eval_split}" --eval.num_tasks "$EVAL_TASKS"
       --eval.steps "${EVAL_EVERY:-10}" --eval.n_samples_per_prompt 1 --eval.temperature 0.4)
   fi
@@ -130,6 +137,12 @@ progpo_train_args() {
     PROGPO_ARGS+=(--logger.wandb.key "$WANDB_API_KEY" --logger.wandb.project "${WANDB_PROJECT:-progpo}"
       --logger.wandb.run_name "$run")
   fi
+}
+
+# progpo_env_fact FIELD...: print fields of ENV_NAME's env spec, one a line (python3 -m progpo.cli.envs get;
+# an unknown env or field: one line naming it, status 2).
+progpo_env_fact() {
+  python3 -m progpo.cli.envs get "${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list)}" "$@"
 }
 
 # progpo_min A B: print the smaller of two integers, at least 1.

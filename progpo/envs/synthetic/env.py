@@ -32,16 +32,30 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import struct
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from progpo.envs.alfworld import ALFWORLD_NAME, alfworld_syntax_ok
 from progpo.envs.base import StepResult, normalize_action, split_size
 from progpo.envs.synthetic.families import FAMILIES, Task, get_family
 from progpo.envs.synthetic.mdp import Outcome
 
 #: split -> (seed of task 0, number of tasks): task ``index`` of ``split`` has seed ``base + index``.
 SPLITS: dict[str, tuple[int, int]] = {"train": (0, 1_000_000), "test": (1_000_000_000, 10_000)}
+
+
+ALFWORLD_LIKE_PUT = re.compile(f"put (?:{ALFWORLD_NAME}) in/on (?:{ALFWORLD_NAME})")
+"""The one command of the synthetic ALFWorld-like family outside ALFWorld's grammar
+(:data:`progpo.envs.alfworld.ALFWORLD_COMMANDS`): its placing action keeps the wording of earlier ALFWorld
+releases (``put mug 1 in/on shelf 2``), which the lab's figures were measured with."""
+
+
+def alfworld_like_syntax_ok(action: str) -> bool:
+    """The ``alfworld_like`` spec's ``syntax``: ALFWorld's grammar (:func:`progpo.envs.alfworld.alfworld_syntax_ok`)
+    plus :data:`ALFWORLD_LIKE_PUT`."""
+    return alfworld_syntax_ok(action) or ALFWORLD_LIKE_PUT.fullmatch(action) is not None
 
 
 def _uniform(digest: bytes) -> float:
