@@ -91,7 +91,9 @@ class RayArgs:
     """Our flags of ``train_ray`` (OpenRLHF's parser holds the rest)."""
 
     env: EnvSettings = field(default_factory=EnvSettings, metadata={"skip": ()})
-    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32), metadata={
+    # max_new_tokens=512: the answer limit where OpenRLHF's --rollout.max_new_tokens is unset
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32,
+                                                                             max_new_tokens=512), metadata={
         "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
     train: RunLength = field(default_factory=RunLength)
@@ -430,10 +432,11 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         check_group_size(estimator, o.rollout.n_samples_per_prompt)
     per_step_checks(o, estimator)
     check_engine_gpus(o)
-    given = {"max_new_tokens": o.rollout.max_new_tokens} if o.rollout.max_new_tokens is not None else {}
-    agent = AgentConfig(env=env, env_kwargs=remote_env_kwargs(env), max_prompt_tokens=rargs.rollout.max_prompt_tokens,
-                        **given)
-    check_prompt_budget(agent.max_prompt_tokens, agent.max_new_tokens, o.data.max_len,
+    rollout = rargs.rollout  # OpenRLHF's --rollout.max_new_tokens, when given, is the response limit
+    if o.rollout.max_new_tokens is not None:
+        rollout = dataclasses.replace(rollout, max_new_tokens=o.rollout.max_new_tokens)
+    agent = AgentConfig(env=env, rollout=rollout, env_kwargs=remote_env_kwargs(env))
+    check_prompt_budget(rollout.max_prompt_tokens, rollout.max_new_tokens, o.data.max_len,
                         f"--data.max_len {o.data.max_len}")
     if o.train.agent_func_path is None:
         fill["train.agent_func_path"] = agent_path()

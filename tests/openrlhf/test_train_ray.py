@@ -301,7 +301,7 @@ def test_the_run_settings_reach_every_actor_through_hierarchize_and_pickle(cli, 
     run = cli.launch.ray_run(nested)
     assert run == ns.progpo and run.device == "cpu" and run.dynamic_sampling_max_rounds == 2
     assert run.dump_dir == str(tmp_path / "d") and run.advantage.estimator == "progpo"
-    assert run.agent.env.name == "webshop" and run.agent.max_new_tokens == 512  # --rollout.max_new_tokens unset
+    assert run.agent.env.name == "webshop" and run.agent.rollout.max_new_tokens == 512  # --rollout.max_new_tokens unset
     assert not [k for k in vars(ns) if k.startswith("progpo_")]
     assert cli.launch.ray_run(SimpleNamespace()) == cli.launch.RayRun()  # an actor's unit test: the defaults
 
