@@ -154,7 +154,7 @@ class TrainSettings:
     """The training loop (``--train.*``)."""
 
     num_iterations: int = 3
-    """rollout + update iterations"""
+    """rollout + update iterations, each --rollout.batch_size tasks x --rollout.n_samples_per_prompt episodes then the update (train_ray's run length too; OpenRLHF's --train.num_episodes counts passes over a prompt dataset, another quantity)"""
     batch_size: int = 16
     """step samples per optimizer step"""
     micro_batch_size: int = 4
