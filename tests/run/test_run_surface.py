@@ -143,7 +143,7 @@ def test_train_ray_old_names_still_parse(parsers, tmp_path, capsys):
     import json
 
     agent = json.loads(ns.progpo.agent.to_json())
-    assert agent["env"]["train_split"] == "test" and agent["max_prompt_tokens"] == 900
+    assert agent["env"]["train_split"] == "test" and agent["rollout"]["max_prompt_tokens"] == 900
     assert capsys.readouterr().err.count("deprecated") == 2
 
 
