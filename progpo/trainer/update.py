@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
 from progpo.run.settings import RolloutSettings
+from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
 from progpo.trainer.ppo import LossTerms, ppo_kl_loss
 from progpo.trainer.settings import ActorSettings, KLSettings, TrainSettings
 

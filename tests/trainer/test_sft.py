@@ -15,8 +15,8 @@ from progpo.agents.types import Episode, StepRecord
 from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.trainer.actor import pack_samples
 from progpo.trainer.config import SFTSettings
-from progpo.trainer.sft import expert_samples, sft_token_loss
 from progpo.trainer.settings import ActorSettings, AdamSettings, TrainSettings
+from progpo.trainer.sft import expert_samples, sft_token_loss
 
 SFT_PROTOCOL = ["--env.max_steps", "8", "--env.history_length", "2", "--rollout.max_prompt_tokens", "384",
                 "--rollout.max_new_tokens", "160"]
