@@ -356,7 +356,8 @@ class Trainer:
         if not samples:
             return "no training samples"
         u = self.update_cfg
-        if any(s.advantage != 0.0 for s in samples) or u.actor.entropy_coef > 0 or u.actor.adam.weight_decay > 0:
+        decay = self.actor.cfg.actor.adam.weight_decay
+        if any(s.advantage != 0.0 for s in samples) or u.actor.entropy_coef > 0 or decay > 0:
             return None
         if u.kl.init_coef == 0:
             return "every advantage is 0 and the KL term is off"
