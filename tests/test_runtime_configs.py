@@ -74,11 +74,11 @@ def test_the_settings_tree_is_found():
 @pytest.mark.parametrize("config", RUNTIME_CONFIGS, ids=lambda c: c.__name__)
 def test_runtime_config_holds_settings_and_respells_none(config):
     hints = typing.get_type_hints(config)
-    held = [f.name for f in dataclasses.fields(config) if _is_settings(hints[f.name])]
-    assert held, f"{config.__name__} holds no settings object"
     respelled = sorted(set(_own_fields(config)) & SETTING_NAMES)
     assert not respelled, (f"{config.__name__} restates settings fields {respelled}: hold the settings object "
                            "instead (one field, one default, one check per setting)")
+    held = [f.name for f in dataclasses.fields(config) if _is_settings(hints[f.name])]
+    assert held, f"{config.__name__} holds no settings object"
 
 
 def test_the_local_trainer_passes_its_own_settings_objects():
