@@ -24,13 +24,15 @@ from progpo.lab import collapse_trace, learning_probe, learning_report
 from progpo.trainer import config
 
 #: concept -> (its flag, the other spellings it has had). A spelling is the flag's last word, ``-`` read as ``_``.
-#: ``train_ray``'s ``--train.num_episodes`` (OpenRLHF's: passes over the task list) is not ``--train.num_iterations``
-#: (rollout + update iterations, each drawing ``--rollout.batch_size`` tasks; on both CLIs): another quantity.
+#: The run's length is ``--train.num_iterations`` on ``train`` and ``train_ray``; OpenRLHF's ``--train.num_episodes``
+#: (passes over the prompt dataset) parses on ``train_ray`` for one release, hidden and deprecated, so a command
+#: that shows it (or any other run-length spelling) fails here.
 CONCEPTS = {
     "group size": ("--rollout.n_samples_per_prompt", {"n", "rollouts", "trajectories", "n_rollouts", "alf_rollouts",
                                                        "group_size", "num_rollouts"}),
     "tasks per iteration": ("--rollout.batch_size", {"tasks", "tasks_per_batch", "tasks_per_iter"}),
-    "iterations": ("--train.num_iterations", {"iterations", "iters"}),
+    "iterations": ("--train.num_iterations", {"iterations", "iters", "num_episodes", "episodes", "num_iters",
+                                              "max_iterations", "total_training_steps"}),
     "step limit": ("--env.max_steps", {"alf_max_steps", "step_limit"}),
     "history window": ("--env.history_length", {"history", "alf_history"}),
     "policy model": ("--actor.model_name_or_path", {"model", "pretrain"}),

@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from progpo.agents.parsing import parse_actions
 from progpo.agents.templates import HistoryTurn, PromptTemplate, build_prompt, decode_response, get_template
@@ -57,34 +57,80 @@ class TaskSpec:
         return self.uid or f"{self.split}:{self.index}"
 
 
+class EpisodeEnv(Protocol):
+    """The ``--env.*`` settings an episode reads: ``progpo.run.settings.EnvSettings``, resolved against the env's
+    spec (``max_steps`` filled in). Their defaults and checks are that class's; ``agents`` sits below ``run``,
+    so it names the fields it reads here instead of importing the class."""
+
+    @property
+    def name(self) -> str:
+        """registered env id: its spec gives the template and the action-syntax check"""
+
+    @property
+    def max_steps(self) -> int | None:
+        """decisions per episode at most (None only before the settings are resolved)"""
+
+    @property
+    def history_length(self) -> int:
+        """``K``, earlier (observation, action) pairs shown in each prompt"""
+
+    @property
+    def invalid_penalty(self) -> float:
+        """subtracted from the reward of a step whose answer broke the format"""
+
+
+class EpisodeRollout(Protocol):
+    """The ``--rollout.*`` settings an episode reads (``progpo.run.settings.RolloutSettings``)."""
+
+    @property
+    def max_prompt_tokens(self) -> int | None:
+        """prompt length limit ``P_max`` of the context guard (None = none)"""
+
+    @property
+    def max_new_tokens(self) -> int:
+        """response limit per step, in tokens"""
+
+
 @dataclass(frozen=True)
 class EpisodeConfig:
-    """Settings of one ``run_episodes`` call (validated; see ``run_episodes`` for each field)."""
+    """Settings of one ``run_episodes`` call: the run's ``--env.*`` and ``--rollout.*`` settings objects, plus
+    what the caller decides per call.
 
-    env_name: str
-    n_samples_per_task: int
+    Attributes:
+        env: the env settings (:class:`EpisodeEnv`; resolved, so ``max_steps`` is set): ``name``,
+            ``max_steps`` (an episode still running then is marked ``truncated`` on its last step),
+            ``history_length`` and ``invalid_penalty`` (subtracted from the step reward when the response
+            broke the answer format: verl-agent's invalid-action penalty coefficient, 0.1 there; a response
+            cut at ``max_new_tokens``, ``finish_reason`` "length", counts as broken even if it holds a
+            well-formed action block: the policy did not end its turn; its action is still sent).
+        rollout: the rollout settings (:class:`EpisodeRollout`): ``max_prompt_tokens``, the context guard.
+        sampling: sampling settings of every request; a set ``seed`` is mixed per (trajectory, step) by
+            :func:`step_seed`.
+        n_samples_per_task: ``N``, rollouts per task (the group size; 1 per call on ``train_ray``).
+        penalize_env_invalid: also charge the penalty when the env flagged the action inadmissible.
+        max_concurrency: at most this many episodes in flight (None = all ``U * N``).
+
+    Raises:
+        ValueError: an unregistered env, unresolved settings (``env.max_steps`` None) or a bad per-call value
+            (the message names it); the settings objects check their own fields.
+    """
+
+    env: EpisodeEnv
+    rollout: EpisodeRollout
     sampling: SamplingParams
-    max_steps: int
-    history_length: int = 2
-    max_prompt_tokens: int | None = None
-    invalid_penalty: float = 0.1
+    n_samples_per_task: int = 1
     penalize_env_invalid: bool = False
     max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
-        spec(self.env_name)  # ValueError naming the registered envs
+        spec(self.env.name)  # ValueError naming the registered envs
+        if self.env.max_steps is None:
+            raise ValueError(f"env settings of {self.env.name} are not resolved (max_steps is None): "
+                             "use EnvSettings.resolved()")
         if self.n_samples_per_task < 1:
             raise ValueError(f"n_samples_per_task must be >= 1, got {self.n_samples_per_task}")
         if not isinstance(self.sampling, SamplingParams):
             raise ValueError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
-        if self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.history_length < 0:
-            raise ValueError(f"history_length must be >= 0, got {self.history_length}")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ValueError(f"max_prompt_tokens must be >= 1 or None, got {self.max_prompt_tokens}")
-        if not self.invalid_penalty >= 0:
-            raise ValueError(f"invalid_penalty must be >= 0, got {self.invalid_penalty}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1 or None, got {self.max_concurrency}")
 
@@ -110,43 +156,23 @@ def _as_task(task: TaskSpec | tuple[str, int]) -> TaskSpec:
 
 async def run_episodes(
     tasks: Sequence[TaskSpec | tuple[str, int]],
+    cfg: EpisodeConfig,
     *,
     env_pool: EnvPool,
     generate: GenerateFn,
     tokenizer: Any,
-    env_name: str,
-    n_samples_per_task: int,
-    sampling: SamplingParams,
-    max_steps: int,
-    history_length: int = 2,
-    max_prompt_tokens: int | None = None,
-    invalid_penalty: float = 0.1,
-    penalize_env_invalid: bool = False,
-    max_concurrency: int | None = None,
     template: PromptTemplate | None = None,
     traj_id_start: int = 0,
     on_episode_end: Callable[[Episode], None] | None = None,
 ) -> list[Episode]:
-    """Play ``n_samples_per_task`` rollouts of every task, all concurrently; one record per step.
+    """Play ``cfg.n_samples_per_task`` rollouts of every task, all concurrently; one record per step.
 
     Args:
         tasks: ``[U]`` tasks (``TaskSpec`` or ``(split, index)``); a task's rollouts share its uid.
+        cfg: the episode settings (:class:`EpisodeConfig`: env and rollout settings, sampling, group size).
         env_pool: runs the envs (``reset``/``step``/``release`` awaited per episode).
         generate: ``await generate(prompt_ids [P], sampling) -> Generation`` (tokens + logprobs).
         tokenizer: Hugging Face tokenizer with a chat template (prompts are built with it).
-        env_name: a registered env id (its spec gives the template and the syntax check).
-        n_samples_per_task: ``N``, rollouts per task (the group size).
-        sampling: sampling settings; a set ``seed`` is mixed per (trajectory, step) by ``step_seed``.
-        max_steps: decisions per episode at most; an episode still running then is marked
-            ``truncated`` on its last step.
-        history_length: ``K``, earlier (observation, action) pairs shown in each prompt.
-        max_prompt_tokens: prompt length limit ``P_max`` for the context guard (None = none).
-        invalid_penalty: subtracted from the step reward when the response broke the answer format
-            (verl-agent's invalid-action penalty coefficient, 0.1 there). A response cut at
-            ``max_new_tokens`` (``finish_reason`` "length") counts as broken even if it holds a
-            well-formed action block: the policy did not end its turn. Its action is still sent.
-        penalize_env_invalid: also charge the penalty when the env flagged the action inadmissible.
-        max_concurrency: at most this many episodes in flight (None = all ``U * N``).
         template: override the env's registered prompt template.
         traj_id_start: first trajectory id (ids are ``traj_id_start + k``, task-major order).
         on_episode_end: called with each finished episode (e.g. a progress bar); not for failed ones.
@@ -157,16 +183,10 @@ async def run_episodes(
         ``episodes_to_step_batch`` skips them); any other exception propagates.
 
     Raises:
-        ValueError: a bad argument (the message names it), or ``generate`` returned a
-            ``finish_reason`` other than "stop" / "length".
+        ValueError: ``generate`` returned a ``finish_reason`` other than "stop" / "length", or a task is
+            neither a ``TaskSpec`` nor a ``(split, index)`` pair.
     """
-    cfg = EpisodeConfig(
-        env_name=env_name, n_samples_per_task=n_samples_per_task, sampling=sampling,
-        max_steps=max_steps, history_length=history_length, max_prompt_tokens=max_prompt_tokens,
-        invalid_penalty=invalid_penalty, penalize_env_invalid=penalize_env_invalid,
-        max_concurrency=max_concurrency,
-    )
-    tmpl = template or get_template(env_name)
+    tmpl = template or get_template(cfg.env.name)
     specs = [_as_task(t) for t in tasks]
     run_id = uuid.uuid4().hex[:8]
     limit = asyncio.Semaphore(cfg.max_concurrency or max(1, len(specs) * cfg.n_samples_per_task))
@@ -184,7 +204,7 @@ async def run_episodes(
             on_episode_end(ep)
 
     await asyncio.gather(*(one(ep) for ep in episodes))
-    _log_outcome(episodes, cfg.max_prompt_tokens)
+    _log_outcome(episodes, cfg.rollout.max_prompt_tokens)
     return episodes
 
 
@@ -213,7 +233,7 @@ async def _play(
         obs, info = await pool.reset(eid, split=ep.split, index=ep.task_index)
         ep.task_id = str(info.get("task_id", ""))
         history: list[HistoryTurn] = []
-        for t in range(cfg.max_steps):
+        for t in range(cfg.env.max_steps):
             record, res = await _one_step(ep, eid, t, obs, info, history, pool, generate, tokenizer, tmpl, cfg)
             ep.steps.append(record)
             history.append(HistoryTurn(observation=record.anchor_obs, action=record.action))
@@ -253,12 +273,12 @@ async def _one_step(
     pool: EnvPool, generate: GenerateFn, tokenizer: Any, tmpl: PromptTemplate, cfg: EpisodeConfig,
 ) -> tuple[StepRecord, StepResult]:
     """Step ``t``: build the prompt from ``(obs, info)``, generate, parse, step the env."""
-    shown = history[-cfg.history_length:] if cfg.history_length > 0 else []  # min(t, K) most recent turns
+    shown = history[-cfg.env.history_length:] if cfg.env.history_length > 0 else []  # min(t, K) most recent turns
     anchor = str(info.get("anchor_observation", obs))
     prompt = build_prompt(
         tokenizer, tmpl, task=str(info.get("task", "")), observation=anchor,
         admissible_actions=list(info.get("admissible_actions", [])), history=shown, step_count=t,
-        max_prompt_tokens=cfg.max_prompt_tokens,
+        max_prompt_tokens=cfg.rollout.max_prompt_tokens,
     )
     sampling = dataclasses.replace(cfg.sampling, seed=step_seed(cfg.sampling.seed, ep.traj_id, t))
     gen = await generate(prompt.prompt_ids, sampling)
@@ -269,7 +289,7 @@ async def _one_step(
     if gen.finish_reason not in FINISH_REASONS:
         raise ValueError(f"generate returned finish_reason {gen.finish_reason!r}; expected one of {FINISH_REASONS}")
     text = decode_response(tokenizer, gen.token_ids)  # one rule on every backend, whatever text the engine sent
-    (action,), (valid,) = parse_actions([text], cfg.env_name)
+    (action,), (valid,) = parse_actions([text], cfg.env.name)
     valid = valid and gen.finish_reason == "stop"  # a response cut at the token limit broke the format
     res = await pool.step(eid, action)
     env_invalid = bool(res.info.get("invalid_action", False))
@@ -283,7 +303,7 @@ async def _one_step(
         action=action,
         invalid=(not valid) or env_invalid,
         env_reward=float(res.reward),
-        reward=float(res.reward) - (cfg.invalid_penalty if charged else 0.0),
+        reward=float(res.reward) - (cfg.env.invalid_penalty if charged else 0.0),
         terminated=bool(res.terminated),
         truncated=bool(res.truncated) and not bool(res.terminated),
         anchor_obs=anchor,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from progpo.agents.episode import TaskSpec, run_episodes
+from progpo.agents.episode import EpisodeConfig, EpisodeEnv, EpisodeRollout, TaskSpec, run_episodes
 from progpo.agents.scripted import ScriptedGenerate
 from progpo.agents.types import Episode, SamplingParams
 from progpo.envs.base import StepResult
@@ -239,37 +239,34 @@ class _ObservedPool:
 
 
 async def expert_episodes(
-    tasks: Sequence[TaskSpec], *, env_pool: Any, tokenizer: Any, env_name: str,
-    make_expert: Callable[[], Expert], max_steps: int, history_length: int = 2,
-    max_prompt_tokens: int | None = None, invalid_penalty: float = 0.1, max_new_tokens: int = 256,
-    concurrency: int = 8, on_episode_end: Callable[[Episode], None] | None = None,
+    tasks: Sequence[TaskSpec], *, env_pool: Any, tokenizer: Any, env: EpisodeEnv, rollout: EpisodeRollout,
+    make_expert: Callable[[], Expert], concurrency: int = 8, on_episode_end: Callable[[Episode], None] | None = None,
 ) -> list[Episode]:
     """Play one expert episode per task through ``run_episodes`` (see module docstring).
 
     Args:
         tasks: ``[U]`` tasks. env_pool: the run's env pool. tokenizer: the policy's tokenizer
-            (prompts and answers are tokenized with it). env_name: ``webshop`` / ``alfworld``.
-        make_expert: a new expert per episode. max_steps, history_length, max_prompt_tokens,
-            invalid_penalty: as in the RL rollout (use the same values).
-        max_new_tokens: answers longer than this are cut (and then no longer parse).
+            (prompts and answers are tokenized with it).
+        env, rollout: the run's ``--env.*`` (resolved) and ``--rollout.*`` settings, as in the RL rollout:
+            step limit, history window, context guard, invalid-format penalty; answers longer than
+            ``rollout.max_new_tokens`` are cut (and then no longer parse).
+        make_expert: a new expert per episode.
         concurrency: episodes in flight at once.
 
     Returns:
         ``[U]`` episodes in task order (``won`` tells which demonstrations succeeded).
     """
     limit = asyncio.Semaphore(max(1, concurrency))
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+    cfg = EpisodeConfig(env=env, rollout=rollout, sampling=SamplingParams(temperature=1.0,
+                                                                          max_new_tokens=rollout.max_new_tokens))
 
     async def one(k: int, task: TaskSpec) -> Episode:
         async with limit:
             pool = _ObservedPool(env_pool)
             expert = make_expert()
             generate = ScriptedGenerate(tokenizer, lambda _prompt: render_answer(*expert.act(pool.info)))
-            (ep,) = await run_episodes(
-                [task], env_pool=pool, generate=generate, tokenizer=tokenizer, env_name=env_name,
-                n_samples_per_task=1, sampling=sampling, max_steps=max_steps, history_length=history_length,
-                max_prompt_tokens=max_prompt_tokens, invalid_penalty=invalid_penalty, traj_id_start=k,
-                on_episode_end=on_episode_end)
+            (ep,) = await run_episodes([task], cfg, env_pool=pool, generate=generate, tokenizer=tokenizer,
+                                       traj_id_start=k, on_episode_end=on_episode_end)
             return ep
 
     return list(await asyncio.gather(*(one(k, t) for k, t in enumerate(tasks))))

@@ -239,7 +239,7 @@ def scripted_episodes(url: str, n_tasks: int, n_samples: int, max_steps: int = 1
 
     from transformers import AutoTokenizer
 
-    from progpo.agents.episode import run_episodes
+    from progpo.agents.episode import EpisodeConfig, run_episodes
     from progpo.agents.scripted import ScriptedGenerate, webshop_shopper
     from progpo.agents.types import SamplingParams
     from progpo.envs.local_pool import LocalEnvPool
@@ -250,12 +250,14 @@ def scripted_episodes(url: str, n_tasks: int, n_samples: int, max_steps: int = 1
     n_train = requests.get(f"{url}/health", timeout=30).json()["splits"]["train"]
     tasks = [("train", (k * 7919) % n_train) for k in range(n_tasks)]
     pool = LocalEnvPool(functools.partial(WebShopEnv, url, max_steps=max_steps), max_envs=n_tasks * n_samples)
+    env = EnvSettings(name="webshop", max_steps=max_steps, pool="local")
+    cfg = EpisodeConfig(env=env, rollout=RolloutSettings(), sampling=SamplingParams(max_new_tokens=256),
+                        n_samples_per_task=n_samples)
 
     async def go():
         try:
-            return await run_episodes(tasks, env_pool=pool, generate=ScriptedGenerate(tokenizer, webshop_shopper),
-                                      tokenizer=tokenizer, env_name="webshop", n_samples_per_task=n_samples,
-                                      sampling=SamplingParams(max_new_tokens=256), max_steps=max_steps)
+            return await run_episodes(tasks, cfg, env_pool=pool, generate=ScriptedGenerate(tokenizer, webshop_shopper),
+                                      tokenizer=tokenizer)
         finally:
             await pool.close()
 

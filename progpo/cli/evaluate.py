@@ -76,11 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             raise ValueError(f"--rollout.*: {exc}") from exc
         model = resolve_pretrain(args.actor.model_name_or_path)
-        episodes, total = play_split(env, model, split=split, num_tasks=args.eval.num_tasks,
-                                     task_offset=args.eval.task_offset,
-                                     n_samples=args.eval.n_samples, sampling=sampling,
-                                     max_prompt_tokens=args.rollout.max_prompt_tokens,
-                                     invalid_penalty=env.invalid_penalty, history_length=env.history_length)
+        episodes, total = play_split(env, args.rollout, model, split=split, num_tasks=args.eval.num_tasks,
+                                     task_offset=args.eval.task_offset, n_samples=args.eval.n_samples,
+                                     sampling=sampling)
     except (ValueError, FileNotFoundError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

@@ -37,7 +37,7 @@ from openrlhf.utils.agent import AgentExecutorBase
 
 from progpo.agents.types import Episode, Generation, SamplingParams
 from progpo.envs.base import EnvRejected
-from progpo.run.settings import EnvSettings
+from progpo.run.settings import EnvSettings, RolloutSettings
 
 logger = logging.getLogger(__name__)
 
@@ -52,34 +52,32 @@ ENVS_PER_ENGINE = 256
 
 @dataclass(frozen=True)
 class AgentConfig:
-    """Settings of the episode loop run by :class:`AgentExecutor`.
+    """Settings of the episode loop run by :class:`AgentExecutor`: the ``train_ray`` job's settings objects.
 
     Attributes:
         env: the ``--env.*`` settings (``progpo.run.settings.EnvSettings``, resolved: ``max_steps``, the
             splits and ``pool`` filled in from the env's spec).
+        rollout: the ``--rollout.*`` settings (``progpo.run.settings.RolloutSettings``): ``max_prompt_tokens``,
+            the context guard of each step prompt (None = ``--data.max_len - max_new_tokens``), and
+            ``max_new_tokens``, the response limit per step when OpenRLHF's sampling parameters carry no
+            ``max_tokens`` (its ``--rollout.max_new_tokens`` unset; ``train_ray``'s default is in
+            ``progpo.openrlhf.launch.RayArgs``).
         env_kwargs: keyword arguments of the env class (WebShop: ``base_url``; ALFWorld: ``data_dir``).
-        max_prompt_tokens: context guard for each step prompt (``--rollout.max_prompt_tokens``;
-            None = ``--data.max_len - max_new_tokens``).
-        max_new_tokens: response tokens per step when OpenRLHF's ``--rollout.max_new_tokens`` is unset
-            (its sampling parameters then carry no ``max_tokens``).
 
     Envs alive at once per engine (``local``/``http`` pools) are ``env.num_envs``, or
     :data:`ENVS_PER_ENGINE` where it is 0.
     """
 
     env: EnvSettings
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
     env_kwargs: dict[str, Any] = field(default_factory=dict)
-    max_prompt_tokens: int | None = None
-    max_new_tokens: int = 512
 
     def __post_init__(self) -> None:
         if isinstance(self.env, dict):
             object.__setattr__(self, "env", EnvSettings(**self.env))
+        if isinstance(self.rollout, dict):
+            object.__setattr__(self, "rollout", RolloutSettings(**self.rollout))
         object.__setattr__(self, "env", self.env.resolved())
-        if self.max_new_tokens < 1:
-            raise ValueError(f"AgentConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ValueError(f"--rollout.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
 
     def to_json(self) -> str:
         """Serialise for ``PROGPO_AGENT_CONFIG``."""
@@ -92,8 +90,9 @@ class AgentConfig:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{CONFIG_ENV_VAR} is not valid JSON: {exc}") from exc
-        for where, names, got in (("", {f.name for f in dataclasses.fields(cls)}, data),
-                                  ("env.", {f.name for f in dataclasses.fields(EnvSettings)}, data.get("env") or {})):
+        sections = (("", cls, data), ("env.", EnvSettings, data.get("env") or {}),
+                    ("rollout.", RolloutSettings, data.get("rollout") or {}))
+        for where, names, got in ((w, {f.name for f in dataclasses.fields(c)}, d) for w, c, d in sections):
             unknown = sorted(set(got) - names)
             if unknown:
                 raise ValueError(f"{CONFIG_ENV_VAR} has unknown fields {[where + u for u in unknown]}")
@@ -250,13 +249,13 @@ class AgentExecutor(AgentExecutorBase):
             llm_engine: the vLLM engine actor (only its ``generate`` is used).
             images: must be None (text environments).
         """
-        from progpo.agents.episode import mark_failed, run_episodes
+        from progpo.agents.episode import EpisodeConfig, mark_failed, run_episodes
 
         if images:
             raise ValueError("ProGPO environments are text-only; the dataset row carried images")
         cfg = self.config
         split, index = parse_task(prompt)
-        max_new = getattr(sampling_params, "max_tokens", None) or cfg.max_new_tokens
+        max_new = getattr(sampling_params, "max_tokens", None) or cfg.rollout.max_new_tokens
         if max_new >= max_length:
             raise ValueError(f"--rollout.max_new_tokens={max_new} must be < --data.max_len={max_length}")
         sampling = SamplingParams(
@@ -267,18 +266,12 @@ class AgentExecutor(AgentExecutorBase):
         )
         self._traj_counter += 1
         try:
+            guard = cfg.rollout.max_prompt_tokens or (max_length - max_new)
+            episode_cfg = EpisodeConfig(env=cfg.env, sampling=sampling,
+                                        rollout=dataclasses.replace(cfg.rollout, max_prompt_tokens=guard))
             (episode,) = await run_episodes(
-                [(split, index)],
-                env_pool=RejectionsFail(await self._env_pool()),
-                generate=EngineGenerate(llm_engine, sampling_params),
-                tokenizer=hf_tokenizer,
-                env_name=cfg.env.name,
-                n_samples_per_task=1,
-                sampling=sampling,
-                max_steps=cfg.env.max_steps,
-                history_length=cfg.env.history_length,
-                max_prompt_tokens=cfg.max_prompt_tokens or (max_length - max_new),
-                invalid_penalty=cfg.env.invalid_penalty,
+                [(split, index)], episode_cfg, env_pool=RejectionsFail(await self._env_pool()),
+                generate=EngineGenerate(llm_engine, sampling_params), tokenizer=hf_tokenizer,
                 traj_id_start=self._traj_counter,
             )
         except Exception as exc:  # noqa: BLE001 - one episode's error (engine refusal, ...) fails that episode

@@ -76,10 +76,11 @@ class DebugSettings:
 @dataclass(frozen=True)
 class RunLength:
     """The run's length in iterations (``--train.num_iterations``, ``train``'s flag; OpenRLHF's parser holds
-    the other ``--train.*`` flags)."""
+    the other ``--train.*`` flags). OpenRLHF's ``--train.num_episodes`` (passes over the prompt dataset) is a
+    deprecated name here: :func:`deprecate_num_episodes` says why."""
 
     num_iterations: int | None = None
-    """rollout + update iterations, as on train: the task list is this many x --rollout.batch_size tasks (from --env.task_offset, one pass: --train.num_episodes 1). None: --env.num_tasks sets the list, and OpenRLHF's --train.num_episodes the passes over it"""
+    """rollout + update iterations, as on train (one OpenRLHF global step each): the task list is this many x --rollout.batch_size tasks from --env.task_offset, cycling through the first --env.num_tasks of them when that is given, played once. Not OpenRLHF's --train.num_episodes (deprecated here): an OpenRLHF episode is a pass over the prompt dataset, not an iteration or an agent episode. None: --env.num_tasks tasks played once"""
 
     def __post_init__(self) -> None:
         if self.num_iterations is not None and self.num_iterations < 1:
@@ -91,7 +92,9 @@ class RayArgs:
     """Our flags of ``train_ray`` (OpenRLHF's parser holds the rest)."""
 
     env: EnvSettings = field(default_factory=EnvSettings, metadata={"skip": ()})
-    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32), metadata={
+    # max_new_tokens=512: the answer limit where OpenRLHF's --rollout.max_new_tokens is unset
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32,
+                                                                             max_new_tokens=512), metadata={
         "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
     train: RunLength = field(default_factory=RunLength)
@@ -155,9 +158,30 @@ def ray_run(args: Any) -> RayRun:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
-    """Add :class:`RayArgs`'s flags (those OpenRLHF does not define itself) to OpenRLHF's parser."""
+    """Add :class:`RayArgs`'s flags (those OpenRLHF does not define itself) to OpenRLHF's parser, and make
+    OpenRLHF's ``--train.num_episodes`` a hidden deprecated name (:func:`deprecate_num_episodes`)."""
+    deprecate_num_episodes(parser)
     return flags.add_flags(parser, RayArgs, taken=flags.option_strings(parser), deprecated=DEPRECATED,
                            title="progpo (env, episode loop, tasks, device)")
+
+
+def deprecate_num_episodes(parser: argparse.ArgumentParser) -> None:
+    """OpenRLHF 0.11.2's ``--train.num_episodes`` parses for one release, hidden from ``--help``, with a one-line
+    deprecation naming ``--train.num_iterations``, the run's length on ``train`` and ``train_ray``.
+
+    Why not OpenRLHF's name: its "episode" is one pass over the prompt dataset (``len(dataset) /
+    --rollout.batch_size`` iterations, ``openrlhf/trainer/ppo_trainer.py``), not an iteration, and not an
+    episode in this project's sense (one agent trajectory: ``rollout/num_episodes`` counts those), so
+    ``--train.num_episodes 3`` would read as three trajectories. OpenRLHF has no flag for the run's length in
+    iterations. The old flag keeps its meaning (passes over ``--env.num_tasks`` tasks or ``--data.prompt_dataset``)
+    and its value still reaches OpenRLHF's namespace.
+    """
+    theirs = next(a for a in parser._actions if a.dest == "train.num_episodes")  # noqa: SLF001
+    for option in theirs.option_strings:  # what argparse's conflict_handler="resolve" does to a replaced option
+        parser._option_string_actions.pop(option)  # noqa: SLF001
+    theirs.container._remove_action(theirs)  # noqa: SLF001
+    parser.add_argument("--train.num_episodes", dest=theirs.dest, type=theirs.type, default=theirs.default,
+                        action=flags.Deprecated, new="--train.num_iterations", help=argparse.SUPPRESS)
 
 
 # ---- task files -------------------------------------------------------------------------------------
@@ -185,17 +209,16 @@ def _folder(flag: str, path: Path) -> None:
 
 
 def train_task_count(o: Any, env: EnvSettings, length: RunLength) -> int | None:
-    """Tasks in the training list: ``--train.num_iterations`` x ``--rollout.batch_size`` (one pass), else
-    ``--env.num_tasks`` (``o``: :func:`openrlhf_view`).
+    """Tasks in the training list: ``--train.num_iterations`` x ``--rollout.batch_size`` (one pass; with
+    ``--env.num_tasks`` the list cycles through that many tasks, :func:`task_datasets`), else ``--env.num_tasks``
+    (``o``: :func:`openrlhf_view`).
 
     Raises:
-        FlagError: both ``--train.num_iterations`` and ``--env.num_tasks`` given, or ``--train.num_iterations``
-            with ``--train.num_episodes`` other than 1 or with ``--data.prompt_dataset``.
+        FlagError: ``--train.num_iterations`` with the deprecated ``--train.num_episodes`` other than 1 or with
+            ``--data.prompt_dataset``.
     """
     if length.num_iterations is None:
         return env.num_tasks
-    if env.num_tasks is not None:
-        raise FlagError("--train.num_iterations", "and --env.num_tasks both set the task list; give one")
     if o.train.num_episodes != 1:
         raise FlagError("--train.num_episodes", f"must be 1 with --train.num_iterations (one pass over the task "
                                                 f"list), got {o.train.num_episodes}")
@@ -207,7 +230,11 @@ def train_task_count(o: Any, env: EnvSettings, length: RunLength) -> int | None:
 def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int, num_tasks: int | None = None) -> dict[str, Any]:
     """Write the training (``num_tasks`` tasks; None: ``--env.num_tasks``) and evaluation task lists, unless
     ``--data.prompt_dataset`` / ``--eval.dataset`` are given; return OpenRLHF's dataset flags that point at
-    them (``o``: :func:`openrlhf_view`)."""
+    them (``o``: :func:`openrlhf_view`).
+
+    Training task ``i`` is index ``--env.task_offset + i mod --env.num_tasks`` of the train split (each of
+    the ``--env.num_tasks`` tasks once per pass, as ``train`` draws them), wrapped modulo ``--env.split_size``
+    when given."""
     num_tasks = env.num_tasks if num_tasks is None else num_tasks
     task_dir = Path(env.task_dir or Path(o.ckpt.path) / "progpo_tasks")
     if not task_dir.is_absolute():  # actors on other nodes / in other working dirs must find it
@@ -219,8 +246,8 @@ def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int, num_tasks: int 
         if num_tasks is None:
             raise FlagError("--env.num_tasks", "or --train.num_iterations is required when --data.prompt_dataset "
                                                "is not given")
-        start, size = env.task_offset, env.split_size
-        indices = [(start + i) % size if size else start + i for i in range(num_tasks)]
+        start, size, span = env.task_offset, env.split_size, env.num_tasks or num_tasks
+        indices = [(start + i % span) % size if size else start + i % span for i in range(num_tasks)]
         fill.update({"data.prompt_dataset": str(write_tasks(task_dir / "train.jsonl", env.train_split, indices)),
                      "data.input_key": "task", "data.label_key": "label"})
     if num_eval_tasks and o.eval.dataset is None:
@@ -430,10 +457,11 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         check_group_size(estimator, o.rollout.n_samples_per_prompt)
     per_step_checks(o, estimator)
     check_engine_gpus(o)
-    given = {"max_new_tokens": o.rollout.max_new_tokens} if o.rollout.max_new_tokens is not None else {}
-    agent = AgentConfig(env=env, env_kwargs=remote_env_kwargs(env), max_prompt_tokens=rargs.rollout.max_prompt_tokens,
-                        **given)
-    check_prompt_budget(agent.max_prompt_tokens, agent.max_new_tokens, o.data.max_len,
+    rollout = rargs.rollout  # OpenRLHF's --rollout.max_new_tokens, when given, is the response limit
+    if o.rollout.max_new_tokens is not None:
+        rollout = dataclasses.replace(rollout, max_new_tokens=o.rollout.max_new_tokens)
+    agent = AgentConfig(env=env, rollout=rollout, env_kwargs=remote_env_kwargs(env))
+    check_prompt_budget(rollout.max_prompt_tokens, rollout.max_new_tokens, o.data.max_len,
                         f"--data.max_len {o.data.max_len}")
     if o.train.agent_func_path is None:
         fill["train.agent_func_path"] = agent_path()

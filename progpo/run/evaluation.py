@@ -114,11 +114,11 @@ def summarize(env_name: str, episodes: list[Episode]) -> dict[str, Any]:
     return out
 
 
-def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | None, n_samples: int,
-               sampling, max_prompt_tokens: int, invalid_penalty: float = 0.1, gen_batch_size: int = 64,
-               history_length: int = 2, progress: bool = True, task_offset: int = 0) -> tuple[list[Episode], int]:
+def play_split(env_settings, rollout, model_path: str, *, split: str, num_tasks: int | None, n_samples: int,
+               sampling, progress: bool = True, task_offset: int = 0) -> tuple[list[Episode], int]:
     """Play tasks ``task_offset..task_offset+num_tasks-1`` of ``split`` (to its end when None) ``n_samples``
-    times each.
+    times each, with the ``--env.*`` settings ``env_settings`` (resolved) and the ``--rollout.*`` settings
+    ``rollout`` (context guard ``max_prompt_tokens``, generation batch ``gen_batch_size``).
 
     A progress bar (stderr, finished episodes with an ETA) runs unless ``progress`` is False.
 
@@ -134,7 +134,7 @@ def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | No
     from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from progpo.agents.episode import TaskSpec, run_episodes
+    from progpo.agents.episode import EpisodeConfig, TaskSpec, run_episodes
     from progpo.run.env_setup import open_env_pool
     from progpo.run.generation import HFGenerator
 
@@ -142,7 +142,7 @@ def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | No
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    gen = HFGenerator(model, tok, max_batch_size=gen_batch_size, seed=sampling.seed or 0)
+    gen = HFGenerator(model, tok, max_batch_size=rollout.gen_batch_size, seed=sampling.seed or 0)
     with open_env_pool(env_settings, max_envs=64) as envs:
         total = envs.num_tasks(split)
         if not 0 <= task_offset < total:
@@ -151,12 +151,10 @@ def play_split(env_settings, model_path: str, *, split: str, num_tasks: int | No
         tasks = [TaskSpec(split, task_offset + i) for i in range(n)]
         bar = tqdm(total=n * n_samples, desc=f"evaluate {split}", unit="ep", disable=not progress, file=sys.stderr)
         try:
-            episodes = asyncio.run(run_episodes(
-                tasks, env_pool=envs.pool, generate=gen, tokenizer=tok, env_name=env_settings.name,
-                n_samples_per_task=n_samples, sampling=sampling, max_steps=env_settings.max_steps,
-                history_length=history_length, max_prompt_tokens=max_prompt_tokens, invalid_penalty=invalid_penalty,
-                max_concurrency=64, on_episode_end=lambda ep: bar.update(1),
-            ))
+            cfg = EpisodeConfig(env=env_settings, rollout=rollout, sampling=sampling, n_samples_per_task=n_samples,
+                                max_concurrency=64)
+            episodes = asyncio.run(run_episodes(tasks, cfg, env_pool=envs.pool, generate=gen, tokenizer=tok,
+                                                on_episode_end=lambda ep: bar.update(1)))
         finally:
             bar.close()
     return episodes, total

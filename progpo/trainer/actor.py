@@ -20,98 +20,55 @@ import os
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from progpo.run.models import disable_dropout
-from progpo.run.precision import Precision, check_precision_settings, fp32_output_head, resolve_precision
+from progpo.run.precision import Precision, fp32_output_head, resolve_precision
 from progpo.trainer.ppo import entropy_from_logits
+from progpo.trainer.settings import ActorSettings, DeepSpeedSettings, TrainSettings
 
 logger = logging.getLogger(__name__)
 
 
-#: transformers schedules that need more than a warmup and a length (not offered).
-_NEEDS_OTHER_ARGS = frozenset({"reduce_lr_on_plateau", "greedy", "warmup_stable_decay"})
-
-
 @dataclass(frozen=True)
 class ActorConfig:
-    """Optimisation settings of the actor.
+    """Runtime settings of the actor: the run's settings objects, plus the two values a run derives.
 
     Attributes:
-        pretrain: HF model folder (``--actor.model_name_or_path``).
-        lr: AdamW learning rate (``--actor.adam.lr``).
-        weight_decay: AdamW weight decay (``--actor.adam.weight_decay``).
-        betas: AdamW betas.
-        grad_clip: max global grad norm (``--actor.max_norm``; 0 = off).
-        zero_stage: DeepSpeed ZeRO stage 0-3 (``--ds.zero_stage``).
-        bf16: bf16 weights and AdamW state (``--ds.param_dtype bf16``); fp32 otherwise.
-        mixed_precision: ``auto``, ``bf16`` or ``off`` (``--ds.mixed_precision``): ``bf16`` runs the forward
-            passes under ``torch.autocast`` bf16 with fp32 weights; ``auto`` and ``off`` are fp32
-            (:mod:`progpo.run.precision`).
-        micro_batch_size: samples per forward/backward (``--train.micro_batch_size``).
-        gradient_checkpointing: recompute activations in backward (``--actor.gradient_checkpointing_enable``).
-        use_ref: keep a frozen reference model (needed when the KL coefficient is > 0); with LoRA
-            the reference is the base model with the adapter disabled (no second copy).
-        lora_rank, lora_alpha, lora_target_modules, lora_dropout: a LoRA adapter through peft
-            (``--ds.lora.*``; rank 0 = none, every weight trained; ``progpo.run.lora``).
-        seed: seeds the adapter's random start (``--train.seed``).
-        lr_scheduler: a ``transformers.get_scheduler`` name (``--actor.lr_scheduler``), stepped once
-            per optimizer step, as OpenRLHF's DeepSpeed strategy does.
-        lr_warmup_ratio: fraction of ``scheduler_steps`` spent warming up linearly from lr 0
-            (``--actor.lr_warmup_ratio``; ``ceil(ratio * scheduler_steps)`` steps, as OpenRLHF).
-        min_lr_ratio: floor of the cosine-with-min-lr schedules as a fraction of ``lr``
-            (``--actor.min_lr_ratio``; ignored by the other schedules).
-        scheduler_steps: length of the schedule in optimizer steps (the trainer passes the most a
-            run can take); needed by every schedule but ``constant``.
+        actor: ``--actor.*`` (``model_name_or_path`` must be a model folder here: the caller resolves
+            aliases and run folders with ``progpo.run.models.resolve_pretrain``); AdamW from ``adam``,
+            gradient clipping from ``max_norm`` (0 = off), the lr schedule from ``lr_scheduler``,
+            ``lr_warmup_ratio`` and ``min_lr_ratio``.
+        ds: ``--ds.*``: ZeRO stage, weight dtype, mixed precision (:mod:`progpo.run.precision`) and the
+            LoRA adapter (``lora.rank`` 0 = none; ``progpo.run.lora``).
+        train: ``--train.*``: ``micro_batch_size`` (samples per forward/backward) and ``seed`` (the
+            adapter's random start).
+        use_ref: keep a frozen reference model (``--algo.kl.init_coef > 0`` on ``train``; False for the
+            warm start); with LoRA the reference is the base model with the adapter disabled (no second copy).
+        scheduler_steps: length of the lr schedule in optimizer steps (the trainer passes the most a run
+            can take; ``ceil(lr_warmup_ratio * scheduler_steps)`` warmup steps, as OpenRLHF); needed by
+            every schedule but ``constant`` without warmup.
+
+    Raises:
+        ValueError: ``scheduler_steps`` < 1, or missing for a schedule that needs it (naming
+            ``--actor.lr_scheduler``); the settings objects check their own fields.
     """
 
-    pretrain: str
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
-    zero_stage: int = 0
-    bf16: bool = False
-    mixed_precision: str = "auto"
-    micro_batch_size: int = 4
-    gradient_checkpointing: bool = False
+    actor: ActorSettings = field(default_factory=ActorSettings)
+    ds: DeepSpeedSettings = field(default_factory=DeepSpeedSettings)
+    train: TrainSettings = field(default_factory=TrainSettings)
     use_ref: bool = True
-    lora_rank: int = 0
-    lora_alpha: int = 16
-    lora_target_modules: tuple[str, ...] = ("all-linear",)
-    lora_dropout: float = 0.0
-    seed: int = 42
-    lr_scheduler: str = "constant"
-    lr_warmup_ratio: float = 0.0
-    min_lr_ratio: float = 0.1
     scheduler_steps: int | None = None
 
     def __post_init__(self) -> None:
-        from transformers import SchedulerType  # imported here: transformers is slow to import
-
-        names = [t.value for t in SchedulerType if t.value not in _NEEDS_OTHER_ARGS]
-        if self.lr_scheduler not in names:
-            raise ValueError(f"--actor.lr_scheduler must be one of {', '.join(names)}, got {self.lr_scheduler!r}")
-        if not 0 <= self.lr_warmup_ratio <= 1:
-            raise ValueError(f"--actor.lr_warmup_ratio must be in [0, 1], got {self.lr_warmup_ratio}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"--actor.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        a = self.actor
         if self.scheduler_steps is not None and self.scheduler_steps < 1:
             raise ValueError(f"scheduler_steps must be >= 1, got {self.scheduler_steps}")
-        if self.scheduler_steps is None and (self.lr_scheduler != "constant" or self.lr_warmup_ratio > 0):
-            raise ValueError(f"--actor.lr_scheduler {self.lr_scheduler} with --actor.lr_warmup_ratio "
-                             f"{self.lr_warmup_ratio} needs the schedule's length (scheduler_steps)")
-        if not self.lr > 0:
-            raise ValueError(f"--actor.adam.lr must be > 0, got {self.lr}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"--ds.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"--train.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.grad_clip < 0:
-            raise ValueError(f"--actor.max_norm must be >= 0, got {self.grad_clip}")
-        check_precision_settings(self.mixed_precision, "bf16" if self.bf16 else "fp32")
+        if self.scheduler_steps is None and (a.lr_scheduler != "constant" or a.lr_warmup_ratio > 0):
+            raise ValueError(f"--actor.lr_scheduler {a.lr_scheduler} with --actor.lr_warmup_ratio "
+                             f"{a.lr_warmup_ratio} needs the schedule's length (scheduler_steps)")
 
 
 def _free_port() -> int:
@@ -160,7 +117,7 @@ def init_single_process_distributed() -> float:
 def lr_scheduler(cfg: ActorConfig, optimizer: torch.optim.Optimizer):
     """The learning-rate schedule of ``optimizer``, built as OpenRLHF 0.11.2's DeepSpeed strategy builds it.
 
-    ``transformers.get_scheduler(cfg.lr_scheduler, num_warmup_steps=ceil(scheduler_steps *
+    ``transformers.get_scheduler(cfg.actor.lr_scheduler, num_warmup_steps=ceil(scheduler_steps *
     lr_warmup_ratio), num_training_steps=scheduler_steps)``, with ``min_lr_rate=min_lr_ratio`` for the
     two cosine-with-min-lr schedules. With warmup the lr of optimizer step ``k`` (0-based) is
     ``lr * k / warmup`` for ``k < warmup`` (so the first step has lr 0, as in OpenRLHF).
@@ -173,26 +130,26 @@ def lr_scheduler(cfg: ActorConfig, optimizer: torch.optim.Optimizer):
 
     from transformers import get_scheduler
 
-    if cfg.lr_scheduler == "constant" and cfg.lr_warmup_ratio == 0:
+    if cfg.actor.lr_scheduler == "constant" and cfg.actor.lr_warmup_ratio == 0:
         return None
-    kwargs = {"min_lr_rate": cfg.min_lr_ratio} if cfg.lr_scheduler in {"cosine_with_min_lr",
+    kwargs = {"min_lr_rate": cfg.actor.min_lr_ratio} if cfg.actor.lr_scheduler in {"cosine_with_min_lr",
                                                                          "cosine_warmup_with_min_lr"} else {}
-    return get_scheduler(cfg.lr_scheduler, optimizer,
-                         num_warmup_steps=math.ceil(cfg.scheduler_steps * cfg.lr_warmup_ratio),
+    return get_scheduler(cfg.actor.lr_scheduler, optimizer,
+                         num_warmup_steps=math.ceil(cfg.scheduler_steps * cfg.actor.lr_warmup_ratio),
                          num_training_steps=cfg.scheduler_steps, scheduler_specific_kwargs=kwargs)
 
 
 def ds_config(cfg: ActorConfig) -> dict:
     """The DeepSpeed config dict for the actor (client AdamW optimizer, manual accumulation)."""
-    zero = {"stage": cfg.zero_stage}
-    if cfg.zero_stage == 3:
+    zero = {"stage": cfg.ds.zero_stage}
+    if cfg.ds.zero_stage == 3:
         zero.update({"stage3_param_persistence_threshold": 0, "stage3_max_live_parameters": 1e9})
     return {
-        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "train_micro_batch_size_per_gpu": cfg.train.micro_batch_size,
         "gradient_accumulation_steps": 1,
-        "gradient_clipping": cfg.grad_clip,
+        "gradient_clipping": cfg.actor.max_norm,
         "zero_optimization": zero,
-        "bf16": {"enabled": cfg.bf16},
+        "bf16": {"enabled": cfg.ds.param_dtype == "bf16"},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -267,35 +224,37 @@ class Actor:
         self.cfg = cfg
         t0 = time.perf_counter()
         self.dist_seconds = init_single_process_distributed()
-        dtype = torch.bfloat16 if cfg.bf16 else torch.float32
-        self.precision: Precision = resolve_precision(cfg.mixed_precision, param_dtype="bf16" if cfg.bf16 else "fp32",
+        dtype = torch.bfloat16 if cfg.ds.param_dtype == "bf16" else torch.float32
+        self.precision: Precision = resolve_precision(cfg.ds.mixed_precision, param_dtype=cfg.ds.param_dtype,
                                                       device_type="cuda" if torch.cuda.is_available() else "cpu")
         logger.info("precision: %s (%s)", self.precision.name, self.precision.reason)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.pretrain)
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor.model_name_or_path)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(cfg.actor.model_name_or_path, dtype=dtype)
         disable_dropout(model)  # every pass that scores log-probs is deterministic, train mode included
         if self.precision.autocast:
             fp32_output_head(model, self.precision.device)  # fp32 logits: log-probs and ratios without bf16 rounding
-        if cfg.gradient_checkpointing:
+        if cfg.actor.gradient_checkpointing_enable:
             model.gradient_checkpointing_enable()
         self.ref = None
-        if cfg.lora_rank > 0:
+        if cfg.ds.lora.rank > 0:
             from progpo.run.lora import add_lora
 
-            if cfg.gradient_checkpointing:
+            if cfg.actor.gradient_checkpointing_enable:
                 model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grads
-            model = add_lora(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, target_modules=cfg.lora_target_modules,
-                             dropout=cfg.lora_dropout, seed=cfg.seed)
+            lora = cfg.ds.lora
+            model = add_lora(model, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules,
+                             dropout=lora.dropout, seed=cfg.train.seed)
         elif cfg.use_ref:
-            self.ref = AutoModelForCausalLM.from_pretrained(cfg.pretrain, dtype=dtype).eval()
+            self.ref = AutoModelForCausalLM.from_pretrained(cfg.actor.model_name_or_path, dtype=dtype).eval()
             disable_dropout(self.ref)
             if self.precision.autocast:
                 fp32_output_head(self.ref, self.precision.device)
             self.ref.requires_grad_(False)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        optim = torch.optim.AdamW(trainable, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        adam = cfg.actor.adam
+        optim = torch.optim.AdamW(trainable, lr=adam.lr, betas=adam.betas, weight_decay=adam.weight_decay)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optim, lr_scheduler=lr_scheduler(cfg, optim), config=ds_config(cfg))
         self.device = self.engine.device
@@ -311,11 +270,11 @@ class Actor:
     @property
     def has_reference(self) -> bool:
         """A KL reference exists: the frozen copy, or with LoRA the adapter-disabled model."""
-        return self.ref is not None or (self.cfg.lora_rank > 0 and self.cfg.use_ref)
+        return self.ref is not None or (self.cfg.ds.lora.rank > 0 and self.cfg.use_ref)
 
     def generation_context(self):
         """Context in which ``self.model`` holds full parameters (ZeRO-3 gathers them)."""
-        if self.cfg.zero_stage == 3:
+        if self.cfg.ds.zero_stage == 3:
             import deepspeed
 
             return deepspeed.zero.GatheredParameters(list(self.model.parameters()))
@@ -341,7 +300,7 @@ class Actor:
 
     def _logprobs(self, model, samples: list[tuple[list[int], list[int]]], temperature: float) -> list[torch.Tensor]:
         out = []
-        mb = self.cfg.micro_batch_size
+        mb = self.cfg.train.micro_batch_size
         for start in range(0, len(samples), mb):
             chunk = samples[start:start + mb]
             t = pack_samples(chunk, self.tokenizer.pad_token_id)

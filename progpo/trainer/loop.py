@@ -22,7 +22,7 @@ from transformers import AutoConfig
 
 from progpo.advantages import compute_advantages
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
-from progpo.agents.episode import TaskSpec, run_episodes
+from progpo.agents.episode import EpisodeConfig, TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
 from progpo.run.answer_format import check_model_answer_format
 from progpo.run.checkpoint import CheckpointManager, check_run_dir
@@ -175,7 +175,8 @@ class Trainer:
         if cfg.sft.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
             pretrain = str(warm_start(cfg, envs, out=TqdmWriter()))
             self.warm_start_path = pretrain
-        actor_cfg = dataclasses.replace(cfg.actor_config(), pretrain=resolve_pretrain(pretrain))
+        actor = dataclasses.replace(cfg.actor, model_name_or_path=resolve_pretrain(pretrain))  # a model folder
+        actor_cfg = dataclasses.replace(cfg.actor_config(), actor=actor)
         self.actor = Actor(actor_cfg)
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
@@ -235,7 +236,8 @@ class Trainer:
         self.progress.stage("advantages")
         samples, adv_metrics = self.advantages(roll.training) if roll.training else ([], {})
         t2 = time.perf_counter()
-        self.progress.stage("update", num_micro_batches(len(samples), self.update_cfg, self.actor.cfg.micro_batch_size))
+        micro = self.actor.cfg.train.micro_batch_size
+        self.progress.stage("update", num_micro_batches(len(samples), self.update_cfg, micro))
         upd_metrics = self.update(samples)
         t3 = time.perf_counter()
         n_steps = roll.metrics.get("rollout/num_steps", 0.0)
@@ -307,12 +309,10 @@ class Trainer:
         cfg = self.cfg
         with self.actor.generation_context():
             return loop.run_until_complete(run_episodes(
-                tasks, env_pool=self.envs.pool, generate=_CountingGenerate(self.generator, self.progress.advance),
-                tokenizer=self.actor.tokenizer,
-                env_name=cfg.env.name, n_samples_per_task=cfg.rollout.n_samples_per_prompt, sampling=sampling,
-                max_steps=cfg.env.max_steps, history_length=cfg.env.history_length,
-                max_prompt_tokens=cfg.rollout.max_prompt_tokens, invalid_penalty=cfg.env.invalid_penalty,
-                traj_id_start=traj_id_start,
+                tasks, EpisodeConfig(env=cfg.env, rollout=cfg.rollout, sampling=sampling,
+                                     n_samples_per_task=cfg.rollout.n_samples_per_prompt),
+                env_pool=self.envs.pool, generate=_CountingGenerate(self.generator, self.progress.advance),
+                tokenizer=self.actor.tokenizer, traj_id_start=traj_id_start,
                 on_episode_end=lambda ep: self.progress.advance(cfg.env.max_steps - len(ep.steps)),
             ))
 
@@ -356,9 +356,10 @@ class Trainer:
         if not samples:
             return "no training samples"
         u = self.update_cfg
-        if any(s.advantage != 0.0 for s in samples) or u.entropy_coef > 0 or self.actor.cfg.weight_decay > 0:
+        decay = self.actor.cfg.actor.adam.weight_decay
+        if any(s.advantage != 0.0 for s in samples) or u.actor.entropy_coef > 0 or decay > 0:
             return None
-        if u.kl_coef == 0:
+        if u.kl.init_coef == 0:
             return "every advantage is 0 and the KL term is off"
         if self.policy_is_reference:
             return "every advantage is 0 and the policy equals the reference"

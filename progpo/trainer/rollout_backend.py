@@ -103,6 +103,6 @@ class VLLMGenerator:
 def make_generator(rollout, actor, *, seed: int = 0):
     """The ``GenerateFn`` for ``rollout.backend`` (``RolloutSettings``) on ``actor``."""
     if rollout.backend == "vllm":
-        return VLLMGenerator(actor.cfg.pretrain, seed=seed)
+        return VLLMGenerator(actor.cfg.actor.model_name_or_path, seed=seed)
     return HFGenerator(actor.model, actor.tokenizer, max_batch_size=rollout.gen_batch_size, seed=seed,
                        precision=actor.precision)

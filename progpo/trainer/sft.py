@@ -15,7 +15,6 @@ over one optimizer mini-batch (``m`` = action mask), accumulated over micro-batc
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,27 +25,6 @@ from progpo.trainer.ppo import token_sum
 
 Sample = tuple[list[int], list[int]]
 """``(prompt_ids [P], response_ids [R])`` of one expert step."""
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    """Behaviour-cloning settings.
-
-    Attributes:
-        epochs: passes over the expert steps (``--train.max_epochs``).
-        batch_size: samples per optimizer step (``--train.batch_size``).
-        keep_failed: also train on episodes the expert did not win (``--sft.keep_failed``).
-    """
-
-    epochs: int = 2
-    batch_size: int = 8
-    keep_failed: bool = False
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"--train.max_epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise ValueError(f"--train.batch_size must be >= 1, got {self.batch_size}")
 
 
 def expert_samples(episodes: Sequence[Episode], keep_failed: bool = False) -> list[Sample]:
@@ -101,7 +79,7 @@ def sft_epoch(actor: Actor, samples: Sequence[Sample], batch_size: int, rng: np.
     """
     engine = actor.engine
     engine.train()
-    mb = actor.cfg.micro_batch_size
+    mb = actor.cfg.train.micro_batch_size
     order = rng.permutation(len(samples))
     losses, norms = [], []
     for start in range(0, len(order), batch_size):
@@ -138,7 +116,7 @@ def mean_nll(actor: Actor, samples: Sequence[Sample]) -> float:
     was_training = actor.model.training
     actor.model.eval()
     try:
-        mb = actor.cfg.micro_batch_size
+        mb = actor.cfg.train.micro_batch_size
         return float(sum(float(_micro_loss(actor, samples[i:i + mb], num_tokens, model=actor.model))
                          for i in range(0, len(samples), mb)))
     finally:

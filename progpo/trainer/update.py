@@ -9,15 +9,18 @@ micro-batches of ``--train.micro_batch_size`` (gradient accumulation). Loss: ``p
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from progpo.run.settings import RolloutSettings
 from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
-from progpo.trainer.ppo import KL_ESTIMATORS, ppo_kl_loss
+from progpo.trainer.ppo import LossTerms, ppo_kl_loss
+from progpo.trainer.settings import ActorSettings, KLSettings, TrainSettings
 
 
 @dataclass
@@ -51,44 +54,20 @@ class TrainSample:
 
 @dataclass(frozen=True)
 class UpdateConfig:
-    """PPO update settings.
+    """PPO update settings: the run's settings objects the update reads (no field of its own).
 
     Attributes:
-        batch_size: samples per optimizer step (``--train.batch_size``).
-        epochs: passes over the rollout (``--train.max_epochs``).
-        clip_eps_low, clip_eps_high: PPO clip range (``--actor.eps_clip_low_high``).
-        dual_clip: dual-clip PPO bound ``c > 1`` for negative advantages (``--actor.dual_clip``; None = off).
-        kl_coef: KL loss weight (``--algo.kl.init_coef``).
-        kl_estimator: ``k1``, ``k2`` or ``k3`` (``--algo.kl.estimator``).
-        entropy_coef: entropy bonus weight (``--actor.entropy_coef``).
-        temperature: sampling temperature; log-probs are computed at it.
+        train: ``--train.*``: ``batch_size`` (samples per optimizer step), ``max_epochs`` (passes over the rollout).
+        actor: ``--actor.*``: ``eps_clip_low_high`` (PPO clip range), ``dual_clip`` (dual-clip bound ``c > 1``
+            for negative advantages; None = off), ``entropy_coef`` (entropy bonus weight).
+        kl: ``--algo.kl.*``: ``init_coef`` (KL loss weight; 0 = no KL term) and ``estimator`` (k1, k2 or k3).
+        rollout: ``--rollout.*``: ``temperature``, the sampling temperature the log-probs are computed at.
     """
 
-    batch_size: int = 16
-    epochs: int = 1
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    dual_clip: float | None = None
-    kl_coef: float = 0.01
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"--train.batch_size must be >= 1, got {self.batch_size}")
-        if self.epochs < 1:
-            raise ValueError(f"--train.max_epochs must be >= 1, got {self.epochs}")
-        if not (0 < self.clip_eps_low < 1 and self.clip_eps_high > 0):
-            raise ValueError(f"--actor.eps_clip_low_high must be in (0, 1) and > 0, got {self.clip_eps_low} {self.clip_eps_high}")
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
-            raise ValueError(f"--actor.dual_clip must be > 1 (or unset), got {self.dual_clip}")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"--algo.kl.estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}")
-        if self.kl_coef < 0:
-            raise ValueError(f"--algo.kl.init_coef must be >= 0, got {self.kl_coef}")
-        if self.entropy_coef < 0:
-            raise ValueError(f"--actor.entropy_coef must be >= 0, got {self.entropy_coef}")
+    train: TrainSettings = field(default_factory=TrainSettings)
+    actor: ActorSettings = field(default_factory=ActorSettings)
+    kl: KLSettings = field(default_factory=KLSettings)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
 
 
 def has_dropout(model: torch.nn.Module) -> bool:
@@ -122,14 +101,14 @@ def prepare(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, *, defe
     pairs = [(s.prompt_ids, s.response_ids) for s in samples]
     if not defer_behaviour or has_dropout(actor.model):  # a training forward with dropout is not the behaviour policy
         defer_behaviour = False
-        for s, lp in zip(samples, actor.logprobs(pairs, cfg.temperature)):
+        for s, lp in zip(samples, actor.logprobs(pairs, cfg.rollout.temperature)):
             s.old_logprobs = lp
-    if cfg.kl_coef > 0 and actor.has_reference:
+    if cfg.kl.init_coef > 0 and actor.has_reference:
         if policy_is_reference:
             for s in samples:
                 s.ref_logprobs = s.old_logprobs  # None when deferred: ppo_update copies them when known
         else:
-            for s, lp in zip(samples, actor.logprobs(pairs, cfg.temperature, reference=True)):
+            for s, lp in zip(samples, actor.logprobs(pairs, cfg.rollout.temperature, reference=True)):
                 s.ref_logprobs = lp
     return samples
 
@@ -153,14 +132,14 @@ def _micro_tensors(chunk: list[TrainSample], pad_id: int) -> dict[str, torch.Ten
 
 def num_micro_batches(n_samples: int, cfg: UpdateConfig, micro_batch_size: int) -> int:
     """Micro-batches (forward/backward passes) :func:`ppo_update` runs over ``n_samples`` samples."""
-    per_epoch = sum(-(-min(cfg.batch_size, n_samples - s) // micro_batch_size)
-                    for s in range(0, n_samples, cfg.batch_size))
-    return cfg.epochs * per_epoch
+    per_epoch = sum(-(-min(cfg.train.batch_size, n_samples - s) // micro_batch_size)
+                    for s in range(0, n_samples, cfg.train.batch_size))
+    return cfg.train.max_epochs * per_epoch
 
 
 def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng: np.random.Generator,
                on_micro_batch: Callable[[], None] | None = None, *, ref_follows_old: bool = False) -> dict[str, float]:
-    """Run ``cfg.epochs`` PPO epochs over ``samples`` (already ``prepare``d).
+    """Run ``cfg.train.max_epochs`` PPO epochs over ``samples`` (already ``prepare``d).
 
     Behaviour log-probs that :func:`prepare` deferred (``old_logprobs`` None): before the first optimizer
     step the policy is the behaviour policy, so the samples of the first mini-batch take them from their
@@ -170,7 +149,7 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
 
     Args:
         actor: the DeepSpeed actor. samples: the rollout's step samples.
-        cfg: update settings. rng: the run's generator (shuffles the mini-batches).
+        cfg: update settings (``--train.max_epochs`` epochs of ``--train.batch_size`` mini-batches). rng: the run's generator (shuffles the mini-batches).
         on_micro_batch: called after each micro-batch's backward pass (progress; see :func:`num_micro_batches`).
         ref_follows_old: ``prepare(..., policy_is_reference=True)`` was used.
 
@@ -182,69 +161,99 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
     Raises:
         RuntimeError: a sample without behaviour log-probs after the first optimizer step (a bug).
     """
-    import time
-
-    engine = actor.engine
-    engine.train()
-    use_ref = cfg.kl_coef > 0 and all(s.ref_logprobs is not None or (ref_follows_old and s.old_logprobs is None)
-                                      for s in samples)
+    actor.engine.train()
+    use_ref = cfg.kl.init_coef > 0 and all(s.ref_logprobs is not None or (ref_follows_old and s.old_logprobs is None)
+                                           for s in samples)
     sums: dict[str, float] = defaultdict(float)
     n_steps = 0
-    mb = actor.cfg.micro_batch_size
     logprobs_s = 0.0
-    for epoch in range(cfg.epochs):
+    batch_size = cfg.train.batch_size
+    for epoch in range(cfg.train.max_epochs):
         order = rng.permutation(len(samples))
         if epoch == 0:  # behaviour log-probs of the samples after the first step, before it is taken
-            t0 = time.perf_counter()
-            later = [samples[i] for i in order[cfg.batch_size:] if samples[i].old_logprobs is None]
-            for s, lp in zip(later, actor.logprobs([(s.prompt_ids, s.response_ids) for s in later], cfg.temperature)
-                             if later else []):
-                s.old_logprobs = lp
-                if ref_follows_old:
-                    s.ref_logprobs = lp
-            logprobs_s = time.perf_counter() - t0
-        for start in range(0, len(order), cfg.batch_size):
-            mini = [samples[i] for i in order[start:start + cfg.batch_size]]
-            num_tokens = float(sum(len(s.response_ids) for s in mini))
-            if num_tokens == 0:
-                continue
-            micros = [mini[j:j + mb] for j in range(0, len(mini), mb)]
-            for j, chunk in enumerate(micros):
-                t = {k: v.to(actor.device) for k, v in _micro_tensors(chunk, actor.tokenizer.pad_token_id).items()}
-                engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
-                with actor.precision.context():  # bf16 matmuls under mixed precision; the backward runs outside
-                    lp, ent = sequence_logprobs(engine, t["input_ids"], t["attention_mask"], cfg.temperature,
-                                                with_entropy=cfg.entropy_coef > 0,
-                                                start=min(len(s.prompt_ids) for s in chunk))
-                for k, s in enumerate(chunk):  # deferred behaviour log-probs: this very forward pass
-                    if s.old_logprobs is None:
-                        if n_steps:
-                            raise RuntimeError("a sample reached a later optimizer step without behaviour log-probs")
-                        a, b = len(s.prompt_ids), len(s.prompt_ids) + len(s.response_ids)
-                        s.old_logprobs = lp[k, a:b].detach().float().cpu()
-                        t["old"][k, a:b] = lp[k, a:b].detach()
-                        if ref_follows_old:
-                            s.ref_logprobs = s.old_logprobs
-                            t["ref"][k, a:b] = lp[k, a:b].detach()
-                terms = ppo_kl_loss(lp, t["old"], t["adv"], t["action_mask"], num_tokens,
-                                    ref_logprobs=t["ref"] if use_ref else None, kl_coef=cfg.kl_coef,
-                                    entropy=ent, entropy_coef=cfg.entropy_coef,
-                                    clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-                                    dual_clip=cfg.dual_clip, kl_estimator=cfg.kl_estimator)
-                engine.backward(terms.loss, scale_wrt_gas=False)
-                engine.step()
-                for name in ("loss", "policy", "kl", "entropy", "clip_frac", "ratio"):
-                    sums[name] += float(getattr(terms, name).detach())
-                if on_micro_batch is not None:
-                    on_micro_batch()
-            n_steps += 1
-            norm = engine.get_global_grad_norm()  # None when DeepSpeed did not compute it (ZeRO-0 path)
-            if norm is not None:
-                sums["grad_norm"] += float(norm)
+            logprobs_s = _behaviour_logprobs([samples[i] for i in order[batch_size:]], actor, cfg, ref_follows_old)
+        for start in range(0, len(order), batch_size):
+            mini = [samples[i] for i in order[start:start + batch_size]]
+            stepped = _optimizer_step(actor, mini, cfg, sums, first=n_steps == 0, use_ref=use_ref,
+                                      ref_follows_old=ref_follows_old, on_micro_batch=on_micro_batch)
+            n_steps += stepped
     out = {f"loss/{k if k != 'loss' else 'total'}": v / max(n_steps, 1) for k, v in sums.items()}
     out["loss/optimizer_steps"] = float(n_steps)
     out["perf/logprobs_s"] = logprobs_s
     return out
+
+
+def _behaviour_logprobs(samples: list[TrainSample], actor: Actor, cfg: UpdateConfig, ref_follows_old: bool) -> float:
+    """Fill the deferred ``old_logprobs`` (and, with ``ref_follows_old``, ``ref_logprobs``) of ``samples`` (those
+    after the first optimizer step) with the current policy's log-probs; returns the seconds spent."""
+    t0 = time.perf_counter()
+    later = [s for s in samples if s.old_logprobs is None]
+    if later:
+        for s, lp in zip(later, actor.logprobs([(s.prompt_ids, s.response_ids) for s in later], cfg.rollout.temperature)):
+            s.old_logprobs = lp
+            if ref_follows_old:
+                s.ref_logprobs = lp
+    return time.perf_counter() - t0
+
+
+def _optimizer_step(actor: Actor, mini: list[TrainSample], cfg: UpdateConfig, sums: dict[str, float], *, first: bool,
+                    use_ref: bool, ref_follows_old: bool, on_micro_batch: Callable[[], None] | None) -> bool:
+    """One optimizer step over the mini-batch ``mini`` (gradient accumulation over its micro-batches of
+    ``--train.micro_batch_size``); adds each micro-batch's loss terms and the step's grad norm to ``sums``.
+
+    Returns:
+        False (no step taken) when ``mini`` holds no response token, else True.
+    """
+    num_tokens = float(sum(len(s.response_ids) for s in mini))
+    if num_tokens == 0:
+        return False
+    engine = actor.engine
+    mb = actor.cfg.train.micro_batch_size
+    micros = [mini[j:j + mb] for j in range(0, len(mini), mb)]
+    for j, chunk in enumerate(micros):
+        engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
+        terms = _micro_batch_terms(actor, chunk, cfg, num_tokens, first=first, use_ref=use_ref,
+                                   ref_follows_old=ref_follows_old)
+        engine.backward(terms.loss, scale_wrt_gas=False)
+        engine.step()
+        for name in ("loss", "policy", "kl", "entropy", "clip_frac", "ratio"):
+            sums[name] += float(getattr(terms, name).detach())
+        if on_micro_batch is not None:
+            on_micro_batch()
+    norm = engine.get_global_grad_norm()  # None when DeepSpeed did not compute it (ZeRO-0 path)
+    if norm is not None:
+        sums["grad_norm"] += float(norm)
+    return True
+
+
+def _micro_batch_terms(actor: Actor, chunk: list[TrainSample], cfg: UpdateConfig, num_tokens: float, *, first: bool,
+                       use_ref: bool, ref_follows_old: bool) -> LossTerms:
+    """The forward pass of one micro-batch and its PPO/KL/entropy loss terms (``progpo.trainer.ppo.ppo_kl_loss``,
+    token sums divided by the mini-batch's ``num_tokens``). Samples whose behaviour log-probs were deferred take
+    them from this very forward pass (detached), which is allowed only in the ``first`` optimizer step.
+
+    Raises:
+        RuntimeError: a sample without behaviour log-probs after the first optimizer step (a bug).
+    """
+    t = {k: v.to(actor.device) for k, v in _micro_tensors(chunk, actor.tokenizer.pad_token_id).items()}
+    with actor.precision.context():  # bf16 matmuls under mixed precision; the backward runs outside
+        lp, ent = sequence_logprobs(actor.engine, t["input_ids"], t["attention_mask"], cfg.rollout.temperature,
+                                    with_entropy=cfg.actor.entropy_coef > 0, start=min(len(s.prompt_ids) for s in chunk))
+    for k, s in enumerate(chunk):  # deferred behaviour log-probs: this very forward pass
+        if s.old_logprobs is None:
+            if not first:
+                raise RuntimeError("a sample reached a later optimizer step without behaviour log-probs")
+            a, b = len(s.prompt_ids), len(s.prompt_ids) + len(s.response_ids)
+            s.old_logprobs = lp[k, a:b].detach().float().cpu()
+            t["old"][k, a:b] = lp[k, a:b].detach()
+            if ref_follows_old:
+                s.ref_logprobs = s.old_logprobs
+                t["ref"][k, a:b] = lp[k, a:b].detach()
+    low, high = cfg.actor.eps_clip_low_high
+    return ppo_kl_loss(lp, t["old"], t["adv"], t["action_mask"], num_tokens,
+                       ref_logprobs=t["ref"] if use_ref else None, kl_coef=cfg.kl.init_coef,
+                       entropy=ent, entropy_coef=cfg.actor.entropy_coef, clip_eps_low=low, clip_eps_high=high,
+                       dual_clip=cfg.actor.dual_clip, kl_estimator=cfg.kl.estimator)
 
 
 def rollout_mismatch(samples: list[TrainSample]) -> dict[str, float]:

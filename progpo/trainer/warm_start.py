@@ -40,8 +40,9 @@ from progpo.run.metrics import MetricsLogger
 from progpo.run.precision import resolve_precision
 from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.run.task_sampler import TaskSampler
-from progpo.trainer.config import (ActorSettings, AdamSettings, CkptSettings, DeepSpeedSettings, LoggerSettings,
-                                   SFTSettings, TrainSettings, lora_fields)
+from progpo.trainer.actor import Actor, ActorConfig
+from progpo.trainer.config import CkptSettings, LoggerSettings, SFTSettings
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, TrainSettings
 from progpo.trainer.sft import sft_epoch
 
 logger = logging.getLogger(__name__)
@@ -95,21 +96,18 @@ class SFTArgs:
         return Path(self.ckpt.path or f"runs/sft_{self.env.name}")
 
 
-def _actor_config(args: SFTArgs):
-    from progpo.trainer.actor import ActorConfig
-
-    return ActorConfig(pretrain=args.actor.model_name_or_path, lr=args.sft.lr,
-                       weight_decay=args.actor.adam.weight_decay, betas=args.actor.adam.betas,
-                       grad_clip=args.actor.max_norm, zero_stage=args.ds.zero_stage, bf16=args.ds.param_dtype == "bf16",
-                       mixed_precision=args.ds.mixed_precision,
-                       micro_batch_size=args.train.micro_batch_size,
-                       gradient_checkpointing=args.actor.gradient_checkpointing_enable, use_ref=False,
-                       seed=args.train.seed, **lora_fields(args.ds.lora))
+def _actor_config(args: SFTArgs, pretrain: str) -> ActorConfig:
+    """The actor of the behaviour cloning: the run's ``--actor.*``, ``--ds.*`` and ``--train.*`` settings with the
+    model folder ``pretrain`` and ``--sft.lr`` as AdamW's learning rate, without a reference model."""
+    adam = dataclasses.replace(args.actor.adam, lr=args.sft.lr)
+    actor = dataclasses.replace(args.actor, model_name_or_path=pretrain, adam=adam)
+    return ActorConfig(actor=actor, ds=args.ds, train=args.train, use_ref=False)
 
 
-def collect(env: EnvSettings, tokenizer, handle, *, num_tasks: int, seed: int, max_prompt_tokens: int,
-            max_new_tokens: int, progress: bool = True):
-    """Play ``num_tasks`` expert episodes on the open env ``handle``: seeded random tasks of the train split,
+def collect(env: EnvSettings, rollout: RolloutSettings, tokenizer, handle, *, num_tasks: int, seed: int,
+            progress: bool = True):
+    """Play ``num_tasks`` expert episodes on the open env ``handle`` with the ``--env.*`` (resolved) and
+    ``--rollout.*`` settings (context guard, response limit): seeded random tasks of the train split,
     drawn from the range ``--env.task_offset .. + --env.num_tasks`` as ``train`` draws them (each task once
     per pass over the range; the whole split when ``--env.num_tasks`` is unset).
 
@@ -126,11 +124,9 @@ def collect(env: EnvSettings, tokenizer, handle, *, num_tasks: int, seed: int, m
     bar = tqdm(total=len(ids), desc="expert episodes", unit="ep", disable=not progress, file=sys.stderr)
     try:
         episodes = asyncio.run(expert_episodes(
-            [TaskSpec(env.train_split, i) for i in ids], env_pool=handle.pool, tokenizer=tokenizer,
-            env_name=env.name, make_expert=env.spec.load("expert")(handle.env_kwargs), max_steps=env.max_steps,
-            history_length=env.history_length, max_prompt_tokens=max_prompt_tokens,
-            invalid_penalty=env.invalid_penalty,
-            max_new_tokens=max_new_tokens, on_episode_end=lambda ep: bar.update(1)))
+            [TaskSpec(env.train_split, i) for i in ids], env_pool=handle.pool, tokenizer=tokenizer, env=env,
+            rollout=rollout, make_expert=env.spec.load("expert")(handle.env_kwargs),
+            on_episode_end=lambda ep: bar.update(1)))
     finally:
         bar.close()
     return episodes, total
@@ -172,25 +168,22 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
     from progpo.run.env_setup import open_env_pool
     from progpo.run.evaluation import rate_interval
     from progpo.run.models import resolve_pretrain
-    from progpo.trainer.actor import Actor
-    from progpo.trainer.sft import SFTConfig, expert_samples, mean_nll
+    from progpo.trainer.sft import expert_samples, mean_nll
 
     out = sys.stdout if out is None else out
     env = args.env
     if env.spec.expert is None:
         raise ValueError(f"--env.name {env.name} has no expert to clone (its env spec names none)")
-    actor_cfg = _actor_config(args)
-    sft = SFTConfig(epochs=args.sft.max_epochs, batch_size=args.sft.batch_size, keep_failed=args.sft.keep_failed)
+    sft = args.sft
     save = Path(save) if save is not None else args.save_path
     ckpt = CheckpointManager(save, args.ckpt.max_num)
     check_sft_dir(save)  # before the model and the expert episodes, not after them
-    actor_cfg = dataclasses.replace(actor_cfg, pretrain=resolve_pretrain(actor_cfg.pretrain))
+    actor_cfg = _actor_config(args, resolve_pretrain(args.actor.model_name_or_path))
     t0 = time.perf_counter()
     actor = Actor(actor_cfg)
     with (open_env_pool(env, max_envs=8) if handle is None else contextlib.nullcontext(handle)) as envs:
-        episodes, total = collect(env, actor.tokenizer, envs, num_tasks=args.sft.num_tasks, seed=args.train.seed,
-                                  max_prompt_tokens=args.rollout.max_prompt_tokens,
-                                  max_new_tokens=args.rollout.max_new_tokens, progress=args.logger.progress_bar)
+        episodes, total = collect(env, args.rollout, actor.tokenizer, envs, num_tasks=args.sft.num_tasks,
+                                  seed=args.train.seed, progress=args.logger.progress_bar)
     t1 = time.perf_counter()
     done = [ep for ep in episodes if not ep.failed]
     success = rate_interval(sum(ep.won for ep in done), len(done))
@@ -201,7 +194,7 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
     if not samples:
         raise ValueError("no expert step to train on (the expert won no episode); try more --sft.num_tasks")
     summary: dict[str, Any] = {
-        "env": env.name, "pretrain": actor_cfg.pretrain, "tasks_in_split": total, "expert_success": success,
+        "env": env.name, "pretrain": actor_cfg.actor.model_name_or_path, "tasks_in_split": total, "expert_success": success,
         "expert_score_mean": float(np.mean([ep.info.get("score", float(ep.won)) for ep in done])) if done else None,
         "samples": len(samples), "response_tokens": sum(len(r) for _, r in samples),
         "prompt_tokens_mean": float(np.mean([len(p) for p, _ in samples])),
@@ -215,21 +208,21 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
 
 
 def _train_epochs(actor, samples, sft, args: SFTArgs, ckpt, save: Path, out) -> list[dict[str, Any]]:
-    """``sft.epochs`` passes of behaviour cloning over ``samples`` (token-mean NLL, :func:`progpo.trainer.sft.sft_epoch`),
+    """``sft.max_epochs`` passes of behaviour cloning over ``samples`` (token-mean NLL, :func:`progpo.trainer.sft.sft_epoch`),
     a checkpoint and a ``metrics.jsonl`` record after each; returns one summary row per epoch."""
     metrics = MetricsLogger(save, tensorboard=False)
     rng = np.random.default_rng(args.train.seed)
     rows: list[dict[str, Any]] = []
-    bar = tqdm(total=sft.epochs * -(-len(samples) // sft.batch_size), desc="sft", unit="step",
+    bar = tqdm(total=sft.max_epochs * -(-len(samples) // sft.batch_size), desc="sft", unit="step",
                disable=not args.logger.progress_bar, file=sys.stderr)
     try:
-        for epoch in range(1, sft.epochs + 1):
+        for epoch in range(1, sft.max_epochs + 1):
             e0 = time.perf_counter()
             m = sft_epoch(actor, samples, sft.batch_size, rng,
                           on_step=lambda loss: (bar.update(1), bar.set_postfix(nll=f"{loss:.3f}")))
             m["perf/epoch_s"] = time.perf_counter() - e0
             metrics.log(epoch, m)
-            path = ckpt.save(actor, epoch, {"sft_epoch": epoch, "sft_epochs": sft.epochs, "seed": args.train.seed}, rng)
+            path = ckpt.save(actor, epoch, {"sft_epoch": epoch, "sft_epochs": sft.max_epochs, "seed": args.train.seed}, rng)
             rows.append({"epoch": epoch, **m, "checkpoint": str(path)})
             bar.write(f"epoch {epoch}: nll={m['loss/sft_nll']:.4f} steps={int(m['loss/optimizer_steps'])} "
                       f"time={m['perf/epoch_s']:.0f}s checkpoint={path}", file=out)

@@ -10,10 +10,11 @@ import re
 import pytest
 
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
-from progpo.agents.episode import run_episodes
+from progpo.agents.episode import EpisodeConfig, run_episodes
 from progpo.agents.scripted import ScriptedGenerate
 from progpo.agents.types import SamplingParams
 from progpo.envs.local_pool import LocalEnvPool
+from progpo.run.settings import EnvSettings, RolloutSettings
 
 alfworld = pytest.importorskip("progpo.envs.alfworld")
 
@@ -57,11 +58,10 @@ def _play(tokenizer, policy, max_steps, n=2):
 
     async def go():
         try:
-            return await run_episodes(
-                TASKS, env_pool=pool, generate=gen, tokenizer=tokenizer, env_name="alfworld",
-                n_samples_per_task=n, sampling=SamplingParams(max_new_tokens=128, seed=1),
-                max_steps=max_steps, history_length=2, max_prompt_tokens=2048,
-            )
+            cfg = EpisodeConfig(env=EnvSettings(name="alfworld", max_steps=max_steps, history_length=2),
+                                rollout=RolloutSettings(max_prompt_tokens=2048),
+                                sampling=SamplingParams(max_new_tokens=128, seed=1), n_samples_per_task=n)
+            return await run_episodes(TASKS, cfg, env_pool=pool, generate=gen, tokenizer=tokenizer)
         finally:
             await pool.close()
 

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
-from progpo.agents.episode import run_episodes, step_seed
+from progpo.agents.episode import EpisodeConfig, run_episodes, step_seed
 from progpo.agents.scripted import ScriptedGenerate
 from progpo.agents.templates import build_prompt
 from progpo.agents.types import SamplingParams
 from progpo.envs.alfworld import ALFWORLD_TEMPLATE
 from progpo.envs.local_pool import LocalEnvPool
+from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.testing import PATIENCE_S
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=64, seed=7)
@@ -36,15 +37,16 @@ def forward_policy(env_style: str, bad_at_step: int | None = None):
 
 
 def _run(tokenizer, env_cls, *, style="alfworld", tasks=(("train", 0), ("train", 1)), n=3,
-         policy=None, max_steps=8, env_max_steps=None, env_kwargs=None, **kw):
+         policy=None, max_steps=8, env_max_steps=None, env_kwargs=None, history_length=2, invalid_penalty=0.1,
+         max_prompt_tokens=None, **kw):
     pool = LocalEnvPool(functools.partial(env_cls, style=style, max_steps=env_max_steps or max_steps,
                                           **(env_kwargs or {})),
                         max_envs=16)
     gen = ScriptedGenerate(tokenizer, policy or forward_policy(style))
-    episodes = asyncio.run(run_episodes(
-        list(tasks), env_pool=pool, generate=gen, tokenizer=tokenizer, env_name=style,
-        n_samples_per_task=n, sampling=SAMPLING, max_steps=max_steps, **kw,
-    ))
+    env = EnvSettings(name=style, max_steps=max_steps, history_length=history_length, invalid_penalty=invalid_penalty)
+    cfg = EpisodeConfig(env=env, rollout=RolloutSettings(max_prompt_tokens=max_prompt_tokens), sampling=SAMPLING,
+                        n_samples_per_task=n, **kw)
+    episodes = asyncio.run(run_episodes(list(tasks), cfg, env_pool=pool, generate=gen, tokenizer=tokenizer))
     asyncio.run(pool.close())
     return episodes, gen
 
@@ -165,9 +167,9 @@ def test_episodes_run_concurrently_within_the_bound(qwen3_tokenizer, fake_env_cl
                 state["now"] -= 1
                 return await inner(prompt_ids, sampling)
 
-            await run_episodes([("train", 0), ("train", 1)], env_pool=pool, generate=gen,
-                               tokenizer=qwen3_tokenizer, env_name="alfworld", n_samples_per_task=3,
-                               sampling=SAMPLING, max_steps=8, max_concurrency=max_concurrency)
+            cfg = EpisodeConfig(env=EnvSettings(name="alfworld", max_steps=8), rollout=RolloutSettings(),
+                                sampling=SAMPLING, n_samples_per_task=3, max_concurrency=max_concurrency)
+            await run_episodes([("train", 0), ("train", 1)], cfg, env_pool=pool, generate=gen, tokenizer=qwen3_tokenizer)
 
         asyncio.run(run())
         return state["peak"]
@@ -271,6 +273,6 @@ def test_unknown_finish_reason_is_an_error(qwen3_tokenizer, fake_env_cls) -> Non
 
     pool = LocalEnvPool(functools.partial(fake_env_cls), max_envs=1)
     with pytest.raises(ValueError, match="finish_reason 'abort'"):
-        asyncio.run(run_episodes([("train", 0)], env_pool=pool, generate=gen, tokenizer=qwen3_tokenizer,
-                                 env_name="alfworld", n_samples_per_task=1, sampling=SAMPLING, max_steps=2))
+        cfg = EpisodeConfig(env=EnvSettings(name="alfworld", max_steps=2), rollout=RolloutSettings(), sampling=SAMPLING)
+        asyncio.run(run_episodes([("train", 0)], cfg, env_pool=pool, generate=gen, tokenizer=qwen3_tokenizer))
     asyncio.run(pool.close())

@@ -9,10 +9,11 @@ import re
 import pytest
 
 from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
-from progpo.agents.episode import run_episodes
+from progpo.agents.episode import EpisodeConfig, run_episodes
 from progpo.agents.scripted import ScriptedGenerate
 from progpo.agents.types import SamplingParams
 from progpo.envs.local_pool import LocalEnvPool
+from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.testing import PATIENCE_S
 
 webshop = pytest.importorskip("progpo.envs.webshop")
@@ -55,11 +56,10 @@ def _play(tokenizer, url, policy, *, n=2, max_steps=6, max_prompt_tokens=4096):
 
     async def go():
         try:
-            return await run_episodes(
-                TASKS, env_pool=pool, generate=gen, tokenizer=tokenizer, env_name="webshop",
-                n_samples_per_task=n, sampling=SamplingParams(max_new_tokens=96, seed=3),
-                max_steps=max_steps, max_prompt_tokens=max_prompt_tokens,
-            )
+            cfg = EpisodeConfig(env=EnvSettings(name="webshop", max_steps=max_steps),
+                                rollout=RolloutSettings(max_prompt_tokens=max_prompt_tokens),
+                                sampling=SamplingParams(max_new_tokens=96, seed=3), n_samples_per_task=n)
+            return await run_episodes(TASKS, cfg, env_pool=pool, generate=gen, tokenizer=tokenizer)
         finally:
             await pool.close()
 
@@ -129,11 +129,9 @@ def test_history_window_shows_min_t_k_most_recent_turns(qwen3_tokenizer, webshop
 
     async def go():
         try:
-            return await run_episodes(
-                [("train", 3)], env_pool=pool, generate=gen, tokenizer=qwen3_tokenizer, env_name="webshop",
-                n_samples_per_task=1, sampling=SamplingParams(max_new_tokens=96), max_steps=max_steps,
-                history_length=k,
-            )
+            cfg = EpisodeConfig(env=EnvSettings(name="webshop", max_steps=max_steps, history_length=k),
+                                rollout=RolloutSettings(), sampling=SamplingParams(max_new_tokens=96))
+            return await run_episodes([("train", 3)], cfg, env_pool=pool, generate=gen, tokenizer=qwen3_tokenizer)
         finally:
             await pool.close()
 

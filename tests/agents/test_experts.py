@@ -12,6 +12,7 @@ import pytest
 from progpo.agents.experts import (AlfWorldExpert, WebShopExpert, alfworld_walkthrough, expert_episodes, goal_query,
                                    render_answer)
 from progpo.agents.parsing import parse_action
+from progpo.run.settings import EnvSettings, RolloutSettings
 
 GOAL = {
     "asin": "B07MGB73NJ",
@@ -77,8 +78,8 @@ def test_alfworld_walkthroughs_win_through_the_episode_loop(shared_data, qwen3_t
     async def go():
         try:
             return await expert_episodes([TaskSpec("valid_seen", 0), TaskSpec("valid_seen", 1)], env_pool=pool,
-                                         tokenizer=qwen3_tokenizer, env_name="alfworld", make_expert=AlfWorldExpert,
-                                         max_steps=30, history_length=2, max_prompt_tokens=2048)
+                                         tokenizer=qwen3_tokenizer, env=EnvSettings(name="alfworld", max_steps=30),
+                                         rollout=RolloutSettings(max_prompt_tokens=2048), make_expert=AlfWorldExpert)
         finally:
             await pool.close()
 

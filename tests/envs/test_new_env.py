@@ -18,7 +18,7 @@ import textwrap
 import pytest
 
 from progpo.envs.conformance import check_env_conformance
-from progpo.run.settings import EnvSettings
+from progpo.run.settings import EnvSettings, RolloutSettings
 
 MODULE = textwrap.dedent('''
     """A counter: reach the task's target by saying ``up``; ``stop`` gives up."""
@@ -104,7 +104,7 @@ def test_the_new_env_is_known_everywhere_from_its_register_call(counter):
 def test_an_episode_runs_on_it(counter):
     from transformers import AutoTokenizer
 
-    from progpo.agents.episode import run_episodes
+    from progpo.agents.episode import EpisodeConfig, run_episodes
     from progpo.agents.types import Generation, SamplingParams
     from progpo.envs.local_pool import LocalEnvPool
     from progpo.run.tiny_model import tiny_model_path
@@ -116,9 +116,10 @@ def test_an_episode_runs_on_it(counter):
     async def generate(prompt_ids, sampling):
         return Generation(token_ids=list(answer), logprobs=[0.0] * len(answer), text=text, finish_reason="stop")
 
-    (episode,) = asyncio.run(run_episodes([("train", 1)], env_pool=LocalEnvPool(counter.CounterEnv, max_envs=1),
-                                          generate=generate, tokenizer=tok, env_name="counter", n_samples_per_task=1,
-                                          sampling=SamplingParams(max_new_tokens=16), max_steps=4))
+    cfg = EpisodeConfig(env=EnvSettings(name="counter", max_steps=4), rollout=RolloutSettings(),
+                        sampling=SamplingParams(max_new_tokens=16))
+    (episode,) = asyncio.run(run_episodes([("train", 1)], cfg, env_pool=LocalEnvPool(counter.CounterEnv, max_envs=1),
+                                          generate=generate, tokenizer=tok))
     assert episode.won and [s.action for s in episode.steps] == ["up", "up"]
     assert not any(s.format_invalid or s.invalid for s in episode.steps)
 

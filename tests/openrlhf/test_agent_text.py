@@ -17,11 +17,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from progpo.agents.episode import run_episodes
+from progpo.agents.episode import EpisodeConfig, run_episodes
 from progpo.agents.types import Generation, SamplingParams
 from progpo.envs.base import StepResult
 from progpo.envs.local_pool import LocalEnvPool
-from progpo.run.settings import EnvSettings
+from progpo.run.settings import EnvSettings, RolloutSettings
 
 
 class RoomEnv:
@@ -101,10 +101,10 @@ def test_both_backends_record_the_same_text_and_prompts(cpu_compat, tok):
         ids = next(answers)
         return Generation(ids, [-1.0] * len(ids), tok.decode(ids, skip_special_tokens=True), "stop")
 
-    (local,) = asyncio.run(run_episodes([("train", 0)], env_pool=LocalEnvPool(RoomEnv, max_envs=1),
-                                        generate=local_generate, tokenizer=tok, env_name="alfworld",
-                                        n_samples_per_task=1, sampling=SamplingParams(max_new_tokens=32),
-                                        max_steps=3, max_prompt_tokens=1024 - 32))
+    cfg = EpisodeConfig(env=EnvSettings(name="alfworld", max_steps=3), rollout=RolloutSettings(max_prompt_tokens=1024 - 32),
+                        sampling=SamplingParams(max_new_tokens=32))
+    (local,) = asyncio.run(run_episodes([("train", 0)], cfg, env_pool=LocalEnvPool(RoomEnv, max_envs=1),
+                                        generate=local_generate, tokenizer=tok))
     assert [s.response_text for s in cluster.steps] == [s.response_text for s in local.steps] == [
         "I am lost", "<think>x</think><action>look</action>", "<think>y</think><action>look</action>"]
     assert [s.action for s in cluster.steps] == [s.action for s in local.steps] == ["I am lost", "look", "look"]
@@ -168,10 +168,10 @@ def test_local_backend_parser_sees_what_the_model_wrote(scripted_folder):
     script = tok(SCRIPTED_ANSWER, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     model = ScriptedLM(AutoModelForCausalLM.from_pretrained(str(scripted_folder)), script)
     gen = HFGenerator(model, tok, seed=0)
-    (ep,) = asyncio.run(run_episodes([("train", 0)], env_pool=LocalEnvPool(RoomEnv, max_envs=1), generate=gen,
-                                     tokenizer=tok, env_name="alfworld", n_samples_per_task=1,
-                                     sampling=SamplingParams(max_new_tokens=64), max_steps=3,
-                                     max_prompt_tokens=1024 - 64))
+    cfg = EpisodeConfig(env=EnvSettings(name="alfworld", max_steps=3), rollout=RolloutSettings(max_prompt_tokens=1024 - 64),
+                        sampling=SamplingParams(max_new_tokens=64))
+    (ep,) = asyncio.run(run_episodes([("train", 0)], cfg, env_pool=LocalEnvPool(RoomEnv, max_envs=1), generate=gen,
+                                     tokenizer=tok))
     _check_steps(ep.steps, tok)
 
 

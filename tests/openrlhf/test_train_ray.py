@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -275,9 +276,31 @@ def test_the_run_length_in_iterations_is_train_s_flag(cli, tmp_path):
     assert getattr(ns, "train.num_episodes") == 1 and not hasattr(ns, "train.num_iterations")
 
 
+def test_the_run_length_cycles_through_env_num_tasks(cli, tmp_path):
+    """``--train.num_iterations 3`` with ``--env.num_tasks 5``: 3 x 4 = 12 tasks, each of the 5 once per pass."""
+    base = BASE[:6] + BASE[8:-2] + ["--rollout.batch_size", "4"]
+    ns = _finalize(cli, base + ["--train.num_iterations", "3", "--env.num_tasks", "5", "--env.task_offset", "7"],
+                   tmp_path)
+    rows = Path(getattr(ns, "data.prompt_dataset")).read_text().splitlines()
+    assert [json.loads(json.loads(r)["task"])["index"] for r in rows] == [7, 8, 9, 10, 11] * 2 + [7, 8]
+    assert getattr(ns, "train.num_episodes") == 1
+
+
+def test_openrlhf_s_num_episodes_is_a_hidden_deprecated_name(cli, tmp_path, capsys):
+    """OpenRLHF's ``--train.num_episodes`` (passes over the task list) still parses, keeps its meaning, prints one
+    line naming ``--train.num_iterations`` and is not in ``--help``."""
+    ns = _finalize(cli, BASE + ["--train.num_episodes", "2"], tmp_path)
+    err = capsys.readouterr().err
+    assert getattr(ns, "train.num_episodes") == 2
+    assert len(Path(getattr(ns, "data.prompt_dataset")).read_text().splitlines()) == 16  # the list, passed twice
+    assert [line for line in err.splitlines() if "num_episodes" in line] == [
+        "warning: --train.num_episodes is deprecated and goes in the next release; use --train.num_iterations"]
+    assert not re.search(r"^  --train\.num_episodes", cli.train_ray.build_parser().format_help(), re.M)  # no option line
+    assert getattr(_finalize(cli, BASE, tmp_path / "b"), "train.num_episodes") == 1  # OpenRLHF's default
+
+
 @pytest.mark.parametrize("extra, flag", [
-    (["--env.num_tasks", "16"], "--train.num_iterations"), (["--train.num_episodes", "2"], "--train.num_episodes"),
-    (["--train.num_iterations", "0"], "--train.num_iterations"),
+    (["--train.num_episodes", "2"], "--train.num_episodes"), (["--train.num_iterations", "0"], "--train.num_iterations"),
 ])
 def test_the_run_length_is_given_once(cli, tmp_path, capsys, extra, flag):
     base = BASE[:6] + BASE[8:]  # without --env.num_tasks
@@ -301,7 +324,7 @@ def test_the_run_settings_reach_every_actor_through_hierarchize_and_pickle(cli, 
     run = cli.launch.ray_run(nested)
     assert run == ns.progpo and run.device == "cpu" and run.dynamic_sampling_max_rounds == 2
     assert run.dump_dir == str(tmp_path / "d") and run.advantage.estimator == "progpo"
-    assert run.agent.env.name == "webshop" and run.agent.max_new_tokens == 512  # --rollout.max_new_tokens unset
+    assert run.agent.env.name == "webshop" and run.agent.rollout.max_new_tokens == 512  # --rollout.max_new_tokens unset
     assert not [k for k in vars(ns) if k.startswith("progpo_")]
     assert cli.launch.ray_run(SimpleNamespace()) == cli.launch.RayRun()  # an actor's unit test: the defaults
 

@@ -3,8 +3,6 @@ advantages unchanged (ProGPO, GiGPO and the other per-task estimators), and the 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
@@ -13,6 +11,8 @@ from progpo.agents.batching import episodes_to_step_batch
 from progpo.agents.types import Episode, StepRecord
 from progpo.run.dynamic_sampling import (DynamicSamplingStats, equal_returns, group_has_signal, has_signal,
                                          keep_signal_groups)
+from progpo.trainer.actor import ActorConfig
+from progpo.trainer.settings import ActorSettings, AdamSettings, TrainSettings
 
 
 def _episode(uid: str, traj: int, path: list[tuple[str, str, float]], *, won: bool = False,
@@ -181,7 +181,8 @@ class _NoForwardActor:
     """An actor whose every forward pass fails: a skipped update must not run one."""
 
     def __init__(self, weight_decay: float = 0.0) -> None:
-        self.cfg = SimpleNamespace(weight_decay=weight_decay, micro_batch_size=2)
+        self.cfg = ActorConfig(actor=ActorSettings(adam=AdamSettings(weight_decay=weight_decay)),
+                               train=TrainSettings(micro_batch_size=2))
 
     def logprobs(self, *args, **kwargs):
         raise AssertionError("the update ran a forward pass")

@@ -12,6 +12,7 @@ import torch
 
 from progpo.run.precision import (FP32, MIXED_PRECISION_CHOICES, Bf16Capability, bf16_capability, fp32_output_head,
                                   resolve_precision)
+from progpo.trainer.settings import DeepSpeedSettings
 from progpo.trainer.update import TrainSample, rollout_mismatch
 
 # torch.cpu.get_capabilities() of the two machines named in issue 35 (the flags that matter; the rest False)
@@ -88,7 +89,7 @@ def test_flags_parse_and_refuse(tmp_path):
 
     assert config_from_args([]).ds.mixed_precision == "auto"  # the CLI's default
     cfg = config_from_args(["--ds.mixed_precision", "off"])
-    assert cfg.actor_config().mixed_precision == "off"
+    assert cfg.actor_config().ds.mixed_precision == "off"
     with pytest.raises(FlagError, match=r"^--ds.mixed_precision bf16 .* --ds.param_dtype bf16"):
         config_from_args(["--ds.mixed_precision", "bf16", "--ds.param_dtype", "bf16"])
     with pytest.raises(SystemExit):
@@ -99,7 +100,7 @@ def test_actor_config_refuses_an_unknown_setting():
     from progpo.trainer.actor import ActorConfig
 
     with pytest.raises(ValueError, match=r"--ds.mixed_precision must be one of auto, bf16, off, got 'yes'"):
-        ActorConfig(pretrain="x", mixed_precision="yes")
+        ActorConfig(ds=DeepSpeedSettings(mixed_precision="yes"))
 
 
 def test_fp32_output_head_gives_fp32_logits_under_autocast(tiny_model_path):

@@ -87,7 +87,7 @@ def test_cpu_script_runs_the_same_job_small_on_cpu():
     assert _flag(argv, "--rollout.backend") == "hf" and _flag(argv, "--advantage_estimator") == "progpo"
     assert _flag(argv, "--actor.model_name_or_path") == "smollm2-135m"
     assert (_flag(argv, "--rollout.batch_size"), _flag(argv, "--rollout.n_samples_per_prompt")) == ("2", "4")
-    assert _flag(argv, "--env.max_steps") == "3" and _flag(argv, "--env.num_tasks") == "4"  # 2 iterations
+    assert _flag(argv, "--env.max_steps") == "3" and _flag(argv, "--train.num_iterations") == "2"
     assert _flag(argv, "--ds.zero_stage") == "3" and "--algo.kl.use_loss" in argv
     assert _flag(argv, "--actor.num_gpus_per_node") == "1" and _flag(argv, "--vllm.num_engines") == "1"
     assert "--debug.check_weight_sync" in argv and _flag(argv, "--actor.entropy_coef") == "0"

@@ -20,6 +20,7 @@ from progpo.agents.types import SamplingParams
 from progpo.run.generation import HFGenerator
 from progpo.run.models import disable_dropout
 from progpo.trainer.actor import Actor, ActorConfig
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings, TrainSettings
 from progpo.trainer.update import TrainSample, UpdateConfig, ppo_update, prepare
 
 
@@ -37,10 +38,11 @@ def dropout_model(tiny_model, tmp_path_factory):
 
 
 def test_ppo_iterations_see_ratio_one_and_zero_kl(dropout_model):
-    actor = Actor(ActorConfig(pretrain=str(dropout_model), lr=1e-12, micro_batch_size=4,
-                               mixed_precision="off"))  # fp32: the equalities are exact only without bf16 rounding
+    actor = Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(dropout_model), adam=AdamSettings(lr=1e-12)),
+                              ds=DeepSpeedSettings(mixed_precision="off"),  # fp32: the equalities are exact only without bf16 rounding
+                              train=TrainSettings(micro_batch_size=4)))
     assert actor.model.model.layers[0].self_attn.attention_dropout == 0.0
-    cfg = UpdateConfig(batch_size=8, epochs=1, kl_coef=0.01)
+    cfg = UpdateConfig(train=TrainSettings(batch_size=8, max_epochs=1), kl=KLSettings(init_coef=0.01))
     rng = np.random.default_rng(0)
     tok = actor.tokenizer
     prompts = [tok(f"<|im_start|>user\ngo to room {k}<|im_end|>\n<|im_start|>assistant\n",

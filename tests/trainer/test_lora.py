@@ -11,6 +11,8 @@ import json
 import pytest
 import torch
 
+from progpo.trainer.settings import ActorSettings, DeepSpeedSettings, LoraSettings
+
 LORA = ["--ds.lora.rank", "4", "--ds.lora.alpha", "8", "--progpo.zero_signal", "off"]
 
 
@@ -29,7 +31,8 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base_model(tiny_model)
 
     from progpo.trainer.actor import Actor, ActorConfig
 
-    actor = Actor(ActorConfig(pretrain=str(tiny_model), lora_rank=4, lora_alpha=8, mixed_precision="off"))  # fp32 logits compared
+    actor = Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model)),  # fp32 logits compared
+                              ds=DeepSpeedSettings(mixed_precision="off", lora=LoraSettings(rank=4, alpha=8))))
     assert actor.ref is None and actor.has_reference  # no second copy of the weights
     trainable = [n for n, p in actor.model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)

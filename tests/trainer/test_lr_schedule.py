@@ -12,6 +12,8 @@ import math
 import pytest
 import torch
 
+from progpo.trainer.settings import ActorSettings, AdamSettings
+
 
 def _lrs_of_steps(actor, n_steps: int, micro_per_step: int = 2) -> list[float]:
     """lr used by each of ``n_steps`` optimizer steps of a dummy loss, ``micro_per_step`` micro-batches each."""
@@ -31,12 +33,14 @@ def test_warmup_then_constant_and_cosine_floor(tiny_model):
     from progpo.trainer.actor import Actor, ActorConfig
 
     lr = 1e-3
-    warm = Actor(ActorConfig(pretrain=str(tiny_model), lr=lr, use_ref=False, lr_scheduler="constant_with_warmup",
-                             lr_warmup_ratio=0.3, scheduler_steps=10))  # ceil(3.0) = 3 warmup steps
+    warm = Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model), adam=AdamSettings(lr=lr),
+                                                 lr_scheduler="constant_with_warmup", lr_warmup_ratio=0.3),
+                             use_ref=False, scheduler_steps=10))  # ceil(3.0) = 3 warmup steps
     assert _lrs_of_steps(warm, 5) == pytest.approx([0.0, lr / 3, 2 * lr / 3, lr, lr], abs=1e-12)
 
-    cos = Actor(ActorConfig(pretrain=str(tiny_model), lr=lr, use_ref=False, lr_scheduler="cosine_with_min_lr",
-                            lr_warmup_ratio=0.25, min_lr_ratio=0.1, scheduler_steps=4))  # 1 warmup step
+    cos = Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model), adam=AdamSettings(lr=lr),
+                                                lr_scheduler="cosine_with_min_lr", lr_warmup_ratio=0.25, min_lr_ratio=0.1),
+                            use_ref=False, scheduler_steps=4))  # 1 warmup step
     got = _lrs_of_steps(cos, 5)
     # after warmup: min + (1 - min) * 0.5 * (1 + cos(pi * progress)), progress = (k - 1) / 3
     want = [0.0] + [lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (k - 1) / 3)))) for k in range(1, 5)]
@@ -47,7 +51,8 @@ def test_warmup_then_constant_and_cosine_floor(tiny_model):
 def test_constant_default_leaves_lr_alone(tiny_model):
     from progpo.trainer.actor import Actor, ActorConfig
 
-    actor = Actor(ActorConfig(pretrain=str(tiny_model), lr=2e-4, use_ref=False))
+    actor = Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model), adam=AdamSettings(lr=2e-4)),
+                              use_ref=False))
     assert actor.scheduler is None
     assert _lrs_of_steps(actor, 3, micro_per_step=1) == [2e-4] * 3
 
@@ -60,7 +65,7 @@ def test_schedule_flags_reach_the_actor():
                             "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "16",
                             "--train.batch_size", "64", "--train.num_iterations", "5", "--train.max_epochs", "2"])
     a = cfg.actor_config()
-    assert (a.lr_scheduler, a.lr_warmup_ratio, a.min_lr_ratio) == ("cosine_with_min_lr", 0.1, 0.2)
+    assert (a.actor.lr_scheduler, a.actor.lr_warmup_ratio, a.actor.min_lr_ratio) == ("cosine_with_min_lr", 0.1, 0.2)
     assert a.scheduler_steps == 5 * 2 * 4  # ceil(2 * 16 * 8 / 64) = 4 optimizer steps per epoch at most
     assert isinstance(cfg, TrainConfig)
 

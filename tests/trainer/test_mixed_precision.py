@@ -13,6 +13,7 @@ import torch
 
 from progpo.agents.types import SamplingParams
 from progpo.run.generation import HFGenerator
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, TrainSettings
 from progpo.trainer.sft import mean_nll, sft_epoch
 from progpo.trainer.update import TrainSample, rollout_mismatch
 
@@ -29,8 +30,9 @@ def _samples(seed: int = 0, n: int = 16) -> list[tuple[list[int], list[int]]]:
 def _actor(tiny_model, mixed: str):
     from progpo.trainer.actor import Actor, ActorConfig
 
-    return Actor(ActorConfig(pretrain=str(tiny_model), lr=3e-3, micro_batch_size=4, use_ref=False,
-                             mixed_precision=mixed))
+    return Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model), adam=AdamSettings(lr=3e-3)),
+                             ds=DeepSpeedSettings(mixed_precision=mixed), train=TrainSettings(micro_batch_size=4),
+                             use_ref=False))
 
 
 def _clone(actor, epochs: int) -> list[float]:

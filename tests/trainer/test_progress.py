@@ -10,6 +10,7 @@ from progpo.agents.types import Episode, StepRecord
 from progpo.run.metrics import format_metrics
 from progpo.trainer.loop import signal_metrics
 from progpo.trainer.progress import DEFAULT_SHARES, RunProgress
+from progpo.trainer.settings import TrainSettings
 
 
 def test_position_moves_through_the_stages_by_their_shares():
@@ -109,7 +110,7 @@ def test_update_micro_batch_count_is_hand_computed():
     from progpo.trainer.update import UpdateConfig, num_micro_batches
 
     # 10 samples, mini-batches of 4 -> 4, 4, 2; micro-batches of 2 -> 2 + 2 + 1 = 5 per epoch; 2 epochs
-    assert num_micro_batches(10, UpdateConfig(batch_size=4, epochs=2), 2) == 10
+    assert num_micro_batches(10, UpdateConfig(train=TrainSettings(batch_size=4, max_epochs=2)), 2) == 10
     # 3 samples, one mini-batch of 3, micro-batches of 2 -> 2 per epoch
-    assert num_micro_batches(3, UpdateConfig(batch_size=8, epochs=1), 2) == 2
-    assert num_micro_batches(0, UpdateConfig(batch_size=8, epochs=1), 2) == 0
+    assert num_micro_batches(3, UpdateConfig(train=TrainSettings(batch_size=8, max_epochs=1)), 2) == 2
+    assert num_micro_batches(0, UpdateConfig(train=TrainSettings(batch_size=8, max_epochs=1)), 2) == 0

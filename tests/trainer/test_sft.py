@@ -4,6 +4,7 @@ tiny model on real WebShop expert steps: the loss falls, and the checkpoint star
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import numpy as np
@@ -11,8 +12,11 @@ import pytest
 import torch
 
 from progpo.agents.types import Episode, StepRecord
+from progpo.run.settings import EnvSettings, RolloutSettings
 from progpo.trainer.actor import pack_samples
-from progpo.trainer.sft import SFTConfig, expert_samples, sft_token_loss
+from progpo.trainer.config import SFTSettings
+from progpo.trainer.settings import ActorSettings, AdamSettings, TrainSettings
+from progpo.trainer.sft import expert_samples, sft_token_loss
 
 SFT_PROTOCOL = ["--env.max_steps", "8", "--env.history_length", "2", "--rollout.max_prompt_tokens", "384",
                 "--rollout.max_new_tokens", "160"]
@@ -46,8 +50,8 @@ def test_expert_samples_keep_won_well_formed_steps():
     eps = [_ep(True), _ep(False), _ep(True, failed=True), _ep(True, invalid_at=2)]
     assert expert_samples(eps) == [([1, 0], [2, 0]), ([1, 2], [2, 2]), ([1, 0], [2, 0])]
     assert len(expert_samples(eps, keep_failed=True)) == 5
-    with pytest.raises(ValueError, match="max_epochs"):
-        SFTConfig(epochs=0)
+    with pytest.raises(ValueError, match="--sft.max_epochs"):
+        SFTSettings(max_epochs=0)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +71,9 @@ def expert_steps(tiny_model, webshop_url, shared_data):
     async def go():
         try:
             return await expert_episodes([TaskSpec("train", i) for i in range(3)], env_pool=pool, tokenizer=tok,
-                                         env_name="webshop", make_expert=lambda: WebShopExpert(goals), max_steps=8,
-                                         history_length=2, max_prompt_tokens=384, max_new_tokens=160)
+                                         env=EnvSettings(name="webshop", max_steps=8),
+                                         rollout=RolloutSettings(max_prompt_tokens=384, max_new_tokens=160),
+                                         make_expert=lambda: WebShopExpert(goals))
         finally:
             await pool.close()
 
@@ -93,7 +98,8 @@ def test_sft_lowers_the_loss_on_expert_steps(expert_steps, tiny_model):
     from progpo.trainer.sft import mean_nll, sft_epoch
 
     samples = expert_samples(expert_steps)[:12]
-    actor = Actor(ActorConfig(pretrain=str(tiny_model), lr=3e-3, micro_batch_size=4, use_ref=False))
+    actor = Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model), adam=AdamSettings(lr=3e-3)),
+                              train=TrainSettings(micro_batch_size=4), use_ref=False))
     before = mean_nll(actor, samples)
     rng = np.random.default_rng(0)
     history = [sft_epoch(actor, samples, 6, rng)["loss/sft_nll"] for _ in range(4)]
@@ -201,8 +207,9 @@ def test_sft_collect_draws_only_the_task_range_each_task_once_per_pass(tiny_mode
                       "--env.num_tasks", "3", "--actor.model_name_or_path", "tiny"])
     env = args.env.resolved(pool="local")
     with open_env_pool(env, max_envs=8) as handle:
-        episodes, total = collect(env, AutoTokenizer.from_pretrained(tiny_model), handle, num_tasks=7, seed=0,
-                                  max_prompt_tokens=2048, max_new_tokens=48, progress=False)
+        rollout = dataclasses.replace(args.rollout, max_prompt_tokens=2048, max_new_tokens=48)
+        episodes, total = collect(env, rollout, AutoTokenizer.from_pretrained(tiny_model), handle, num_tasks=7, seed=0,
+                                  progress=False)
     ids = [ep.task_index for ep in episodes]
     assert total == 1_000_000 and len(ids) == 7
     assert sorted(ids[:3]) == sorted(ids[3:6]) == [5, 6, 7] and ids[6] in (5, 6, 7)

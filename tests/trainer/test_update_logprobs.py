@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings, LoraSettings, TrainSettings
 from progpo.trainer.update import TrainSample, UpdateConfig, has_dropout, ppo_update, prepare
 
 
@@ -32,9 +33,11 @@ def _update(actor, cfg, *, defer: bool, same_ref: bool):
 def test_skipped_passes_give_the_update_of_every_pass(tiny_model, lora):
     from progpo.trainer.actor import Actor, ActorConfig
 
-    cfg = UpdateConfig(batch_size=5, epochs=2, kl_coef=0.1)
-    acfg = ActorConfig(pretrain=str(tiny_model), lr=1e-3, micro_batch_size=2, lora_rank=lora, lora_alpha=8,
-                       mixed_precision="off")  # fp32: the two paths agree exactly only without bf16 rounding
+    cfg = UpdateConfig(train=TrainSettings(batch_size=5, max_epochs=2), kl=KLSettings(init_coef=0.1))
+    acfg = ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model), adam=AdamSettings(lr=1e-3)),
+                       ds=DeepSpeedSettings(mixed_precision="off",  # fp32: the two paths agree exactly only without bf16 rounding
+                                            lora=LoraSettings(rank=lora, alpha=8)),
+                       train=TrainSettings(micro_batch_size=2))
     full, lean = Actor(acfg), Actor(acfg)
     assert not has_dropout(lean.model)
     start = {n: p.detach().clone() for n, p in full.model.named_parameters() if p.requires_grad}
@@ -57,7 +60,9 @@ def test_skipped_passes_give_the_update_of_every_pass(tiny_model, lora):
 def test_dropout_keeps_the_behaviour_pass(tiny_model):
     from progpo.trainer.actor import Actor, ActorConfig
 
-    actor = Actor(ActorConfig(pretrain=str(tiny_model), micro_batch_size=2, lora_rank=4, lora_alpha=8, lora_dropout=0.1))
+    actor = Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model)),
+                              ds=DeepSpeedSettings(lora=LoraSettings(rank=4, alpha=8, dropout=0.1)),
+                              train=TrainSettings(micro_batch_size=2)))
     assert has_dropout(actor.model)
-    _, _, calls = _update(actor, UpdateConfig(batch_size=5, kl_coef=0.1), defer=True, same_ref=True)
+    _, _, calls = _update(actor, UpdateConfig(train=TrainSettings(batch_size=5), kl=KLSettings(init_coef=0.1)), defer=True, same_ref=True)
     assert calls == [(12, False)]  # every behaviour log-prob from an eval pass; the reference ones are those

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from progpo.trainer.actor import Actor, ActorConfig
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings, TrainSettings
 from progpo.trainer.update import TrainSample, UpdateConfig, ppo_update, prepare
 
 PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14]]
@@ -32,9 +33,12 @@ def update_metrics(tiny_model):
     """One ``ppo_update`` (one optimizer step) and the plain-model reference values."""
     from transformers import AutoModelForCausalLM
 
-    actor = Actor(ActorConfig(pretrain=str(tiny_model), lr=1e-3, micro_batch_size=2, mixed_precision="off",
-                              zero_stage=1))  # ZeRO >= 1: DeepSpeed reports the gradient norm; fp32 as the reference below
-    cfg = UpdateConfig(batch_size=2, epochs=1, kl_coef=0.01, entropy_coef=ENTROPY_COEF)
+    actor = Actor(ActorConfig(actor=ActorSettings(model_name_or_path=str(tiny_model), adam=AdamSettings(lr=1e-3)),
+                              # ZeRO >= 1: DeepSpeed reports the gradient norm; fp32 as the reference below
+                              ds=DeepSpeedSettings(mixed_precision="off", zero_stage=1),
+                              train=TrainSettings(micro_batch_size=2)))
+    cfg = UpdateConfig(train=TrainSettings(batch_size=2, max_epochs=1), actor=ActorSettings(entropy_coef=ENTROPY_COEF),
+                       kl=KLSettings(init_coef=0.01))
     samples = [TrainSample(p, r, a) for p, r, a in zip(PROMPTS, RESPONSES, ADVANTAGES)]
     metrics = ppo_update(actor, prepare(actor, samples, cfg), cfg, np.random.default_rng(0))
 

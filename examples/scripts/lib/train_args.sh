@@ -77,7 +77,7 @@ progpo_train_args() {
     --env.history_length "${HISTORY_LENGTH:-2}"
     --env.invalid_penalty 0.1
     --env.train_split train
-    --env.num_tasks "$(( tasks * ${TRAIN_ITERS:-$iters} ))"
+    --train.num_iterations "${TRAIN_ITERS:-$iters}"
     --rollout.max_prompt_tokens "${MAX_PROMPT_TOKENS:-$prompt_tokens}"
     --env.max_failed_frac "${MAX_FAILED_FRAC:-0.5}"
     --rollout.batch_size "$tasks"
@@ -88,7 +88,6 @@ progpo_train_args() {
     --data.max_len "${MAX_LEN:-$max_len}"
     --train.batch_size "$train_batch"
     --train.micro_batch_size "$train_micro"
-    --train.num_episodes 1
     --actor.adam.lr "${LR:-1e-6}"
     --actor.lr_scheduler constant_with_warmup
     --actor.lr_warmup_ratio 0
