@@ -457,9 +457,7 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         check_group_size(estimator, o.rollout.n_samples_per_prompt)
     per_step_checks(o, estimator)
     check_engine_gpus(o)
-    rollout = rargs.rollout  # OpenRLHF's --rollout.max_new_tokens, when given, is the response limit
-    if o.rollout.max_new_tokens is not None:
-        rollout = dataclasses.replace(rollout, max_new_tokens=o.rollout.max_new_tokens)
+    rollout = job_rollout(rargs.rollout, o.rollout)
     agent = AgentConfig(env=env, rollout=rollout, env_kwargs=remote_env_kwargs(env))
     check_prompt_budget(rollout.max_prompt_tokens, rollout.max_new_tokens, o.data.max_len,
                         f"--data.max_len {o.data.max_len}")
@@ -479,6 +477,21 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     theirs = {k: v for k, v in ns.items() if k not in ours_keys and not k.startswith("progpo")
               and k != "advantage_estimator"}
     return argparse.Namespace(**{**theirs, **fill, "algo.advantage.estimator": estimator, "progpo": run})
+
+
+#: ``RolloutSettings`` fields that are OpenRLHF's own ``--rollout.*`` flags on ``train_ray``.
+OPENRLHF_ROLLOUT_FIELDS: tuple[str, ...] = ("batch_size", "n_samples_per_prompt", "temperature", "top_p",
+                                           "max_new_tokens")
+
+
+def job_rollout(ours: RolloutSettings, openrlhf_rollout: Any) -> RolloutSettings:
+    """The job's ``--rollout.*`` settings in one object: ours (``max_prompt_tokens``, ...) with the fields
+    OpenRLHF parses itself (:data:`OPENRLHF_ROLLOUT_FIELDS`) taken from its namespace where given, so the
+    episode loop's ``AgentConfig.rollout`` holds the job's values, not our defaults (an unset
+    ``--rollout.max_new_tokens`` keeps ours, the response limit when OpenRLHF's sampling params carry none)."""
+    given = {name: getattr(openrlhf_rollout, name) for name in OPENRLHF_ROLLOUT_FIELDS
+             if getattr(openrlhf_rollout, name, None) is not None}
+    return dataclasses.replace(ours, **given)
 
 
 def openrlhf_view(ns: dict[str, Any]) -> SimpleNamespace:

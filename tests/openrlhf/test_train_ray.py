@@ -319,12 +319,16 @@ def test_the_run_settings_reach_every_actor_through_hierarchize_and_pickle(cli, 
 
     ns = _finalize(cli, BASE + ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--vllm.num_engines",
                                 "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
-                                "--rollout.dynamic_sampling", "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
+                                "--rollout.dynamic_sampling", "--rollout.temperature", "0.7",
+                                "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
     nested = pickle.loads(pickle.dumps(hierarchize(ns)))
     run = cli.launch.ray_run(nested)
     assert run == ns.progpo and run.device == "cpu" and run.dynamic_sampling_max_rounds == 2
     assert run.dump_dir == str(tmp_path / "d") and run.advantage.estimator == "progpo"
     assert run.agent.env.name == "webshop" and run.agent.rollout.max_new_tokens == 512  # --rollout.max_new_tokens unset
+    # the agent's rollout settings hold the job's values of the flags OpenRLHF parses, not our defaults
+    assert (run.agent.rollout.batch_size, run.agent.rollout.n_samples_per_prompt) == (16, 8)
+    assert run.agent.rollout.temperature == 0.7 and run.agent.rollout.top_p == getattr(ns, "rollout.top_p")
     assert not [k for k in vars(ns) if k.startswith("progpo_")]
     assert cli.launch.ray_run(SimpleNamespace()) == cli.launch.RayRun()  # an actor's unit test: the defaults
 
