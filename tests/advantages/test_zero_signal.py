@@ -174,3 +174,43 @@ def test_batch_scope_equals_the_loop_oracle():
         cfg = AdvantageConfig(zero_signal="batch", semantic_expansion=False)
         np.testing.assert_allclose(compute_advantages(batch, cfg).advantages, reference_progpo(batch, cfg, None),
                                    rtol=1e-8, atol=1e-8)
+
+
+def _two_successes_batch() -> StepBatch:
+    """One task, two successes of equal return R = 10 at different lengths: traj 0 room -> desk -> +10
+    (2 steps), traj 1 room -> +10 (1 step). gamma = 0.95: G_0 = 9.5 and 10, so the faster one is better."""
+    return StepBatch.from_lists(
+        uid=["u"] * 3, traj_id=[0, 0, 1], step_index=[0, 1, 0], reward=[0.0, 10.0, 10.0],
+        terminated=[False, True, True], truncated=[False] * 3, invalid=[False] * 3,
+        anchor_obs=["room", "desk", "room"], prefix_key=["u|0|room", "u|1|desk", "u|0|room"],
+        action=["go desk", "put pen", "put pen"])
+
+
+def test_zero_signal_return_discounted_keeps_the_faster_success_by_hand():
+    batch = _two_successes_batch()
+    sd = 0.25 * np.sqrt(2.0)  # sample std of the room group's G (9.5, 10)
+    cases = {
+        # GiGPO: A^E = 0 (equal R); room group (9.5, 10), mean 9.75; the desk step is alone (0)
+        "gigpo": [-0.25 / (sd + 1e-6), 0.0, 0.25 / (sd + 1e-6)],
+        # ProGPO's default: A^E = 0; the t = 0 peer group holds the whole task (rho = 0); Phi(room) = 9.75,
+        # Phi(desk) = 10; C = (0 + 0.95 * 10 - 9.75, 10 - 10, 10 - 9.75) = (-0.25, 0, 0.25), std_u C = 0.25;
+        # GAE (gamma lambda = 0.76) adds 0.76 * 0 to the first step; RMS sqrt(2/3) < 1: no cap
+        "progpo": [-0.25 / (0.25 + 1e-6), 0.0, 0.25 / (0.25 + 1e-6)],
+    }
+    for name, want in cases.items():
+        summed = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="task"))
+        assert np.all(summed.advantages == 0.0)  # equal R: no signal by the sum
+        got = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="task",
+                                                        zero_signal_return="discounted"))
+        assert got.advantages == pytest.approx(want, abs=1e-9), name
+        assert got.diagnostics["adv/frac_equal_return_steps"] == 0.0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_zero_signal_return_discounted_still_zeroes_equal_reward_sequences(name):
+    # the main job's all-invalid batch: every trajectory -0.1 at every step, so G_0 is equal too
+    cfg = AdvantageConfig(estimator=name, zero_signal="task", zero_signal_return="discounted")
+    out = compute_advantages(_all_invalid_batch(), cfg)
+    assert np.all(out.advantages == 0.0)
+    with pytest.raises(ValueError, match="zero_signal_return"):
+        AdvantageConfig(zero_signal_return="mean")
