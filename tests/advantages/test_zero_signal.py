@@ -214,3 +214,26 @@ def test_zero_signal_return_discounted_still_zeroes_equal_reward_sequences(name)
     assert np.all(out.advantages == 0.0)
     with pytest.raises(ValueError, match="zero_signal_return"):
         AdvantageConfig(zero_signal_return="mean")
+
+
+def test_timing_scale_spread_scales_the_timing_only_task_by_its_return_spread_by_hand():
+    # task u: the two successes above (G_0 = 9.5, 10; sample std 0.5 / sqrt 2); task v: one success, one
+    # failure in one step each (G_0 = 10, 0; sample std 10 / sqrt 2): factor for u = 0.05, v keeps 1
+    two = _two_successes_batch()
+    rows = {c: list(getattr(two, c)) for c in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated",
+                                                "invalid", "anchor_obs", "prefix_key", "action")}
+    for c, vals in (("uid", ["v", "v"]), ("traj_id", [2, 3]), ("step_index", [0, 0]), ("reward", [10.0, 0.0]),
+                    ("terminated", [True, True]), ("truncated", [False, False]), ("invalid", [False, False]),
+                    ("anchor_obs", ["hall", "hall"]), ("prefix_key", ["v|0|hall"] * 2), ("action", ["buy", "buy"])):
+        rows[c] += vals
+    batch = StepBatch.from_lists(**rows)
+    cfg = AdvantageConfig(zero_signal_return="discounted", timing_scale="spread")
+    # v: A^E = +-5 / (sd + eps); C = +-5 (Phi(hall) = 5), C^ = +-5 / (sd + eps); rho = 0 (whole-task peer group)
+    v = 5.0 / (10.0 / np.sqrt(2.0) + 1e-6)
+    u = 0.25 / (0.25 + 1e-6)  # ProGPO's credit on u, as in the test above
+    want = [-0.05 * u, 0.0, 0.05 * u, 2 * v, -2 * v]  # RMS sqrt((4 v^2 + 2 (0.05 u)^2) / 5) < 1: no cap
+    got = compute_advantages(batch, cfg).advantages
+    assert got == pytest.approx(want, abs=1e-9)
+    unit = compute_advantages(batch, AdvantageConfig(zero_signal_return="discounted")).advantages
+    f = 1.0 / np.sqrt((2 * u * u + 8 * v * v) / 5)  # unit: RMS sqrt(6 / 5) > 1, so rms_cap scales the batch
+    assert unit == pytest.approx([-u * f, 0.0, u * f, 2 * v * f, -2 * v * f], abs=1e-9)
