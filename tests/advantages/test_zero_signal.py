@@ -8,6 +8,8 @@ credit, which the ``C / std_u C`` normalisation otherwise blows up to unit size.
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from progpo.advantages import ESTIMATORS, AdvantageConfig, StepBatch, compute_advantages, config_from_preset
 from progpo.advantages.synthetic import HashEncoder, random_batch
@@ -237,3 +239,42 @@ def test_timing_scale_spread_scales_the_timing_only_task_by_its_return_spread_by
     unit = compute_advantages(batch, AdvantageConfig(zero_signal_return="discounted")).advantages
     f = 1.0 / np.sqrt((2 * u * u + 8 * v * v) / 5)  # unit: RMS sqrt(6 / 5) > 1, so rms_cap scales the batch
     assert unit == pytest.approx([-u * f, 0.0, u * f, 2 * v * f, -2 * v * f], abs=1e-9)
+
+
+# an episode: (length 1..4, final reward 0 or 10, observation of each step from a small set)
+_EPISODE = st.tuples(st.integers(1, 4), st.sampled_from([0.0, 10.0]), st.lists(st.sampled_from("abc"), min_size=4,
+                                                                                 max_size=4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(tasks=st.lists(st.lists(_EPISODE, min_size=1, max_size=4), min_size=1, max_size=4))
+def test_zero_signal_return_discounted_changes_only_the_timing_only_tasks(tasks):
+    # every form of task: one episode, all won at equal or different lengths, all lost, mixed; with
+    # rms_cap = 0 each task's advantages depend on that task alone, so per task: equal G_0 -> 0; an R
+    # spread -> as with the sum; equal R but unequal G_0 -> as without zeroing (zero_signal off)
+    cols = {k: [] for k in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated", "invalid",
+                            "anchor_obs", "prefix_key", "action")}
+    g0, tid = {}, 0
+    for u, episodes in enumerate(tasks):
+        for length, final, obs in episodes:
+            for t in range(length):
+                last = t == length - 1
+                row = (f"u{u}", tid, t, final if last else 0.0, last and final > 0, last and final == 0, False,
+                       obs[t], f"u{u}|{t}|{''.join(obs[:t + 1])}", "act")
+                for k, v in zip(cols, row):
+                    cols[k].append(v)
+            g0.setdefault(u, []).append(final * 0.95 ** (length - 1))
+            tid += 1
+    batch = StepBatch.from_lists(**cols)
+    task = np.asarray([int(x[1:]) for x in cols["uid"]])
+    r_equal = {u: len({e[1] for e in eps}) == 1 for u, eps in enumerate(tasks)}
+    g_equal = {u: max(v) - min(v) <= 1e-12 * max(abs(x) for x in v) for u, v in g0.items()}
+    for name in ALL:
+        kw = dict(estimator=name, rms_cap=0.0, semantic_expansion=False)
+        disc = compute_advantages(batch, AdvantageConfig(**kw, zero_signal="task", zero_signal_return="discounted"))
+        summed = compute_advantages(batch, AdvantageConfig(**kw, zero_signal="task")).advantages
+        off = compute_advantages(batch, AdvantageConfig(**kw, zero_signal="off")).advantages
+        for u in range(len(tasks)):
+            rows = task == u
+            want = 0.0 * off[rows] if g_equal[u] else (summed[rows] if not r_equal[u] else off[rows])
+            np.testing.assert_array_equal(disc.advantages[rows], want, err_msg=f"{name} task {u}")
