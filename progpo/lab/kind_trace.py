@@ -1,7 +1,7 @@
 """``python -m progpo.cli.bench kinds``: each row's advantage against the exact one, per kind of step.
 
 Trains the learning benchmark's learner (:func:`progpo.lab.learner.train_run`'s update, same batches for a
-given seed) along one row's path (``--path``, ProGPO's default unless told) and, every ``--every``
+given seed) along one row's path (``--path-row``, ProGPO's default unless told) and, every ``--every``
 iterations, computes every ``--rows`` row's advantages *on the same batch* and the exact advantage ``A*`` of
 the learner's current policy (:func:`progpo.lab.engine.exact_advantages`). Each step gets the kinds of
 :func:`step_kinds` (a step can have several); per row and kind the table prints:
@@ -205,7 +205,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--family", default="alfworld", help="task family: alfworld | webshop")
     ap.add_argument("--regime", choices=("fixed", "fresh"), default="fresh")
     ap.add_argument("--task-seed", type=int, default=1)
-    ap.add_argument("--path", default="progpo", help="the row whose advantages train the learner")
+    ap.add_argument("--path-row", dest="path", default="progpo", help="the row whose advantages train the learner")
     ap.add_argument("--rows", default="progpo,gigpo,g2po", help="rows compared on the same batches")
     ap.add_argument("--lr", type=float, default=3.0)
     ap.add_argument("--seeds", type=int, default=3, help="training seeds 0..n-1")
@@ -227,7 +227,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.path_v = select_variants([args.path])[0]
     args.rows_v = select_variants([r.strip() for r in args.rows.split(",") if r.strip()])
     if args.path_v.exact or any(r.exact for r in args.rows_v):
-        raise ValueError("--path/--rows: the oracle row is the truth itself; name estimator rows")
+        raise ValueError("--path-row/--rows: the oracle row is the truth itself; name estimator rows")
     return args
 
 
