@@ -136,7 +136,10 @@ def kind_trace(ctx: Context, path_row, rows: Sequence, lr: float, seeds: Sequenc
     return {name: {k: _finish(a, total) for k, a in by_kind.items()} for name, by_kind in acc.items()}
 
 
-def _probe(ctx: Context, g, p, roll, rows, kcfg, sign_threshold, acc) -> None:
+def _probe(ctx: Context, g: engine.Graph, p: np.ndarray, roll: engine.Rollout, rows: Sequence,
+           kcfg: AdvantageConfig, sign_threshold: float, acc: dict) -> None:
+    """Add one batch to ``acc`` (row -> kind -> running sums): ``A*`` of policy ``p`` ``[Nsa]`` on ``roll``
+    (``[S]``), each row's ``[S]`` advantages, the kinds of :func:`step_kinds` under ``kcfg``."""
     astar = engine.exact_advantages(g, p, roll)[0]
     sd_star = float(np.std(astar)) or 1.0
     masks = step_kinds(roll.batch, kcfg)
