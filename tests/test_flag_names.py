@@ -50,6 +50,7 @@ CONCEPTS = {
 DIFFERENT = {
     ("bench learning", "--lr"): "the tabular/feature policy's step size on its logits, not AdamW's learning rate",
     ("progpo.lab.collapse_trace", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
+    ("bench kinds", "--lr"): "the tabular/feature policy's step size on its logits, not AdamW's learning rate",
     ("progpo.lab.learning_probe", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
     ("bench fidelity", "--env"): "a mode, synthetic families or real ALFWorld, not a registered env id",
     ("bench fidelity", "--n-rollouts"): "a grid of group sizes compared side by side, not one run's group size",

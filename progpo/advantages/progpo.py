@@ -244,6 +244,30 @@ def cap_rms(p: Prepared, adv: np.ndarray) -> tuple[np.ndarray, float]:
     return adv * f, f
 
 
+def timing_factor(p: Prepared) -> np.ndarray:
+    """``[S]`` factor of ``timing_scale='spread'`` (1 with ``unit`` or ``zero_signal_return='sum'``).
+
+    Timing-only tasks (every ``R_i`` equal, the ``G_{i,0}`` not: :func:`equal_return_tasks` by ``sum`` and not by
+    ``discounted``) get ``min(1, sd_u(G_0) / sd_ref)``, ``sd_u`` the sample std of the task's ``G_{i,0}``
+    (``[M]`` -> per task), ``sd_ref = sqrt(mean over the tasks v with an R spread of sd_v(G_0)**2)``; every
+    other step, and every step of a batch without an R spread, gets 1.
+    """
+    if p.cfg.timing_scale == "unit" or p.cfg.zero_signal_return == "sum":
+        return np.ones(p.S)
+    flat_sum = equal_return_tasks(p, "sum")
+    timing = flat_sum & ~equal_return_tasks(p, "discounted")
+    if not np.any(timing) or np.all(flat_sum):
+        return np.ones(p.S)
+    g0 = p.G[p.first]
+    cnt, _, ssd = group_stats(p.traj_task, p.n_tasks, g0)
+    sd = sample_std(cnt, ssd)
+    signal = np.zeros(p.n_tasks, dtype=bool)
+    signal[p.task[~flat_sum]] = True
+    ref = float(np.sqrt(np.mean(sd[signal] ** 2)))
+    factor = np.minimum(1.0, sd / ref) if ref > 0 else np.ones(p.n_tasks)
+    return np.where(timing, factor[p.task], 1.0)
+
+
 def _tick(timings: dict | None, stage: str, t0: float) -> None:
     if timings is not None:
         timings[stage] = timings.get(stage, 0.0) + (time.perf_counter() - t0) * 1e3
@@ -293,7 +317,7 @@ def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | N
     if not cfg.use_potential:
         c_hat = np.zeros(p.S)
     step = np.where(rho > 0, rho * a_p, 0.0) + (1.0 - rho) * c_hat
-    adv, diag["adv/rms_scale"] = cap_rms(p, cfg.beta_episode * a_e + cfg.omega * step)
+    adv, diag["adv/rms_scale"] = cap_rms(p, (cfg.beta_episode * a_e + cfg.omega * step) * timing_factor(p))
     _tick(timings, "fusion", t0)
     return finish(p, adv, diag)
 

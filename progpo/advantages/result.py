@@ -52,13 +52,18 @@ def pool_size_diagnostics(p: Prepared) -> dict[str, float]:
     return out
 
 
-def equal_return_tasks(p: Prepared) -> np.ndarray:
-    """``[S]`` bool: the step's task has no return signal, every trajectory's episode return R equal
-    (up to float rounding: range <= 1e-12 * max |R| of the task). A one-trajectory task counts."""
+def equal_return_tasks(p: Prepared, which: str | None = None) -> np.ndarray:
+    """``[S]`` bool: the step's task has no return signal, every trajectory's episode return equal
+    (up to float rounding: range <= 1e-12 * max |return| of the task). A one-trajectory task counts.
+
+    ``which`` (default ``p.cfg.zero_signal_return``): ``sum`` compares ``R_i = sum_t r_{i,t}``,
+    ``discounted`` compares ``G_{i,0} = sum_t gamma^t r_{i,t}`` (``[M]``, the first step's return-to-go).
+    """
+    ret = p.G[p.first] if (which or p.cfg.zero_signal_return) == "discounted" else p.R
     hi = np.full(p.n_tasks, -np.inf)
     lo = np.full(p.n_tasks, np.inf)
-    np.maximum.at(hi, p.traj_task, p.R)
-    np.minimum.at(lo, p.traj_task, p.R)
+    np.maximum.at(hi, p.traj_task, ret)
+    np.minimum.at(lo, p.traj_task, ret)
     scale = np.maximum(np.abs(hi), np.abs(lo))
     return ((hi - lo) <= 1e-12 * scale)[p.task]
 

@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "fidelity": ("progpo.lab.fidelity", "credit-assignment fidelity vs exact truth (synthetic families, ALFWorld)"),
     "learning": ("progpo.lab.learning", "learning speed per estimator (lr sweep, censored stats, on-policy fidelity)"),
     "learning-lm": ("progpo.lab.learning_lm", "the same with a transformer policy trained by the product's trainer"),
+    "kinds": ("progpo.lab.kind_trace", "each estimator's advantage against the exact one, per kind of step"),
     "clone": ("progpo.lab.clone_probe", "a warm-started policy's agreement with the expert, per kind of decision"),
     "alfworld": ("progpo.bench.alfworld", "ALFWorld reset/step latency, Ray pool throughput"),
     "webshop": ("progpo.bench.webshop", "WebShop server start time, RSS, step latency"),

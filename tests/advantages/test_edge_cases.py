@@ -170,6 +170,7 @@ BAD_VALUES = {
     "eta": 0.0, "potential_estimator": "td", "credit": "value", "state_key": "inventory",
     "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none", "sigma2_floor_ref": "reward",
     "credit_lambda": 1.5, "zero_signal": "on", "rms_cap": -1.0, "g2po_edge": "released",
+    "zero_signal_return": "mean", "timing_scale": "half",
 }
 
 

@@ -8,6 +8,8 @@ credit, which the ``C / std_u C`` normalisation otherwise blows up to unit size.
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from progpo.advantages import ESTIMATORS, AdvantageConfig, StepBatch, compute_advantages, config_from_preset
 from progpo.advantages.synthetic import HashEncoder, random_batch
@@ -174,3 +176,105 @@ def test_batch_scope_equals_the_loop_oracle():
         cfg = AdvantageConfig(zero_signal="batch", semantic_expansion=False)
         np.testing.assert_allclose(compute_advantages(batch, cfg).advantages, reference_progpo(batch, cfg, None),
                                    rtol=1e-8, atol=1e-8)
+
+
+def _two_successes_batch() -> StepBatch:
+    """One task, two successes of equal return R = 10 at different lengths: traj 0 room -> desk -> +10
+    (2 steps), traj 1 room -> +10 (1 step). gamma = 0.95: G_0 = 9.5 and 10, so the faster one is better."""
+    return StepBatch.from_lists(
+        uid=["u"] * 3, traj_id=[0, 0, 1], step_index=[0, 1, 0], reward=[0.0, 10.0, 10.0],
+        terminated=[False, True, True], truncated=[False] * 3, invalid=[False] * 3,
+        anchor_obs=["room", "desk", "room"], prefix_key=["u|0|room", "u|1|desk", "u|0|room"],
+        action=["go desk", "put pen", "put pen"])
+
+
+def test_zero_signal_return_discounted_keeps_the_faster_success_by_hand():
+    batch = _two_successes_batch()
+    sd = 0.25 * np.sqrt(2.0)  # sample std of the room group's G (9.5, 10)
+    cases = {
+        # GiGPO: A^E = 0 (equal R); room group (9.5, 10), mean 9.75; the desk step is alone (0)
+        "gigpo": [-0.25 / (sd + 1e-6), 0.0, 0.25 / (sd + 1e-6)],
+        # ProGPO's default: A^E = 0; the t = 0 peer group holds the whole task (rho = 0); Phi(room) = 9.75,
+        # Phi(desk) = 10; C = (0 + 0.95 * 10 - 9.75, 10 - 10, 10 - 9.75) = (-0.25, 0, 0.25), std_u C = 0.25;
+        # GAE (gamma lambda = 0.76) adds 0.76 * 0 to the first step; RMS sqrt(2/3) < 1: no cap
+        "progpo": [-0.25 / (0.25 + 1e-6), 0.0, 0.25 / (0.25 + 1e-6)],
+    }
+    for name, want in cases.items():
+        summed = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="task"))
+        assert np.all(summed.advantages == 0.0)  # equal R: no signal by the sum
+        got = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="task",
+                                                        zero_signal_return="discounted"))
+        assert got.advantages == pytest.approx(want, abs=1e-9), name
+        assert got.diagnostics["adv/frac_equal_return_steps"] == 0.0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_zero_signal_return_discounted_still_zeroes_equal_reward_sequences(name):
+    # the main job's all-invalid batch: every trajectory -0.1 at every step, so G_0 is equal too
+    cfg = AdvantageConfig(estimator=name, zero_signal="task", zero_signal_return="discounted")
+    out = compute_advantages(_all_invalid_batch(), cfg)
+    assert np.all(out.advantages == 0.0)
+    with pytest.raises(ValueError, match="zero_signal_return"):
+        AdvantageConfig(zero_signal_return="mean")
+
+
+def test_timing_scale_spread_scales_the_timing_only_task_by_its_return_spread_by_hand():
+    # task u: the two successes above (G_0 = 9.5, 10; sample std 0.5 / sqrt 2); task v: one success, one
+    # failure in one step each (G_0 = 10, 0; sample std 10 / sqrt 2): factor for u = 0.05, v keeps 1
+    two = _two_successes_batch()
+    rows = {c: list(getattr(two, c)) for c in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated",
+                                                "invalid", "anchor_obs", "prefix_key", "action")}
+    for c, vals in (("uid", ["v", "v"]), ("traj_id", [2, 3]), ("step_index", [0, 0]), ("reward", [10.0, 0.0]),
+                    ("terminated", [True, True]), ("truncated", [False, False]), ("invalid", [False, False]),
+                    ("anchor_obs", ["hall", "hall"]), ("prefix_key", ["v|0|hall"] * 2), ("action", ["buy", "buy"])):
+        rows[c] += vals
+    batch = StepBatch.from_lists(**rows)
+    cfg = AdvantageConfig(zero_signal_return="discounted", timing_scale="spread")
+    # v: A^E = +-5 / (sd + eps); C = +-5 (Phi(hall) = 5), C^ = +-5 / (sd + eps); rho = 0 (whole-task peer group)
+    v = 5.0 / (10.0 / np.sqrt(2.0) + 1e-6)
+    u = 0.25 / (0.25 + 1e-6)  # ProGPO's credit on u, as in the test above
+    want = [-0.05 * u, 0.0, 0.05 * u, 2 * v, -2 * v]  # RMS sqrt((4 v^2 + 2 (0.05 u)^2) / 5) < 1: no cap
+    got = compute_advantages(batch, cfg).advantages
+    assert got == pytest.approx(want, abs=1e-9)
+    unit = compute_advantages(batch, AdvantageConfig(zero_signal_return="discounted")).advantages
+    f = 1.0 / np.sqrt((2 * u * u + 8 * v * v) / 5)  # unit: RMS sqrt(6 / 5) > 1, so rms_cap scales the batch
+    assert unit == pytest.approx([-u * f, 0.0, u * f, 2 * v * f, -2 * v * f], abs=1e-9)
+
+
+# an episode: (length 1..4, final reward 0 or 10, observation of each step from a small set)
+_EPISODE = st.tuples(st.integers(1, 4), st.sampled_from([0.0, 10.0]), st.lists(st.sampled_from("abc"), min_size=4,
+                                                                                 max_size=4))
+
+
+@settings(max_examples=60, deadline=None)
+@given(tasks=st.lists(st.lists(_EPISODE, min_size=1, max_size=4), min_size=1, max_size=4))
+def test_zero_signal_return_discounted_changes_only_the_timing_only_tasks(tasks):
+    # every form of task: one episode, all won at equal or different lengths, all lost, mixed; with
+    # rms_cap = 0 each task's advantages depend on that task alone, so per task: equal G_0 -> 0; an R
+    # spread -> as with the sum; equal R but unequal G_0 -> as without zeroing (zero_signal off)
+    cols = {k: [] for k in ("uid", "traj_id", "step_index", "reward", "terminated", "truncated", "invalid",
+                            "anchor_obs", "prefix_key", "action")}
+    g0, tid = {}, 0
+    for u, episodes in enumerate(tasks):
+        for length, final, obs in episodes:
+            for t in range(length):
+                last = t == length - 1
+                row = (f"u{u}", tid, t, final if last else 0.0, last and final > 0, last and final == 0, False,
+                       obs[t], f"u{u}|{t}|{''.join(obs[:t + 1])}", "act")
+                for k, v in zip(cols, row):
+                    cols[k].append(v)
+            g0.setdefault(u, []).append(final * 0.95 ** (length - 1))
+            tid += 1
+    batch = StepBatch.from_lists(**cols)
+    task = np.asarray([int(x[1:]) for x in cols["uid"]])
+    r_equal = {u: len({e[1] for e in eps}) == 1 for u, eps in enumerate(tasks)}
+    g_equal = {u: max(v) - min(v) <= 1e-12 * max(abs(x) for x in v) for u, v in g0.items()}
+    for name in ALL:
+        kw = dict(estimator=name, rms_cap=0.0, semantic_expansion=False)
+        disc = compute_advantages(batch, AdvantageConfig(**kw, zero_signal="task", zero_signal_return="discounted"))
+        summed = compute_advantages(batch, AdvantageConfig(**kw, zero_signal="task")).advantages
+        off = compute_advantages(batch, AdvantageConfig(**kw, zero_signal="off")).advantages
+        for u in range(len(tasks)):
+            rows = task == u
+            want = 0.0 * off[rows] if g_equal[u] else (summed[rows] if not r_equal[u] else off[rows])
+            np.testing.assert_array_equal(disc.advantages[rows], want, err_msg=f"{name} task {u}")
