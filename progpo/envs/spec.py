@@ -85,6 +85,10 @@ class EnvSpec:
         id: registry name, the ``--env.name`` value.
         entry_point: ``"module:Class"`` of the env (``TextEnv`` protocol, ``progpo.envs.base``).
         max_steps: default decisions per episode (``--env.max_steps``; the GiGPO protocol's limits).
+        demo_max_steps: decisions per episode of the one-machine main job (``examples/scripts/run_local.sh``,
+            a few CPU iterations): enough for the scripted expert to finish most tasks, so the warm-started
+            model's groups differ in return, and no more (every step costs a generate call on 2 cores).
+            WebShop 6 (its expert needs 4.85 steps on average), ALFWorld 8. None: ``max_steps``.
         splits: task splits the env serves; the first is the default training split.
         eval_split: default split of ``evaluate`` and of evaluation during training.
         template: ``"module:OBJECT"`` of its :class:`PromptTemplate`.
@@ -138,6 +142,7 @@ class EnvSpec:
     pool: str = "local"
     reports_score: bool = False
     language_rule: bool = True
+    demo_max_steps: int | None = None
     kwargs: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
@@ -147,6 +152,9 @@ class EnvSpec:
                 raise ValueError(f"EnvSpec {self.id!r}: {name} must be a 'module:attribute' string, got {ref!r}")
         if self.max_steps < 1:
             raise ValueError(f"EnvSpec {self.id!r}: max_steps must be >= 1, got {self.max_steps}")
+        if self.demo_max_steps is not None and not 1 <= self.demo_max_steps <= self.max_steps:
+            raise ValueError(f"EnvSpec {self.id!r}: demo_max_steps must be in 1..max_steps ({self.max_steps}), "
+                             f"got {self.demo_max_steps}")
         if not self.splits or self.eval_split not in self.splits:
             raise ValueError(f"EnvSpec {self.id!r}: eval_split {self.eval_split!r} must be one of splits {self.splits}")
         if self.pool not in POOLS:

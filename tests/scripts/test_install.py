@@ -78,7 +78,9 @@ def test_install_rejects_unknown_arguments():
 def test_main_job_script_rejects_a_bad_env_before_installing():
     res = subprocess.run(["bash", "examples/scripts/run_local.sh"], cwd=REPO, capture_output=True, text=True,
                          env=dict(os.environ, ENV="atari"))
-    assert res.returncode == 2 and "ENV must be webshop or alfworld" in res.stderr
+    (line,) = res.stderr.splitlines()
+    assert res.returncode == 2 and line.startswith("run_local.sh: ENV=atari: ") and "unknown env 'atari'" in line
+    assert "registered:" in line and "webshop" in line
     assert "[install]" not in res.stderr
 
 

@@ -167,9 +167,6 @@ def test_a_throw_away_env_s_spec_reaches_the_launch_args(tmp_path):
 
 ENV_NAME_TEST = re.compile(r"""(==?|!=)\s*["']?({names})["']?\s*\]|^\s*\(?({names})\)""".format(
     names="|".join(re.escape(n) for n in sorted(env_ids(), key=len, reverse=True))), re.MULTILINE)
-#: the one per-env literal left in the scripts: run_local.sh's short demo step limits (6 WebShop, 8 ALFWorld),
-#: a choice of that demo, not a fact of the env (the spec's are the protocol's 15 / 50).
-DEMO_STEP_LIMITS = {"examples/scripts/run_local.sh": 2}
 
 
 def test_no_launch_script_branches_on_an_env_name():
@@ -179,7 +176,7 @@ def test_no_launch_script_branches_on_an_env_name():
         hits = ENV_NAME_TEST.findall(path.read_text(encoding="utf-8"))
         if hits:
             found[str(path.relative_to(REPO))] = len(hits)
-    assert found == DEMO_STEP_LIMITS
+    assert found == {}
     assert ENV_NAME_TEST.findall('if [ "$ENV_NAME" = webshop ]; then\n  alfworld) x ;;\n[[ $e == "alfworld_like" ]]') \
         == [("=", "webshop", ""), ("", "", "alfworld"), ("==", "alfworld_like", "")]
 
@@ -424,3 +421,7 @@ def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
         cfg.actor.model_name_or_path, cfg.ds.mixed_precision)
     alf = config_from_args(_dry_run(SCRIPTS / "run_local.sh", ENV="alfworld")[3:])
     assert alf.env.name == "alfworld" and alf.sft.num_tasks >= 1
+    # the step limits come from the specs (demo_max_steps), not from the script
+    assert (cfg.env.max_steps, alf.env.max_steps) == (spec("webshop").demo_max_steps, spec("alfworld").demo_max_steps)
+    synthetic = config_from_args(_dry_run(SCRIPTS / "run_local.sh", ENV="alfworld_like")[3:])
+    assert synthetic.env.max_steps == spec("alfworld_like").max_steps  # no demo limit: the spec's max_steps
