@@ -181,11 +181,13 @@ def test_no_launch_script_branches_on_an_env_name():
         == [("=", "webshop", ""), ("", "", "alfworld"), ("==", "alfworld_like", "")]
 
 
-def test_an_unknown_env_stops_the_launch_args_in_one_line_naming_it():
-    res = _train_args(ENV_NAME="sokoban")
+@pytest.mark.parametrize("name", ["sokoban", " webshop", "-h", "--help", "--x", "-"])
+def test_an_unknown_env_stops_the_launch_args_in_one_line_naming_it(name):
+    """Also a name that begins with "-" (the envs CLI read -h as its option and printed its usage as facts)."""
+    res = _train_args(ENV_NAME=name, WEBSHOP_URL="http://h:1")
     assert res.returncode != 0 and res.stdout == ""
     (line,) = res.stderr.splitlines()
-    assert "unknown env 'sokoban'; registered:" in line
+    assert f"unknown env {name!r}; registered:" in line
 
 
 SLURM = SCRIPTS / "slurm_train_ray.sbatch"

@@ -139,9 +139,9 @@ progpo_train_args() {
 }
 
 # progpo_env_fact FIELD...: print fields of ENV_NAME's env spec, one a line (python3 -m progpo.cli.envs get;
-# an unknown env or field: one line naming it, status 2).
+# an unknown env or field: one line naming it, status 2; "--": a name that begins with "-" is no option).
 progpo_env_fact() {
-  python3 -m progpo.cli.envs get "${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list)}" "$@"
+  python3 -m progpo.cli.envs get -- "${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list)}" "$@"
 }
 
 # progpo_min A B: print the smaller of two integers, at least 1.
