@@ -279,6 +279,26 @@ def test_a_tp_the_gpus_cannot_take_stops_the_script_in_one_line(tp):
     assert line.startswith(f"progpo: VLLM_TP={tp}" if tp.isdigit() and tp != "0" else f"progpo: VLLM_TP='{tp}'")
 
 
+@pytest.mark.parametrize("dry", ["1", "0"])
+@pytest.mark.parametrize("name, value", [
+    ("NUM_NODES", "abc"), ("NUM_NODES", "2x"), ("NUM_NODES", "1.5"), ("NUM_NODES", "-1"), ("NUM_NODES", "a[$(touch x)]"),
+    ("GPUS_PER_NODE", "0"), ("GPUS_PER_NODE", "eight"), ("VLLM_TP", "3"), ("VLLM_TP", "two"),
+])
+def test_a_bad_size_stops_the_one_node_script_in_one_line_before_the_server_starts(tmp_path, dry, name, value):
+    """NUM_NODES was compared with ``[ -gt ]`` before it was checked (a second line: "integer expression
+    expected"), and a real run started the WebShop server before the sizes were checked (exit 1 on the
+    server's start-up error, a log folder left behind)."""
+    logs = tmp_path / "logs"
+    res = subprocess.run(["bash", str(SCRIPTS / "train_progpo_webshop.sh")], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60,
+                         env=dict(os.environ, PROGPO_DRY_RUN=dry, PROGPO_LOG_DIR=str(logs), WEBSHOP_START_TIMEOUT="2",
+                                  WEBSHOP_DATA_DIR=str(tmp_path / "no_data"), **{name: value}))
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"progpo: {name}=") and not logs.exists()
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("extra, flag, says", [
     # the issue's command line: 8 engines x TP 2 = 16 GPUs colocated on 8
     (["--vllm.tensor_parallel_size", "2"], "--vllm.num_engines",
