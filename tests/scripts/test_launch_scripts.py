@@ -190,6 +190,31 @@ def test_an_unknown_env_stops_the_launch_args_in_one_line_naming_it(name):
     assert f"unknown env {name!r}; registered:" in line
 
 
+WHOLE_NUMBER_SETTINGS = ("MAX_STEPS", "TRAIN_ITERS", "TASKS_PER_ITER", "ROLLOUTS_PER_TASK", "TRAIN_BATCH_SIZE",
+                         "ROLLOUT_MICRO_BATCH", "TRAIN_MICRO_BATCH", "MAX_ROLLOUT_MICRO_BATCH", "MAX_TRAIN_MICRO_BATCH",
+                         "VLLM_NUM_ENGINES", "MAX_NEW_TOKENS", "MAX_PROMPT_TOKENS", "MAX_LEN", "EVAL_TASKS", "EVAL_EVERY")
+
+
+@pytest.mark.parametrize("name", WHOLE_NUMBER_SETTINGS)
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "1.5", "1e3", " 8", "8x", "08x", "PWD[$(touch x)]"])
+def test_a_whole_number_setting_that_is_none_stops_the_launch_args_in_one_line(tmp_path, name, value):
+    """Each went into bash arithmetic or the command unchecked: TASKS_PER_ITER=abc stopped on "abc: unbound
+    variable" (status 1), TRAIN_BATCH_SIZE=x printed a command with an empty micro batch (status 0),
+    ``PWD[$(touch x)]`` ran the command inside (bash arithmetic evaluates array subscripts)."""
+    res = _train_args(cwd=tmp_path, ENV_NAME="alfworld", **{name: value})
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"progpo: {name}=") and "must be a whole number >= 1" in line
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("name", WHOLE_NUMBER_SETTINGS)
+def test_a_whole_number_setting_with_a_leading_zero_is_read_in_base_10(name):
+    res = _train_args(ENV_NAME="alfworld", **{"EVAL_TASKS": "2", name: "08"})
+    assert res.returncode == 0, res.stderr
+    assert "08" not in res.stdout.splitlines()
+
+
 SLURM = SCRIPTS / "slurm_train_ray.sbatch"
 
 

@@ -9,8 +9,9 @@
 # `python3 -m progpo.cli.envs get ENV_NAME max_steps eval_split pool server`: the step limit (MAX_STEPS
 # overrides), the eval split (EVAL_SPLIT overrides), the Ray env-actor flags for an env on the ray pool,
 # and --env.url (WEBSHOP_URL) for an env served by a server the scripts start (WebShop's; progpo_env_fact).
-# Every default can be overridden by the environment variable named next to it; any extra flag
-# given to a launch script is appended last and wins (argparse keeps the last value).
+# Every default can be overridden by the environment variable named next to it (a whole-number one that is
+# not a whole number >= 1 stops the script in one line naming it); any extra flag given to a launch script
+# is appended last and wins (argparse keeps the last value).
 #
 # Inputs: ESTIMATOR (progpo|gigpo|grpo|rloo|hgpo), ENV_NAME (a registered env: webshop, alfworld, ...),
 # WEBSHOP_URL (an env with a server: webshop).
@@ -40,6 +41,16 @@ progpo_train_args() {
   local model=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
   local nodes gpus tp=${VLLM_TP:-1}
   nodes=$(progpo_positive NUM_NODES "${NUM_NODES:-1}") || return 2
+  # the whole-number overrides, checked before any reaches bash arithmetic (which would run a $(...) in an
+  # array subscript) or the command; a function-local copy holds the base-10 value (08 -> 8)
+  local name value
+  for name in MAX_STEPS TRAIN_ITERS TASKS_PER_ITER ROLLOUTS_PER_TASK TRAIN_BATCH_SIZE ROLLOUT_MICRO_BATCH \
+      TRAIN_MICRO_BATCH MAX_ROLLOUT_MICRO_BATCH MAX_TRAIN_MICRO_BATCH VLLM_NUM_ENGINES MAX_NEW_TOKENS \
+      MAX_PROMPT_TOKENS MAX_LEN EVAL_TASKS EVAL_EVERY; do
+    [ -n "${!name:-}" ] || continue
+    value=$(progpo_positive "$name" "${!name}") || return 2
+    local "$name=$value"
+  done
   local spec_out
   spec_out=$(progpo_env_fact max_steps eval_split pool server) || return 2
   local -a spec_facts
