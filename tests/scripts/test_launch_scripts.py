@@ -215,6 +215,18 @@ def test_a_whole_number_setting_with_a_leading_zero_is_read_in_base_10(name):
     assert "08" not in res.stdout.splitlines()
 
 
+@pytest.mark.parametrize("env", env_ids())
+@pytest.mark.parametrize("split", ["nosuch", "TRAIN", "train ", "-h", "valid seen", "*", "t*", "$(touch x)"])
+def test_an_eval_split_the_env_has_not_stops_the_launch_args_in_one_line(tmp_path, env, split):
+    """EVAL_SPLIT went into the command unchecked (a dry run printed it, status 0; a real run started the
+    env's server before train_ray refused it)."""
+    res = _train_args(cwd=tmp_path, ENV_NAME=env, EVAL_TASKS="2", EVAL_SPLIT=split, WEBSHOP_URL="http://h:1")
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("progpo: EVAL_SPLIT=") and f"not a split of {env}" in line
+    assert all(s in line for s in spec(env).splits) and not (tmp_path / "x").exists()
+
+
 SLURM = SCRIPTS / "slurm_train_ray.sbatch"
 
 

@@ -52,10 +52,14 @@ progpo_train_args() {
     local "$name=$value"
   done
   local spec_out
-  spec_out=$(progpo_env_fact max_steps eval_split pool server) || return 2
+  spec_out=$(progpo_env_fact max_steps eval_split pool server splits) || return 2
   local -a spec_facts
   mapfile -t spec_facts <<<"$spec_out"
-  local max_steps=${spec_facts[0]} eval_split=${spec_facts[1]} pool=${spec_facts[2]} server=${spec_facts[3]:-}
+  local max_steps=${spec_facts[0]} eval_split=${spec_facts[1]} pool=${spec_facts[2]} server=${spec_facts[3]}
+  if [ -n "${EVAL_SPLIT:-}" ] && [[ " ${spec_facts[4]} " != *" $EVAL_SPLIT "* || $EVAL_SPLIT == *" "* ]]; then
+    echo "progpo: EVAL_SPLIT=${EVAL_SPLIT@Q} is not a split of $env_name (${spec_facts[4]})" >&2
+    return 2
+  fi
   # the protocol's sizes; the CPU profile shrinks them (each still overridable)
   local tasks=16 rollouts=8 iters=160 new_tokens=512 prompt_tokens=2048 max_len=2560
   local max_train_micro=8 max_rollout_micro=16 save_steps=20
