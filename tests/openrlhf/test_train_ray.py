@@ -101,6 +101,19 @@ def test_bad_values_exit_naming_the_flag(cli, capsys, tmp_path, argv, flag):
     assert flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [
+    # OpenRLHF's parser took any unique prefix: this was read as --logger.tensorboard_dir /tmp/tb, silently,
+    # while train reads --logger.tensorboard as the former true|false switch
+    (["--logger.tensorboard", "/tmp/tb"], "unrecognized arguments: --logger.tensorboard /tmp/tb"),
+    (["--train.num_iter", "3"], "unrecognized arguments: --train.num_iter"),
+    (["--progpo.timing", "unit"], "unrecognized arguments: --progpo.timing"),
+])
+def test_an_abbreviated_flag_is_refused(cli, capsys, tmp_path, argv, says):
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, BASE + argv, tmp_path)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_preset_then_flags(cli, tmp_path):
     from progpo.advantages import config_from_preset
 
