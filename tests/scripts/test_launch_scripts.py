@@ -421,6 +421,30 @@ exec setsid "$@"
 """
 
 
+@pytest.mark.parametrize("name, value", [("VLLM_TP", "3"), ("TASKS_PER_ITER", "x"), ("EVAL_SPLIT", "nosuch"),
+                                         ("ENV_NAME", "-h"), ("SLURM_GPUS_PER_NODE", "0")])
+def test_a_bad_setting_stops_the_slurm_script_before_ray_starts(tmp_path, name, value):
+    """The SLURM script checked the launch settings (progpo_train_args) only after Ray's head, its workers and
+    the WebShop server were up: a VLLM_TP that does not divide the GPUs cost the cluster's start-up first. A
+    ``ray`` on PATH that only notes its call stands in for Ray here (it is never meant to be reached)."""
+    bin_dir, called = tmp_path / "bin", tmp_path / "ray_called"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN_SHIM)
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho localhost\n")
+    (bin_dir / "ray").write_text(f"#!/usr/bin/env bash\necho \"$*\" >> {called}\nexit 1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_NODELIST="localhost",
+               SLURM_JOB_ID="1", SLURM_SUBMIT_DIR=str(REPO), SLURM_GPUS_PER_NODE="8", RAY_START_TIMEOUT="1",
+               PROGPO_LOG_DIR=str(tmp_path / "logs"), EVAL_TASKS="2")
+    env.update({"ENV_NAME": "alfworld", name: value})
+    res = subprocess.run(["bash", str(SLURM)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    (line,) = res.stderr.splitlines()
+    assert name.removeprefix("SLURM_") in line or "unknown env '-h'" in line, line
+    assert not called.exists() and not (tmp_path / "logs").exists()
+
+
 @pytest.mark.slow
 def test_slurm_script_starts_ray_and_webshop_and_submits_a_job(tmp_path, shared_data):
     bin_dir = tmp_path / "bin"
