@@ -6,8 +6,8 @@
 # KL loss 0.01 (k3 estimator, as verl's low_var_kl), DeepSpeed ZeRO-3, 512 response tokens, 160 iterations.
 #
 # What depends on the env comes from its spec (its register(...) call in progpo.envs), read once with
-# `python3 -m progpo.cli.envs get ENV_NAME max_steps eval_split pool server`: the step limit (MAX_STEPS
-# overrides), the eval split (EVAL_SPLIT overrides), the Ray env-actor flags for an env on the ray pool,
+# `python3 -m progpo.cli.envs get -- ENV_NAME max_steps eval_split pool server splits`: the step limit (MAX_STEPS
+# overrides), the eval split (EVAL_SPLIT overrides: one of the splits), the Ray env-actor flags for an env on the ray pool,
 # and --env.url (WEBSHOP_URL) for an env served by a server the scripts start (WebShop's; progpo_env_fact).
 # Every default can be overridden by the environment variable named next to it (a whole-number one that is
 # not a whole number >= 1 stops the script in one line naming it); any extra flag given to a launch script
