@@ -22,9 +22,10 @@ cd "$(dirname "$0")/../.."
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_AUTH_MODE=disabled
 ENV="${ENV:-webshop}"
 ESTIMATOR="${ESTIMATOR:-progpo}"
-# the env's short step limit, from its spec (demo_max_steps, else max_steps); before installing: stdlib only
-if ! STEP_LIMITS=$(python3 -m progpo.cli.envs get "$ENV" demo_max_steps max_steps 2>&1); then
-  echo "run_local.sh: ENV=$ENV: $STEP_LIMITS" >&2
+# the env's short step limit, from its spec (demo_max_steps, else max_steps); before installing: stdlib only.
+# "--": an ENV that begins with "-" is a name, not an option of the envs CLI
+if ! STEP_LIMITS=$(python3 -m progpo.cli.envs get -- "$ENV" demo_max_steps max_steps 2>&1); then
+  echo "run_local.sh: ENV=${ENV@Q}: $STEP_LIMITS" >&2
   exit 2
 fi
 MAX_STEPS=$(printf '%s\n' "$STEP_LIMITS" | grep -m1 .)

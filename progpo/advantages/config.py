@@ -63,7 +63,7 @@ class AdvantageConfig:
         rms_cap: ProGPO only: every advantage of the batch is scaled by min(1, rms_cap / RMS), RMS = the root mean square of the advantages of the steps that zero_signal leaves non-zero, so that the step-level terms share credit among steps without enlarging the update (1 = the RMS of a standardised episode term; unitless); 0 = off (spec (7) unscaled); >= 0.
         zero_signal: advantage exactly 0 where the episode returns R carry no signal, from every term, for every estimator: off; task = on every task whose trajectories all have the same R; batch = on the whole batch when every task does (e.g. every return -0.4); auto = task for progpo, off for the others (True/False mean task/off).
         zero_signal_return: which episode return decides that a task has no return signal (zero_signal, rms_cap): sum = R_i = sum_t r_{i,t}; discounted = G_{i,0} = sum_t gamma^t r_{i,t}, the return the exact advantage ranks by (Sutton & Barto 2018, eq. 3.8), so a task won by every episode at different lengths keeps its step credit (identical reward sequences, e.g. every return -0.4, are still zeroed); the kind of step the per-kind trace found ProGPO losing on fresh tasks (docs/fidelity.md, "ProGPO on fresh tasks, by kind of step").
-        timing_scale: ProGPO only, with zero_signal_return=discounted: a task whose R are equal but whose G_0 differ gets its advantages times min(1, sd_u(G_0) / sd_ref), sd_ref = root mean square of sd_v(G_0) over the batch's tasks with an R spread (1 when none); undoes the per-task unit normalisation that makes such a task weigh like a won-vs-lost one (the std-normalisation bias of Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, sec. 3.1); unit = no factor.
+        timing_scale: ProGPO only, with zero_signal_return=discounted (spread is refused elsewhere, where it would do nothing): a task whose R are equal but whose G_0 differ gets its advantages times min(1, sd_u(G_0) / sd_ref), sd_ref = root mean square of sd_v(G_0) over the batch's tasks with an R spread (1 when none); undoes the per-task unit normalisation that makes such a task weigh like a won-vs-lost one (the std-normalisation bias of Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, sec. 3.1); unit = no factor.
         state_key: anchor state for depth/graph/GiGPO/HGPO/G2PO keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo on a batch that carries state_extra, obs otherwise (``for_batch``).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
         g2po_edge: G2PO's edge (TD) error on its state graph (arXiv 2606.22995): td = r + gamma V(n') - V(n), the textbook TD error the paper's text names (default; a lone trajectory gets 0); progress = r + gamma V(n') - gamma V(n), the released code's V(next) - V(node) with both values discounted to the episode's outcome (a step toward the outcome gets positive credit even on a lone trajectory).
@@ -172,6 +172,12 @@ class AdvantageConfig:
         if self.credit == "action" and self.potential_estimator != "graph":
             raise ValueError(
                 "AdvantageConfig.credit='action' needs potential_estimator='graph' (Q and V come from the graph, E2)"
+            )
+        if self.timing_scale == "spread" and (self.estimator != "progpo" or self.zero_signal_return != "discounted"):
+            raise ValueError(
+                "AdvantageConfig.timing_scale='spread' acts only with estimator='progpo' and "
+                "zero_signal_return='discounted' (the timing-only tasks it scales are found by the discounted "
+                f"return), got estimator={self.estimator.value!r}, zero_signal_return={self.zero_signal_return!r}"
             )
         if self.estimator == "progpo" and self.credit_lambda > 0 and self.credit != "transition":
             raise ValueError(

@@ -11,7 +11,8 @@ so that these facts are written once, in the env's ``register(...)`` call::
     50
     valid_unseen
 
-An unknown env or field: one line on stderr naming it and what is known, exit 2.
+An unknown env or field: one line on stderr naming it and what is known, exit 2. Scripts pass the name after
+``--`` (``get -- "$ENV" max_steps``), so that a name beginning with ``-`` is read as a name, not as an option.
 """
 
 from __future__ import annotations

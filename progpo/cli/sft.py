@@ -38,7 +38,7 @@ DEPRECATED = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The sft CLI parser (flag names shared with ``progpo.cli.train`` where they mean the same)."""
-    p = argparse.ArgumentParser(prog="python -m progpo.cli.sft", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m progpo.cli.sft", description=__doc__.split("\n")[0], allow_abbrev=False)
     flags.add_flags(p, SFTArgs, deprecated=DEPRECATED)
     return p
 

@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
         parser = openrlhf_parser()
     parser.prog = "python -m progpo.cli.train_ray"
+    parser.allow_abbrev = False  # a prefix of a flag is no flag (--logger.tensorboard was read as ..._dir)
     parser.description = __doc__.split("\n")[0]
     one_line_errors(parser)
     theirs = next(a for a in parser._actions if a.dest == "algo.advantage.estimator")  # noqa: SLF001

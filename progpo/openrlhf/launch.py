@@ -80,7 +80,7 @@ class RunLength:
     deprecated name here: :func:`deprecate_num_episodes` says why."""
 
     num_iterations: int | None = None
-    """rollout + update iterations, as on train (one OpenRLHF global step each): the task list is this many x --rollout.batch_size tasks from --env.task_offset, cycling through the first --env.num_tasks of them when that is given, played once. Not OpenRLHF's --train.num_episodes (deprecated here): an OpenRLHF episode is a pass over the prompt dataset, not an iteration or an agent episode. None: --env.num_tasks tasks played once"""
+    """rollout + update iterations, as on train (one OpenRLHF global step each): the task list is this many x --rollout.batch_size tasks from --env.task_offset, cycling through the first --env.num_tasks of them when that is given, played once (at most 1000000 tasks: the list is written up front). Not OpenRLHF's --train.num_episodes (deprecated here): an OpenRLHF episode is a pass over the prompt dataset, not an iteration or an agent episode. None: --env.num_tasks tasks played once"""
 
     def __post_init__(self) -> None:
         if self.num_iterations is not None and self.num_iterations < 1:
@@ -208,15 +208,24 @@ def _folder(flag: str, path: Path) -> None:
         raise FlagError(flag, str(exc).removeprefix(f"{flag} "), text=str(exc)) from None
 
 
+MAX_TRAIN_TASKS = 1_000_000
+"""Most tasks in the training task list that ``--train.num_iterations`` asks: the list is written up front
+(about 70 bytes a task: 70 MB here) and OpenRLHF's prompt dataset holds all of it in memory; 10**6 tasks is
+62,500 iterations of 16 tasks (the protocol runs 160)."""
+
+
 def train_task_count(o: Any, env: EnvSettings, length: RunLength) -> int | None:
     """Tasks in the training list: ``--train.num_iterations`` x ``--rollout.batch_size`` (one pass; with
     ``--env.num_tasks`` the list cycles through that many tasks, :func:`task_datasets`), else ``--env.num_tasks``
     (``o``: :func:`openrlhf_view`).
 
     Raises:
-        FlagError: ``--train.num_iterations`` with the deprecated ``--train.num_episodes`` other than 1 or with
-            ``--data.prompt_dataset``.
+        FlagError: ``--train.num_episodes`` below 1 (no pass trains nothing); ``--train.num_iterations`` with the
+            deprecated ``--train.num_episodes`` other than 1, with ``--data.prompt_dataset``, or asking more than
+            :data:`MAX_TRAIN_TASKS` tasks.
     """
+    if o.train.num_episodes < 1:
+        raise FlagError("--train.num_episodes", f"must be >= 1 (passes over the task list), got {o.train.num_episodes}")
     if length.num_iterations is None:
         return env.num_tasks
     if o.train.num_episodes != 1:
@@ -224,7 +233,12 @@ def train_task_count(o: Any, env: EnvSettings, length: RunLength) -> int | None:
                                                 f"list), got {o.train.num_episodes}")
     if o.data.prompt_dataset is not None:
         raise FlagError("--train.num_iterations", "sets the task list; --data.prompt_dataset gives another")
-    return length.num_iterations * o.rollout.batch_size
+    num_tasks = length.num_iterations * o.rollout.batch_size
+    if num_tasks > MAX_TRAIN_TASKS:
+        raise FlagError("--train.num_iterations", f"{length.num_iterations} x --rollout.batch_size "
+                                                  f"{o.rollout.batch_size} = {num_tasks} tasks, more than the "
+                                                  f"{MAX_TRAIN_TASKS} a task list is written with up front")
+    return num_tasks
 
 
 def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int, num_tasks: int | None = None) -> dict[str, Any]:

@@ -394,6 +394,10 @@ def _flag_error(exc: Exception, cls: type, path: Sequence[str]) -> FlagError:
     m = re.match(r"^(--[\w.]+)[:]? (.*)$", text, re.DOTALL)
     if m:  # the check named the flag itself: keep its words
         return FlagError(m.group(1), m.group(2), text=text)
+    names = {f.name for f in dataclasses.fields(cls)}
+    m = re.match(rf"^{re.escape(cls.__name__)}\.(\w+)", text)
+    if m and m.group(1) in names:  # the field the message is about, though it may name longer ones after it
+        return FlagError("--" + ".".join((*path, m.group(1))), text)
     for f in sorted(dataclasses.fields(cls), key=lambda f: len(f.name), reverse=True):
         m = re.search(rf"(?:\b{re.escape(cls.__name__)}\.|\b){re.escape(f.name)}\b", text)
         if m:

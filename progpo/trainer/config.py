@@ -193,7 +193,7 @@ class TrainConfig:
 def build_parser(prog: str = "python -m progpo.cli.train") -> argparse.ArgumentParser:
     """The ``train`` parser: every leaf of :class:`TrainConfig` as a flag, plus the estimator's."""
     p = argparse.ArgumentParser(prog=prog, description="Train an LLM agent with step-level group RL "
-                                "(ProGPO, GiGPO, GRPO, ...) on the local backend.")
+                                "(ProGPO, GiGPO, GRPO, ...) on the local backend.", allow_abbrev=False)
     flags.add_flags(p, TrainConfig, deprecated=DEPRECATED)
     add_advantage_flags(p)
     return p

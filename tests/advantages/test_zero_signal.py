@@ -218,6 +218,21 @@ def test_zero_signal_return_discounted_still_zeroes_equal_reward_sequences(name)
         AdvantageConfig(zero_signal_return="mean")
 
 
+@pytest.mark.parametrize("estimator", [str(e) for e in ESTIMATORS])
+@pytest.mark.parametrize("zero_signal_return", ["sum", "discounted"])
+def test_timing_scale_spread_is_refused_where_it_would_do_nothing(estimator, zero_signal_return):
+    """``spread`` acts only in ProGPO with ``zero_signal_return='discounted'`` (``timing_factor`` is 1 with
+    ``sum``; no other estimator calls it): elsewhere the option was taken and silently did nothing."""
+    cfg = dict(estimator=estimator, zero_signal_return=zero_signal_return)
+    if estimator == "progpo" and zero_signal_return == "discounted":
+        assert AdvantageConfig(timing_scale="spread", **cfg).timing_scale == "spread"
+    else:
+        with pytest.raises(ValueError, match=r"^AdvantageConfig\.timing_scale='spread' .*"
+                                             rf"estimator='progpo'.*zero_signal_return='discounted'.*{estimator}"):
+            AdvantageConfig(timing_scale="spread", **cfg)
+    assert AdvantageConfig(timing_scale="unit", **cfg).timing_scale == "unit"  # the default fits every estimator
+
+
 def test_timing_scale_spread_scales_the_timing_only_task_by_its_return_spread_by_hand():
     # task u: the two successes above (G_0 = 9.5, 10; sample std 0.5 / sqrt 2); task v: one success, one
     # failure in one step each (G_0 = 10, 0; sample std 10 / sqrt 2): factor for u = 0.05, v keeps 1

@@ -86,12 +86,32 @@ def test_help_lists_openrlhf_and_our_flags(cli, capsys):
     (["--advantage_estimator", "group_norm", "--algo.kl.use_loss", "--reward.overlong_buffer_len", "64"],
      "--reward.overlong_buffer_len"),
     (["--env.name", "alfworld", "--env.data_dir", "/no/such/alfworld"], "--env.data_dir"),
+    # the deprecated name took any int: 0 or -1 passes over the task list trained nothing, after Ray and the models
+    (["--train.num_episodes", "0"], "--train.num_episodes"),
+    (["--train.num_episodes", "-1"], "--train.num_episodes"),
+    (["--train.num_iterations", "3", "--train.num_episodes", "0"], "--train.num_episodes"),
+    # the whole task list is built and written up front: 10**5 x 16 rows took seconds and 100 MB, 10**11 x 16
+    # filled the memory
+    (["--train.num_iterations", str(10**5)], "--train.num_iterations"),
 ])
 def test_bad_values_exit_naming_the_flag(cli, capsys, tmp_path, argv, flag):
     with pytest.raises(SystemExit) as exc:
         _finalize(cli, BASE + argv, tmp_path)
     assert exc.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    # OpenRLHF's parser took any unique prefix: this was read as --logger.tensorboard_dir /tmp/tb, silently,
+    # while train reads --logger.tensorboard as the former true|false switch
+    (["--logger.tensorboard", "/tmp/tb"], "unrecognized arguments: --logger.tensorboard /tmp/tb"),
+    (["--train.num_iter", "3"], "unrecognized arguments: --train.num_iter"),
+    (["--progpo.timing", "unit"], "unrecognized arguments: --progpo.timing"),
+])
+def test_an_abbreviated_flag_is_refused(cli, capsys, tmp_path, argv, says):
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, BASE + argv, tmp_path)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_preset_then_flags(cli, tmp_path):

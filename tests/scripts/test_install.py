@@ -75,12 +75,19 @@ def test_install_rejects_unknown_arguments():
     assert res.returncode == 2 and "unknown argument --gpu" in res.stderr
 
 
-def test_main_job_script_rejects_a_bad_env_before_installing():
+@pytest.mark.parametrize("env, quoted", [
+    ("atari", "'atari'"), (" ", "' '"), ("alfworld ", "'alfworld '"), ("wébshop", "'wébshop'"),
+    ("web\nshop", "$'web\\nshop'"), ("webshop;touch x", "'webshop;touch x'"),
+    # a name that begins with "-" was read by the envs CLI as its option: -h printed its usage as the step limit
+    ("-h", "'-h'"), ("--help", "'--help'"), ("--max_steps", "'--max_steps'"), ("-", "'-'"),
+])
+def test_main_job_script_rejects_a_bad_env_before_installing(env, quoted):
+    """One line naming ENV (quoted as bash's ${ENV@Q}: a space or newline stays visible, on one line)."""
     res = subprocess.run(["bash", "examples/scripts/run_local.sh"], cwd=REPO, capture_output=True, text=True,
-                         env=dict(os.environ, ENV="atari"))
+                         env=dict(os.environ, ENV=env, PROGPO_DRY_RUN="1"))
     (line,) = res.stderr.splitlines()
-    assert res.returncode == 2 and line.startswith("run_local.sh: ENV=atari: ") and "unknown env 'atari'" in line
-    assert "registered:" in line and "webshop" in line
+    assert res.returncode == 2 and res.stdout == "" and line.startswith(f"run_local.sh: ENV={quoted}: "), line
+    assert "unknown env " in line and "registered:" in line and "webshop" in line
     assert "[install]" not in res.stderr
 
 

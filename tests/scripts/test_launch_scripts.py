@@ -181,11 +181,50 @@ def test_no_launch_script_branches_on_an_env_name():
         == [("=", "webshop", ""), ("", "", "alfworld"), ("==", "alfworld_like", "")]
 
 
-def test_an_unknown_env_stops_the_launch_args_in_one_line_naming_it():
-    res = _train_args(ENV_NAME="sokoban")
+@pytest.mark.parametrize("name", ["sokoban", " webshop", "-h", "--help", "--x", "-"])
+def test_an_unknown_env_stops_the_launch_args_in_one_line_naming_it(name):
+    """Also a name that begins with "-" (the envs CLI read -h as its option and printed its usage as facts)."""
+    res = _train_args(ENV_NAME=name, WEBSHOP_URL="http://h:1")
     assert res.returncode != 0 and res.stdout == ""
     (line,) = res.stderr.splitlines()
-    assert "unknown env 'sokoban'; registered:" in line
+    assert f"unknown env {name!r}; registered:" in line
+
+
+WHOLE_NUMBER_SETTINGS = ("MAX_STEPS", "TRAIN_ITERS", "TASKS_PER_ITER", "ROLLOUTS_PER_TASK", "TRAIN_BATCH_SIZE",
+                         "ROLLOUT_MICRO_BATCH", "TRAIN_MICRO_BATCH", "MAX_ROLLOUT_MICRO_BATCH", "MAX_TRAIN_MICRO_BATCH",
+                         "VLLM_NUM_ENGINES", "MAX_NEW_TOKENS", "MAX_PROMPT_TOKENS", "MAX_LEN", "EVAL_TASKS", "EVAL_EVERY")
+
+
+@pytest.mark.parametrize("name", WHOLE_NUMBER_SETTINGS)
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "1.5", "1e3", " 8", "8x", "08x", "PWD[$(touch x)]"])
+def test_a_whole_number_setting_that_is_none_stops_the_launch_args_in_one_line(tmp_path, name, value):
+    """Each went into bash arithmetic or the command unchecked: TASKS_PER_ITER=abc stopped on "abc: unbound
+    variable" (status 1), TRAIN_BATCH_SIZE=x printed a command with an empty micro batch (status 0),
+    ``PWD[$(touch x)]`` ran the command inside (bash arithmetic evaluates array subscripts)."""
+    res = _train_args(cwd=tmp_path, ENV_NAME="alfworld", **{name: value})
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"progpo: {name}=") and "must be a whole number >= 1" in line
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("name", WHOLE_NUMBER_SETTINGS)
+def test_a_whole_number_setting_with_a_leading_zero_is_read_in_base_10(name):
+    res = _train_args(ENV_NAME="alfworld", **{"EVAL_TASKS": "2", name: "08"})
+    assert res.returncode == 0, res.stderr
+    assert "08" not in res.stdout.splitlines()
+
+
+@pytest.mark.parametrize("env", env_ids())
+@pytest.mark.parametrize("split", ["nosuch", "TRAIN", "train ", "-h", "valid seen", "*", "t*", "$(touch x)"])
+def test_an_eval_split_the_env_has_not_stops_the_launch_args_in_one_line(tmp_path, env, split):
+    """EVAL_SPLIT went into the command unchecked (a dry run printed it, status 0; a real run started the
+    env's server before train_ray refused it)."""
+    res = _train_args(cwd=tmp_path, ENV_NAME=env, EVAL_TASKS="2", EVAL_SPLIT=split, WEBSHOP_URL="http://h:1")
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith("progpo: EVAL_SPLIT=") and f"not a split of {env}" in line
+    assert all(s in line for s in spec(env).splits) and not (tmp_path / "x").exists()
 
 
 SLURM = SCRIPTS / "slurm_train_ray.sbatch"
@@ -277,6 +316,26 @@ def test_a_tp_the_gpus_cannot_take_stops_the_script_in_one_line(tp):
     assert line.startswith(f"progpo: VLLM_TP={tp}" if tp.isdigit() and tp != "0" else f"progpo: VLLM_TP='{tp}'")
 
 
+@pytest.mark.parametrize("dry", ["1", "0"])
+@pytest.mark.parametrize("name, value", [
+    ("NUM_NODES", "abc"), ("NUM_NODES", "2x"), ("NUM_NODES", "1.5"), ("NUM_NODES", "-1"), ("NUM_NODES", "a[$(touch x)]"),
+    ("GPUS_PER_NODE", "0"), ("GPUS_PER_NODE", "eight"), ("VLLM_TP", "3"), ("VLLM_TP", "two"),
+])
+def test_a_bad_size_stops_the_one_node_script_in_one_line_before_the_server_starts(tmp_path, dry, name, value):
+    """NUM_NODES was compared with ``[ -gt ]`` before it was checked (a second line: "integer expression
+    expected"), and a real run started the WebShop server before the sizes were checked (exit 1 on the
+    server's start-up error, a log folder left behind)."""
+    logs = tmp_path / "logs"
+    res = subprocess.run(["bash", str(SCRIPTS / "train_progpo_webshop.sh")], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60,
+                         env=dict(os.environ, PROGPO_DRY_RUN=dry, PROGPO_LOG_DIR=str(logs), WEBSHOP_START_TIMEOUT="2",
+                                  WEBSHOP_DATA_DIR=str(tmp_path / "no_data"), **{name: value}))
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"progpo: {name}=") and not logs.exists()
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("extra, flag, says", [
     # the issue's command line: 8 engines x TP 2 = 16 GPUs colocated on 8
     (["--vllm.tensor_parallel_size", "2"], "--vllm.num_engines",
@@ -360,6 +419,30 @@ while [ $# -gt 0 ]; do
 done
 exec setsid "$@"
 """
+
+
+@pytest.mark.parametrize("name, value", [("VLLM_TP", "3"), ("TASKS_PER_ITER", "x"), ("EVAL_SPLIT", "nosuch"),
+                                         ("ENV_NAME", "-h"), ("SLURM_GPUS_PER_NODE", "0")])
+def test_a_bad_setting_stops_the_slurm_script_before_ray_starts(tmp_path, name, value):
+    """The SLURM script checked the launch settings (progpo_train_args) only after Ray's head, its workers and
+    the WebShop server were up: a VLLM_TP that does not divide the GPUs cost the cluster's start-up first. A
+    ``ray`` on PATH that only notes its call stands in for Ray here (it is never meant to be reached)."""
+    bin_dir, called = tmp_path / "bin", tmp_path / "ray_called"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(SRUN_SHIM)
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho localhost\n")
+    (bin_dir / "ray").write_text(f"#!/usr/bin/env bash\necho \"$*\" >> {called}\nexit 1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_NODELIST="localhost",
+               SLURM_JOB_ID="1", SLURM_SUBMIT_DIR=str(REPO), SLURM_GPUS_PER_NODE="8", RAY_START_TIMEOUT="1",
+               PROGPO_LOG_DIR=str(tmp_path / "logs"), EVAL_TASKS="2")
+    env.update({"ENV_NAME": "alfworld", name: value})
+    res = subprocess.run(["bash", str(SLURM)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    (line,) = res.stderr.splitlines()
+    assert name.removeprefix("SLURM_") in line or "unknown env '-h'" in line, line
+    assert not called.exists() and not (tmp_path / "logs").exists()
 
 
 @pytest.mark.slow

@@ -61,6 +61,9 @@ def test_progpo_flags_reach_the_config():
     (["--env.history_length", "-1"], "--env.history_length"),
     (["--progpo.kappa", "-1"], "--progpo.kappa"),
     (["--progpo.tau", "2"], "--progpo.tau"),
+    (["--progpo.timing_scale", "spread"], "--progpo.timing_scale"),  # no effect with zero_signal_return=sum
+    (["--advantage_estimator", "gigpo", "--progpo.zero_signal_return", "discounted", "--progpo.timing_scale",
+      "spread"], "--progpo.timing_scale"),  # no effect outside ProGPO
     (["--ckpt.save_steps", "0"], "--ckpt.save_steps"),
 ])
 def test_bad_values_name_the_flag(argv, flag, capsys):
@@ -70,6 +73,22 @@ def test_bad_values_name_the_flag(argv, flag, capsys):
     assert flag in message
     if err.type is SystemExit:
         assert err.value.code == 2
+
+
+@pytest.mark.parametrize("abbrev", ["--train.num_iter", "--progpo.zero_signal_ret", "--progpo.timing", "--ds.mixed",
+                                    "--env.max_st"])
+def test_an_abbreviated_flag_is_refused(abbrev, capsys):
+    """argparse took any unique prefix of a flag: a renamed flag's old name that is a prefix of another flag
+    (train_ray's ``--logger.tensorboard`` of ``--logger.tensorboard_dir``) was silently read as that one."""
+    from progpo.cli.sft import build_parser as sft_parser
+
+    value = {"--progpo.zero_signal_ret": "discounted", "--progpo.timing": "unit", "--ds.mixed": "off"}.get(abbrev, "3")
+    with pytest.raises(SystemExit) as err:
+        config_from_args([abbrev, value])
+    assert err.value.code == 2 and f"unrecognized arguments: {abbrev}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:
+        sft_parser().parse_args(["--sft.num_t", "3"])
+    assert err.value.code == 2 and "unrecognized arguments: --sft.num_t" in capsys.readouterr().err
 
 
 def test_bad_choice_is_an_argparse_error(capsys):

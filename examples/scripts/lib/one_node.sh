@@ -17,6 +17,9 @@ source "$PROGPO_SCRIPTS/lib/train_args.sh"
 
 progpo_one_node() {
   cd "$PROGPO_REPO" || return 1
+  # every setting checked (one line naming it, status 2) before NUM_NODES is compared or a server starts;
+  # the URL is a stand-in here (the server's real one is set when it has started)
+  WEBSHOP_URL=${WEBSHOP_URL:-http://127.0.0.1:0} progpo_train_args || return 2
   local host=127.0.0.1
   if [ -n "${WEBSHOP_HOST:-}" ]; then
     host=$WEBSHOP_HOST

@@ -6,11 +6,12 @@
 # KL loss 0.01 (k3 estimator, as verl's low_var_kl), DeepSpeed ZeRO-3, 512 response tokens, 160 iterations.
 #
 # What depends on the env comes from its spec (its register(...) call in progpo.envs), read once with
-# `python3 -m progpo.cli.envs get ENV_NAME max_steps eval_split pool server`: the step limit (MAX_STEPS
-# overrides), the eval split (EVAL_SPLIT overrides), the Ray env-actor flags for an env on the ray pool,
+# `python3 -m progpo.cli.envs get -- ENV_NAME max_steps eval_split pool server splits`: the step limit (MAX_STEPS
+# overrides), the eval split (EVAL_SPLIT overrides: one of the splits), the Ray env-actor flags for an env on the ray pool,
 # and --env.url (WEBSHOP_URL) for an env served by a server the scripts start (WebShop's; progpo_env_fact).
-# Every default can be overridden by the environment variable named next to it; any extra flag
-# given to a launch script is appended last and wins (argparse keeps the last value).
+# Every default can be overridden by the environment variable named next to it (a whole-number one that is
+# not a whole number >= 1 stops the script in one line naming it); any extra flag given to a launch script
+# is appended last and wins (argparse keeps the last value).
 #
 # Inputs: ESTIMATOR (progpo|gigpo|grpo|rloo|hgpo), ENV_NAME (a registered env: webshop, alfworld, ...),
 # WEBSHOP_URL (an env with a server: webshop).
@@ -40,11 +41,25 @@ progpo_train_args() {
   local model=${MODEL:-Qwen/Qwen2.5-1.5B-Instruct}
   local nodes gpus tp=${VLLM_TP:-1}
   nodes=$(progpo_positive NUM_NODES "${NUM_NODES:-1}") || return 2
+  # the whole-number overrides, checked before any reaches bash arithmetic (which would run a $(...) in an
+  # array subscript) or the command; a function-local copy holds the base-10 value (08 -> 8)
+  local name value
+  for name in MAX_STEPS TRAIN_ITERS TASKS_PER_ITER ROLLOUTS_PER_TASK TRAIN_BATCH_SIZE ROLLOUT_MICRO_BATCH \
+      TRAIN_MICRO_BATCH MAX_ROLLOUT_MICRO_BATCH MAX_TRAIN_MICRO_BATCH VLLM_NUM_ENGINES MAX_NEW_TOKENS \
+      MAX_PROMPT_TOKENS MAX_LEN EVAL_TASKS EVAL_EVERY; do
+    [ -n "${!name:-}" ] || continue
+    value=$(progpo_positive "$name" "${!name}") || return 2
+    local "$name=$value"
+  done
   local spec_out
-  spec_out=$(progpo_env_fact max_steps eval_split pool server) || return 2
+  spec_out=$(progpo_env_fact max_steps eval_split pool server splits) || return 2
   local -a spec_facts
   mapfile -t spec_facts <<<"$spec_out"
-  local max_steps=${spec_facts[0]} eval_split=${spec_facts[1]} pool=${spec_facts[2]} server=${spec_facts[3]:-}
+  local max_steps=${spec_facts[0]} eval_split=${spec_facts[1]} pool=${spec_facts[2]} server=${spec_facts[3]}
+  if [ -n "${EVAL_SPLIT:-}" ] && [[ " ${spec_facts[4]} " != *" $EVAL_SPLIT "* || $EVAL_SPLIT == *" "* ]]; then
+    echo "progpo: EVAL_SPLIT=${EVAL_SPLIT@Q} is not a split of $env_name (${spec_facts[4]})" >&2
+    return 2
+  fi
   # the protocol's sizes; the CPU profile shrinks them (each still overridable)
   local tasks=16 rollouts=8 iters=160 new_tokens=512 prompt_tokens=2048 max_len=2560
   local max_train_micro=8 max_rollout_micro=16 save_steps=20
@@ -139,9 +154,9 @@ progpo_train_args() {
 }
 
 # progpo_env_fact FIELD...: print fields of ENV_NAME's env spec, one a line (python3 -m progpo.cli.envs get;
-# an unknown env or field: one line naming it, status 2).
+# an unknown env or field: one line naming it, status 2; "--": a name that begins with "-" is no option).
 progpo_env_fact() {
-  python3 -m progpo.cli.envs get "${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list)}" "$@"
+  python3 -m progpo.cli.envs get -- "${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list)}" "$@"
 }
 
 # progpo_min A B: print the smaller of two integers, at least 1.
