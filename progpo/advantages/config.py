@@ -62,7 +62,7 @@ class AdvantageConfig:
         credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1]; ProGPO only; credit='action' needs 0.
         rms_cap: ProGPO only: every advantage of the batch is scaled by min(1, rms_cap / RMS), RMS = the root mean square of the advantages of the steps that zero_signal leaves non-zero, so that the step-level terms share credit among steps without enlarging the update (1 = the RMS of a standardised episode term; unitless); 0 = off (spec (7) unscaled); >= 0.
         zero_signal: advantage exactly 0 where the episode returns R carry no signal, from every term, for every estimator: off; task = on every task whose trajectories all have the same R; batch = on the whole batch when every task does (e.g. every return -0.4); auto = task for progpo, off for the others (True/False mean task/off).
-        zero_signal_return: which episode return decides that a task has no return signal (zero_signal, rms_cap): sum = R_i = sum_t r_{i,t}; discounted = G_{i,0} = sum_t gamma^t r_{i,t}, the return the exact advantage ranks by (Sutton & Barto 2018, eq. 3.8), so a task won by every episode at different lengths keeps its step credit (identical reward sequences, e.g. every return -0.4, are still zeroed); the kind of step the per-kind trace found ProGPO losing on fresh tasks (docs/fidelity.md, "ProGPO on fresh tasks, by kind of step").
+        zero_signal_return: which episode return decides that a task has no return signal (zero_signal, rms_cap): sum = R_i = sum_t r_{i,t}; discounted = G_{i,0} = sum_t gamma^t r_{i,t}, the return the exact advantage ranks by (Sutton & Barto 2018, eq. 3.8), so a task won by every episode at different lengths keeps its step credit (identical reward sequences, e.g. every return -0.4, are still zeroed); the kind of step the per-kind trace found ProGPO losing on fresh tasks (docs/fidelity.md, "ProGPO on fresh tasks, by kind of step"); auto = discounted for progpo (that trace's fix), sum for the others (their published behaviour).
         timing_scale: ProGPO only, with zero_signal_return=discounted (spread is refused elsewhere, where it would do nothing): a task whose R are equal but whose G_0 differ gets its advantages times min(1, sd_u(G_0) / sd_ref), sd_ref = root mean square of sd_v(G_0) over the batch's tasks with an R spread (1 when none); undoes the per-task unit normalisation that makes such a task weigh like a won-vs-lost one (the std-normalisation bias of Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, sec. 3.1); unit = no factor.
         state_key: anchor state for depth/graph/GiGPO/HGPO/G2PO keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo on a batch that carries state_extra, obs otherwise (``for_batch``).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
@@ -98,7 +98,7 @@ class AdvantageConfig:
     credit_lambda: float = 0.8
     rms_cap: float = 1.0
     zero_signal: Literal["auto", "off", "task", "batch"] = "auto"
-    zero_signal_return: Literal["sum", "discounted"] = "sum"
+    zero_signal_return: Literal["auto", "sum", "discounted"] = "auto"
     timing_scale: Literal["unit", "spread"] = "unit"
     state_key: Literal["auto", "obs", "obs_inventory"] = "auto"
     hgpo_alpha: float = 1.0
@@ -227,6 +227,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 #: resolved per batch instead, by :meth:`AdvantageConfig.for_batch`.)
 ESTIMATOR_DEFAULTS: dict[str, dict[str, str | int]] = {
     "zero_signal": {"progpo": "task", "*": "off"},
+    # ProGPO decides "no return signal" on the discounted return G_0, so tasks won by every episode at
+    # different lengths keep their credit (docs/fidelity.md, "ProGPO on fresh tasks, by kind of step").
+    "zero_signal_return": {"progpo": "discounted", "*": "sum"},
     # ProGPO pools its potentials at depth 0 only (with E3 keys the deeper pools split it without removing
     # aliasing: docs/fidelity.md); HGPO keeps its K = 2 levels.
     "depths": {"progpo": 0, "*": 2},
@@ -260,7 +263,7 @@ PRESETS: dict[str, dict[str, object]] = {
     "paper": PAPER,
     "default": {},
     "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": "task", "depths": 2,
-                  "rms_cap": 0.0},
+                  "rms_cap": 0.0, "zero_signal_return": "sum"},
 }
 
 
