@@ -53,9 +53,10 @@ def test_progpo_default_is_the_product_reading_on_a_batch_with_state_extra():
     enc = HashEncoder()
     got = compute_advantages(batch, AdvantageConfig(), enc).advantages
     explicit = AdvantageConfig(state_key="obs_inventory", credit_lambda=0.8, zero_signal="task", depths=0,
-                               rms_cap=1.0)
-    # the default is the candidate with depth-0 potentials and the RMS cap
-    assert explicit == dataclasses.replace(config_from_preset("candidate").for_batch(True), depths=0, rms_cap=1.0)
+                               rms_cap=1.0, zero_signal_return="discounted")
+    # the default is the candidate with depth-0 potentials, the RMS cap and "no signal" judged on G_0
+    assert explicit == dataclasses.replace(config_from_preset("candidate").for_batch(True), depths=0, rms_cap=1.0,
+                                           zero_signal_return="discounted")
     np.testing.assert_array_equal(got, compute_advantages(batch, explicit, enc).advantages)
     paper = compute_advantages(batch, config_from_preset("paper"), enc).advantages
     assert not np.allclose(got, paper)

@@ -143,8 +143,13 @@ def test_product_default_gives_exact_zeros_on_a_batch_without_signal():
         for k, v in zip(cols, ("w", tid, t, r, t == 1 or tid == 11, False, False, f"o{t}", f"w|{tid}|{t}", "go",
                                "")):
             cols[k].append(v)
-    out = compute_advantages(StepBatch.from_lists(**cols), cfg, HashEncoder())
+    # judged on the sum R (the former default) no task has a signal -> zeros; the default judges on G_0,
+    # where the two wins at different lengths (G_0 = 9.5 and 10) differ, so that task keeps its credit
+    b2 = StepBatch.from_lists(**cols)
+    out = compute_advantages(b2, AdvantageConfig(zero_signal_return="sum"), HashEncoder())
     assert out.advantages.tolist() == [0.0] * 7
+    assert cfg.zero_signal_return == "discounted"
+    assert np.any(compute_advantages(b2, cfg, HashEncoder()).advantages != 0.0)
     # the paper reading keeps its unit-size noise on the same batch
     assert compute_advantages(_all_invalid_batch(), config_from_preset("paper"), HashEncoder()).diagnostics[
         "adv/std"] > 0.5
@@ -200,12 +205,16 @@ def test_zero_signal_return_discounted_keeps_the_faster_success_by_hand():
         "progpo": [-0.25 / (0.25 + 1e-6), 0.0, 0.25 / (0.25 + 1e-6)],
     }
     for name, want in cases.items():
-        summed = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="task"))
+        summed = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="task",
+                                                           zero_signal_return="sum"))
         assert np.all(summed.advantages == 0.0)  # equal R: no signal by the sum
         got = compute_advantages(batch, AdvantageConfig(estimator=name, zero_signal="task",
                                                         zero_signal_return="discounted"))
         assert got.advantages == pytest.approx(want, abs=1e-9), name
         assert got.diagnostics["adv/frac_equal_return_steps"] == 0.0
+    # ProGPO's default is this reading (zero_signal task, judged on G_0)
+    default = compute_advantages(batch, AdvantageConfig())
+    assert default.advantages == pytest.approx(cases["progpo"], abs=1e-9)
 
 
 @pytest.mark.parametrize("name", ALL)

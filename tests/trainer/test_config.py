@@ -61,7 +61,8 @@ def test_progpo_flags_reach_the_config():
     (["--env.history_length", "-1"], "--env.history_length"),
     (["--progpo.kappa", "-1"], "--progpo.kappa"),
     (["--progpo.tau", "2"], "--progpo.tau"),
-    (["--progpo.timing_scale", "spread"], "--progpo.timing_scale"),  # no effect with zero_signal_return=sum
+    (["--progpo.zero_signal_return", "sum", "--progpo.timing_scale", "spread"],
+     "--progpo.timing_scale"),  # no effect with zero_signal_return=sum
     (["--advantage_estimator", "gigpo", "--progpo.zero_signal_return", "discounted", "--progpo.timing_scale",
       "spread"], "--progpo.timing_scale"),  # no effect outside ProGPO
     (["--ckpt.save_steps", "0"], "--ckpt.save_steps"),
