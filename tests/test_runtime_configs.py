@@ -83,7 +83,7 @@ def test_runtime_config_holds_settings_and_respells_none(config):
 
 def test_the_local_trainer_passes_its_own_settings_objects():
     cfg = TrainConfig()
-    actor, update = cfg.actor_config(), cfg.update_config()
+    actor, update = cfg.actor_config(1), cfg.update_config()
     assert (actor.actor, actor.ds, actor.train) == (cfg.actor, cfg.ds, cfg.train)
     assert actor.actor is cfg.actor and actor.ds is cfg.ds and actor.train is cfg.train
     assert update.train is cfg.train and update.actor is cfg.actor and update.kl is cfg.algo.kl

@@ -27,8 +27,8 @@ from typing import Any
 from progpo.advantages import ESTIMATORS
 from progpo.run import flags
 from progpo.run.flags import FlagError
-from progpo.run.settings import (EnvSettings, EvalSettings, RolloutSettings, advantage_config, check_group_size,
-                                 check_prompt_budget)
+from progpo.run.settings import (EnvSettings, EvalSettings, RolloutSettings, TrainSettings, advantage_config,
+                                 check_group_size, check_prompt_budget)
 
 logger = logging.getLogger(__name__)
 
@@ -74,20 +74,6 @@ class DebugSettings:
 
 
 @dataclass(frozen=True)
-class RunLength:
-    """The run's length in iterations (``--train.num_iterations``, ``train``'s flag; OpenRLHF's parser holds
-    the other ``--train.*`` flags). OpenRLHF's ``--train.num_episodes`` (passes over the prompt dataset) is a
-    deprecated name here: :func:`deprecate_num_episodes` says why."""
-
-    num_iterations: int | None = None
-    """rollout + update iterations, as on train (one OpenRLHF global step each): the task list is this many x --rollout.batch_size tasks from --env.task_offset, cycling through the first --env.num_tasks of them when that is given, played once (at most 1000000 tasks: the list is written up front). Not OpenRLHF's --train.num_episodes (deprecated here): an OpenRLHF episode is a pass over the prompt dataset, not an iteration or an agent episode. None: --env.num_tasks tasks played once"""
-
-    def __post_init__(self) -> None:
-        if self.num_iterations is not None and self.num_iterations < 1:
-            raise ValueError(f"--train.num_iterations must be >= 1, got {self.num_iterations}")
-
-
-@dataclass(frozen=True)
 class RayArgs:
     """Our flags of ``train_ray`` (OpenRLHF's parser holds the rest)."""
 
@@ -97,7 +83,8 @@ class RayArgs:
                                                                              max_new_tokens=512), metadata={
         "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
-    train: RunLength = field(default_factory=RunLength)
+    # the run's length: train's field (OpenRLHF's parser holds the other --train.* flags)
+    train: TrainSettings = field(default_factory=TrainSettings, metadata={"flags": ("num_iterations",)})
     cpu: CPUSettings = field(default_factory=CPUSettings)
     debug: DebugSettings = field(default_factory=DebugSettings)
 
@@ -214,7 +201,7 @@ MAX_TRAIN_TASKS = 1_000_000
 62,500 iterations of 16 tasks (the protocol runs 160)."""
 
 
-def train_task_count(o: Any, env: EnvSettings, length: RunLength) -> int | None:
+def train_task_count(o: Any, env: EnvSettings, length: TrainSettings) -> int | None:
     """Tasks in the training list: ``--train.num_iterations`` x ``--rollout.batch_size`` (one pass; with
     ``--env.num_tasks`` the list cycles through that many tasks, :func:`task_datasets`), else ``--env.num_tasks``
     (``o``: :func:`openrlhf_view`).

@@ -59,7 +59,7 @@ class EnvSettings:
     eval_split: str | None = None
     """split of evaluation (None: the env spec's: WebShop test, ALFWorld valid_unseen)"""
     num_tasks: int | None = None
-    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the whole split on train; on train_ray required unless --train.num_iterations or --data.prompt_dataset is given)"""
+    """training tasks: indices task_offset..task_offset+num_tasks-1 of the train split (None: the rest of the split on train; on train_ray required unless --train.num_iterations or --data.prompt_dataset is given)"""
     task_offset: int = 0
     """first training task index"""
     split_size: int | None = None
@@ -151,6 +151,40 @@ class RolloutSettings:
             raise ValueError(f"--rollout.temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"--rollout.top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The training loop (``--train.*``): all of it on ``train`` and ``sft``; on ``train_ray`` only the run's
+    length (OpenRLHF's parser holds its other ``--train.*`` flags), so one field holds it on both backends.
+
+    Raises:
+        ValueError: a value below 1, naming the flag.
+    """
+
+    num_iterations: int | None = None
+    """rollout + update iterations, each --rollout.batch_size tasks x --rollout.n_samples_per_prompt episodes then the update; None: one pass over the training tasks, ceil(tasks / --rollout.batch_size) iterations (the tasks: --env.num_tasks from --env.task_offset, on train the rest of the split without it; on train_ray --env.num_tasks or --data.prompt_dataset). Not OpenRLHF's --train.num_episodes (deprecated on train_ray): an OpenRLHF episode is a pass over the prompt dataset"""
+    batch_size: int = 16
+    """step samples per optimizer step"""
+    micro_batch_size: int = 4
+    """samples per forward/backward"""
+    max_epochs: int = 1
+    """PPO epochs over each rollout"""
+    seed: int = 42
+    """seeds task order, sampling and shuffling"""
+
+    def __post_init__(self) -> None:
+        for name in ("num_iterations", "batch_size", "micro_batch_size", "max_epochs"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--train.{name} must be >= 1, got {value}")
+
+    def iterations(self, num_tasks: int, tasks_per_iteration: int) -> int:
+        """The run's length in iterations: ``num_iterations``, or one pass over ``num_tasks`` tasks,
+        ``ceil(num_tasks / tasks_per_iteration)`` (``tasks_per_iteration``: ``--rollout.batch_size``)."""
+        if self.num_iterations is not None:
+            return self.num_iterations
+        return -(-num_tasks // tasks_per_iteration)
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ import torch
 
 from progpo.run.models import disable_dropout
 from progpo.run.precision import Precision, fp32_output_head, resolve_precision
+from progpo.run.settings import TrainSettings
 from progpo.trainer.ppo import entropy_from_logits
-from progpo.trainer.settings import ActorSettings, DeepSpeedSettings, TrainSettings
+from progpo.trainer.settings import ActorSettings, DeepSpeedSettings
 
 logger = logging.getLogger(__name__)
 

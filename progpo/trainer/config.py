@@ -19,9 +19,10 @@ from typing import Any
 
 from progpo.advantages import AdvantageConfig, Estimator
 from progpo.run import flags
-from progpo.run.settings import EnvSettings, RolloutSettings, add_advantage_flags, advantage_config, check_group_size
+from progpo.run.settings import (EnvSettings, RolloutSettings, TrainSettings, add_advantage_flags, advantage_config,
+                                 check_group_size)
 from progpo.trainer.actor import ActorConfig
-from progpo.trainer.settings import ActorSettings, AlgoSettings, DeepSpeedSettings, TrainSettings
+from progpo.trainer.settings import ActorSettings, AlgoSettings, DeepSpeedSettings
 from progpo.trainer.update import UpdateConfig
 
 _SWITCH = {"type": flags.parse_bool, "nargs": "?", "const": True}  # an old true/false flag
@@ -156,21 +157,24 @@ class TrainConfig:
         elif self.progpo.estimator != self.advantage_estimator:
             raise ValueError(f"--advantage_estimator is {self.advantage_estimator} but the estimator settings are "
                              f"for {self.progpo.estimator}")
-        self.actor_config(), self.update_config()  # their checks name the flags, now rather than at the first update
+        # their checks name the flags, now rather than at the first update; they do not depend on the schedule's
+        # length, and a run whose length is one pass over tasks not yet counted has at least one iteration
+        self.actor_config(self.train.num_iterations or 1), self.update_config()
 
     @property
     def save_path(self) -> str:
         """The run folder (``--ckpt.path``, default ``runs/<env>_<estimator>``)."""
         return self.ckpt.path or f"runs/{self.env.name}_{self.advantage_estimator}"
 
-    def actor_config(self) -> ActorConfig:
+    def actor_config(self, num_iterations: int) -> ActorConfig:
         """The actor's runtime settings (``progpo.trainer.actor``): ``--actor.*``, ``--ds.*`` and ``--train.*``,
-        a reference model when the KL term is on, and the schedule's length (:meth:`max_optimizer_steps`)."""
+        a reference model when the KL term is on, and the schedule's length (:meth:`max_optimizer_steps`) for a
+        run of ``num_iterations`` iterations (:meth:`TrainSettings.iterations`)."""
         return ActorConfig(actor=self.actor, ds=self.ds, train=self.train, use_ref=self.algo.kl.init_coef > 0,
-                           scheduler_steps=self.max_optimizer_steps())
+                           scheduler_steps=self.max_optimizer_steps(num_iterations))
 
-    def max_optimizer_steps(self) -> int:
-        """The most optimizer steps the run can take: the length of the lr schedule.
+    def max_optimizer_steps(self, num_iterations: int) -> int:
+        """The most optimizer steps a run of ``num_iterations`` iterations can take: the length of the lr schedule.
 
         ``num_iterations * max_epochs * ceil(batch_size * n_samples_per_prompt * max_steps / train.batch_size)``
         (every episode running to the step limit); a run whose episodes end earlier stops before the
@@ -178,7 +182,7 @@ class TrainConfig:
         """
         max_steps = self.env.max_steps or self.env.spec.max_steps
         samples = self.rollout.batch_size * self.rollout.n_samples_per_prompt * max_steps
-        return self.train.num_iterations * self.train.max_epochs * -(-samples // self.train.batch_size)
+        return num_iterations * self.train.max_epochs * -(-samples // self.train.batch_size)
 
     def update_config(self) -> UpdateConfig:
         """The PPO update's runtime settings (``progpo.trainer.update``)."""

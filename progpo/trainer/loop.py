@@ -127,7 +127,7 @@ class RolloutResult:
 
 
 class Trainer:
-    """Runs ``cfg.train.num_iterations`` iterations of the local backend.
+    """Runs ``cfg.train.num_iterations`` iterations of the local backend (unset: one pass over the training tasks).
 
     Args:
         cfg: the run configuration (``progpo.trainer.config``).
@@ -149,7 +149,8 @@ class Trainer:
         self.last_samples: list[TrainSample] = []
         self.actor = None
         self.update_cfg = cfg.update_config()
-        self.progress = RunProgress(cfg.train.num_iterations, enabled=False)
+        self.num_iterations = cfg.train.num_iterations or 1  # until _build counts the tasks (one pass: None)
+        self.progress = RunProgress(self.num_iterations, enabled=False)
         self.policy_is_reference = True
 
     # ---- setup -------------------------------------------------------------------------------
@@ -175,12 +176,16 @@ class Trainer:
         if cfg.sft.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
             pretrain = str(warm_start(cfg, envs, out=TqdmWriter()))
             self.warm_start_path = pretrain
-        actor = dataclasses.replace(cfg.actor, model_name_or_path=resolve_pretrain(pretrain))  # a model folder
-        actor_cfg = dataclasses.replace(cfg.actor_config(), actor=actor)
-        self.actor = Actor(actor_cfg)
-        self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
                                    count=cfg.env.num_tasks)
+        self.num_iterations = cfg.train.iterations(self.sampler.count, cfg.rollout.batch_size)
+        if cfg.train.num_iterations is None:
+            logger.info("run length: %d iterations, one pass over %d training tasks at --rollout.batch_size %d "
+                        "(--train.num_iterations unset)", self.num_iterations, self.sampler.count, cfg.rollout.batch_size)
+        actor = dataclasses.replace(cfg.actor, model_name_or_path=resolve_pretrain(pretrain))  # a model folder
+        actor_cfg = dataclasses.replace(cfg.actor_config(self.num_iterations), actor=actor)
+        self.actor = Actor(actor_cfg)
+        self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard_dir)
         (self.save_path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
         start = 0
@@ -210,8 +215,8 @@ class Trainer:
             with open_env_pool(cfg.env, max_envs) as envs:
                 self.envs = envs
                 start = self._build(envs)
-                self.progress = RunProgress(cfg.train.num_iterations, start, enabled=cfg.logger.progress_bar)
-                for it in range(start + 1, cfg.train.num_iterations + 1):
+                self.progress = RunProgress(self.num_iterations, start, enabled=cfg.logger.progress_bar)
+                for it in range(start + 1, self.num_iterations + 1):
                     self.progress.begin_iteration(it)
                     metrics = self.iteration(it, loop)
                     self.progress.end_iteration(
@@ -405,7 +410,7 @@ class Trainer:
     def checkpoint(self, it: int) -> Path | None:
         """Stage 5: every ``--ckpt.save_steps`` iterations and after the last one."""
         cfg = self.cfg
-        if it % cfg.ckpt.save_steps and it != cfg.train.num_iterations:
+        if it % cfg.ckpt.save_steps and it != self.num_iterations:
             return None
         state = {"sampler": self.sampler.state_dict(), "seed": cfg.train.seed,
                  "policy_is_reference": self.policy_is_reference}

@@ -1,5 +1,6 @@
 """The actor's, DeepSpeed's, the KL term's and the training loop's settings of the local backend
-(``--actor.*``, ``--ds.*``, ``--algo.kl.*``, ``--train.*``): one frozen dataclass per flag prefix.
+(``--actor.*``, ``--ds.*``, ``--algo.kl.*``): one frozen dataclass per flag prefix. The ``--train.*`` section,
+which ``train_ray`` shares for the run's length, is :class:`progpo.run.settings.TrainSettings`.
 
 These are the flags of ``train`` and ``sft`` (:mod:`progpo.trainer.config`, :mod:`progpo.trainer.warm_start`)
 and what the runtime reads: :class:`~progpo.trainer.actor.ActorConfig` and
@@ -147,24 +148,3 @@ class AlgoSettings:
     """Algorithm settings (``--algo.*``)."""
 
     kl: KLSettings = field(default_factory=KLSettings)
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The training loop (``--train.*``)."""
-
-    num_iterations: int = 3
-    """rollout + update iterations, each --rollout.batch_size tasks x --rollout.n_samples_per_prompt episodes then the update (train_ray's run length too; OpenRLHF's --train.num_episodes counts passes over a prompt dataset, another quantity)"""
-    batch_size: int = 16
-    """step samples per optimizer step"""
-    micro_batch_size: int = 4
-    """samples per forward/backward"""
-    max_epochs: int = 1
-    """PPO epochs over each rollout"""
-    seed: int = 42
-    """seeds task order, sampling and shuffling"""
-
-    def __post_init__(self) -> None:
-        for name in ("num_iterations", "batch_size", "micro_batch_size", "max_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--train.{name} must be >= 1, got {getattr(self, name)}")

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from progpo.run.settings import RolloutSettings
+from progpo.run.settings import RolloutSettings, TrainSettings
 from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
 from progpo.trainer.ppo import LossTerms, ppo_kl_loss
-from progpo.trainer.settings import ActorSettings, KLSettings, TrainSettings
+from progpo.trainer.settings import ActorSettings, KLSettings
 
 
 @dataclass

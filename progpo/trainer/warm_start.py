@@ -38,11 +38,11 @@ from tqdm.auto import tqdm
 from progpo.envs import spec
 from progpo.run.metrics import MetricsLogger
 from progpo.run.precision import resolve_precision
-from progpo.run.settings import EnvSettings, RolloutSettings
+from progpo.run.settings import EnvSettings, RolloutSettings, TrainSettings
 from progpo.run.task_sampler import TaskSampler
 from progpo.trainer.actor import Actor, ActorConfig
 from progpo.trainer.config import CkptSettings, LoggerSettings, SFTSettings
-from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, TrainSettings
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings
 from progpo.trainer.sft import sft_epoch
 
 logger = logging.getLogger(__name__)

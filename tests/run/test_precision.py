@@ -89,7 +89,7 @@ def test_flags_parse_and_refuse(tmp_path):
 
     assert config_from_args([]).ds.mixed_precision == "auto"  # the CLI's default
     cfg = config_from_args(["--ds.mixed_precision", "off"])
-    assert cfg.actor_config().ds.mixed_precision == "off"
+    assert cfg.actor_config(1).ds.mixed_precision == "off"
     with pytest.raises(FlagError, match=r"^--ds.mixed_precision bf16 .* --ds.param_dtype bf16"):
         config_from_args(["--ds.mixed_precision", "bf16", "--ds.param_dtype", "bf16"])
     with pytest.raises(SystemExit):

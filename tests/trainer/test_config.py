@@ -15,13 +15,13 @@ def test_defaults_and_dotted_flags():
                             "--actor.adam.lr", "2e-5", "--algo.kl.init_coef", "0.05", "--advantage_estimator", "gigpo"])
     assert cfg.env.max_steps == 50 and cfg.env.eval_split == "valid_unseen"
     assert cfg.rollout.n_samples_per_prompt == 6
-    assert cfg.ds.zero_stage == 3 and cfg.actor.adam.lr == 2e-5 and cfg.actor_config().use_ref
-    assert (cfg.actor_config().ds.zero_stage, cfg.actor_config().actor.adam.lr) == (3, 2e-5)
+    assert cfg.ds.zero_stage == 3 and cfg.actor.adam.lr == 2e-5 and cfg.actor_config(1).use_ref
+    assert (cfg.actor_config(1).ds.zero_stage, cfg.actor_config(1).actor.adam.lr) == (3, 2e-5)
     assert cfg.algo.kl.init_coef == 0.05 and cfg.update_config().kl.init_coef == 0.05
     assert cfg.progpo.estimator == "gigpo" == cfg.advantage_estimator
     assert cfg.progpo.max_steps == 50  # estimator horizon follows --env.max_steps
     assert cfg.save_path == "runs/alfworld_gigpo"
-    assert not config_from_args(["--algo.kl.init_coef", "0"]).actor_config().use_ref
+    assert not config_from_args(["--algo.kl.init_coef", "0"]).actor_config(1).use_ref
     assert (cfg.update_config().kl.estimator, cfg.update_config().actor.dual_clip) == ("k3", None)  # defaults
     loss_flags = config_from_args(["--algo.kl.estimator", "k2", "--actor.dual_clip", "3"]).update_config()
     assert (loss_flags.kl.estimator, loss_flags.actor.dual_clip) == ("k2", 3.0)

@@ -64,7 +64,7 @@ def test_schedule_flags_reach_the_actor():
                             "--actor.min_lr_ratio", "0.2", "--env.name", "alfworld_like", "--env.max_steps", "8",
                             "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "16",
                             "--train.batch_size", "64", "--train.num_iterations", "5", "--train.max_epochs", "2"])
-    a = cfg.actor_config()
+    a = cfg.actor_config(cfg.train.iterations(0, 2))  # --train.num_iterations 5 given: no task count needed
     assert (a.actor.lr_scheduler, a.actor.lr_warmup_ratio, a.actor.min_lr_ratio) == ("cosine_with_min_lr", 0.1, 0.2)
     assert a.scheduler_steps == 5 * 2 * 4  # ceil(2 * 16 * 8 / 64) = 4 optimizer steps per epoch at most
     assert isinstance(cfg, TrainConfig)

@@ -13,7 +13,8 @@ import torch
 
 from progpo.agents.types import SamplingParams
 from progpo.run.generation import HFGenerator
-from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, TrainSettings
+from progpo.run.settings import TrainSettings
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings
 from progpo.trainer.sft import mean_nll, sft_epoch
 from progpo.trainer.update import TrainSample, rollout_mismatch
 
