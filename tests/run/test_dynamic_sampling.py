@@ -12,7 +12,8 @@ from progpo.agents.types import Episode, StepRecord
 from progpo.run.dynamic_sampling import (DynamicSamplingStats, equal_returns, group_has_signal, has_signal,
                                          keep_signal_groups)
 from progpo.trainer.actor import ActorConfig
-from progpo.trainer.settings import ActorSettings, AdamSettings, TrainSettings
+from progpo.run.settings import TrainSettings
+from progpo.trainer.settings import ActorSettings, AdamSettings
 
 
 def _episode(uid: str, traj: int, path: list[tuple[str, str, float]], *, won: bool = False,

@@ -20,7 +20,8 @@ from progpo.agents.types import SamplingParams
 from progpo.run.generation import HFGenerator
 from progpo.run.models import disable_dropout
 from progpo.trainer.actor import Actor, ActorConfig
-from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings, TrainSettings
+from progpo.run.settings import TrainSettings
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings
 from progpo.trainer.update import TrainSample, UpdateConfig, ppo_update, prepare
 
 

@@ -10,7 +10,7 @@ from progpo.agents.types import Episode, StepRecord
 from progpo.run.metrics import format_metrics
 from progpo.trainer.loop import signal_metrics
 from progpo.trainer.progress import DEFAULT_SHARES, RunProgress
-from progpo.trainer.settings import TrainSettings
+from progpo.run.settings import TrainSettings
 
 
 def test_position_moves_through_the_stages_by_their_shares():

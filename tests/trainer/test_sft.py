@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from progpo.agents.types import Episode, StepRecord
-from progpo.run.settings import EnvSettings, RolloutSettings
+from progpo.run.settings import EnvSettings, RolloutSettings, TrainSettings
 from progpo.trainer.actor import pack_samples
 from progpo.trainer.config import SFTSettings
-from progpo.trainer.settings import ActorSettings, AdamSettings, TrainSettings
+from progpo.trainer.settings import ActorSettings, AdamSettings
 from progpo.trainer.sft import expert_samples, sft_token_loss
 
 SFT_PROTOCOL = ["--env.max_steps", "8", "--env.history_length", "2", "--rollout.max_prompt_tokens", "384",

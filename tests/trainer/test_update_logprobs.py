@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings, LoraSettings, TrainSettings
+from progpo.run.settings import TrainSettings
+
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings, LoraSettings
 from progpo.trainer.update import TrainSample, UpdateConfig, has_dropout, ppo_update, prepare
 
 

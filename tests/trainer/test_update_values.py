@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from progpo.trainer.actor import Actor, ActorConfig
-from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings, TrainSettings
+from progpo.run.settings import TrainSettings
+from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings
 from progpo.trainer.update import TrainSample, UpdateConfig, ppo_update, prepare
 
 PROMPTS = [[5, 6, 7], [10, 11, 12, 13, 14]]
