@@ -32,7 +32,7 @@ from progpo.agents.types import Episode
 from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY
 from progpo.openrlhf.balance import balance_for_ranks, data_parallel_ranks, rollout_multiple
 from progpo.openrlhf.launch import ray_run
-from progpo.run.dynamic_sampling import DynamicSamplingStats, has_signal
+from progpo.run.dynamic_sampling import DynamicSamplingStats, has_signal, signal_discount
 from progpo.run.failures import check_failures, failure_cause, failure_metrics
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,8 @@ class StepSamplesGenerator(SamplesGenerator):
         dataloader runs out). Returns ``(kept experiences, extra prompts consumed, stats)``."""
         want = self.args.rollout.batch_size
         stats = DynamicSamplingStats()
-        kept = self._signal_blocks(samples, n_samples_per_prompt, stats)
+        gamma = signal_discount(ray_run(self.args).advantage)  # the return the estimator judges signal on
+        kept = self._signal_blocks(samples, n_samples_per_prompt, stats, gamma)
         consumed = 0
         while len(kept) < want * n_samples_per_prompt and stats.rounds < max_rounds and self._dataloader_iter is not None:
             stats.rounds += 1
@@ -262,12 +263,14 @@ class StepSamplesGenerator(SamplesGenerator):
             stats.extra_groups += used
             if dl_exhausted:
                 self._dataloader_iter = None
-            kept += self._signal_blocks(more, n_samples_per_prompt, stats)[: missing * n_samples_per_prompt]
+            kept += self._signal_blocks(more, n_samples_per_prompt, stats, gamma)[: missing * n_samples_per_prompt]
         return kept, consumed, stats
 
     @staticmethod
-    def _signal_blocks(samples: list[Experience], n: int, stats: DynamicSamplingStats) -> list[Experience]:
-        """The experiences of the groups with a return signal; counts drawn and dropped groups into ``stats``."""
+    def _signal_blocks(samples: list[Experience], n: int, stats: DynamicSamplingStats,
+                       gamma: float | None = None) -> list[Experience]:
+        """The experiences of the groups with a return signal (judged on ``G_0`` with ``gamma``, else on ``R``:
+        :func:`progpo.run.dynamic_sampling.signal_discount`); counts drawn and dropped groups into ``stats``."""
         if len(samples) % n:
             raise ValueError(f"{len(samples)} episodes is not a multiple of --rollout.n_samples_per_prompt={n}")
         kept: list[Experience] = []
@@ -278,7 +281,7 @@ class StepSamplesGenerator(SamplesGenerator):
                 raise ValueError("an experience carries no ProGPO episode: --train.agent_func_path must point to "
                                  "progpo/openrlhf/agent.py for per-step estimators")
             stats.drawn_groups += 1
-            if has_signal([ep for ep in episodes if ep.steps]):
+            if has_signal([ep for ep in episodes if ep.steps], gamma):
                 kept.extend(block)
             else:
                 stats.dropped_groups += 1

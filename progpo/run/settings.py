@@ -135,7 +135,7 @@ class RolloutSettings:
     backend: Literal["hf", "vllm"] = "hf"
     """generation engine. train: hf (transformers generate on the actor's own weights) or vllm (an in-process vllm.LLM). train_ray: vllm (OpenRLHF as shipped: vLLM, flash-attn, NCCL; GPU nodes) or hf (the same job on CPU for a laptop dry run: local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engines; docs/distributed.md)"""
     dynamic_sampling: bool = False
-    """drop groups whose rollouts all got the same return (no learning signal) from the update and draw new tasks until --rollout.batch_size groups carry signal or --rollout.dynamic_sampling_max_rounds extra rounds were played (DAPO's dynamic sampling; beside OpenRLHF's --algo.dynamic_filtering_*)"""
+    """drop groups whose rollouts all got the same return (no learning signal; the return the estimator judges signal on: the discounted G_0 for ProGPO's default, the episode return for the others) from the update and draw new tasks until --rollout.batch_size groups carry signal or --rollout.dynamic_sampling_max_rounds extra rounds were played (DAPO's dynamic sampling; beside OpenRLHF's --algo.dynamic_filtering_*)"""
     dynamic_sampling_max_rounds: int = 2
     """most extra rollout rounds per iteration under --rollout.dynamic_sampling, each drawing as many new tasks as groups are missing (0: only drop)"""
 

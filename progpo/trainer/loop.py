@@ -26,7 +26,8 @@ from progpo.agents.episode import EpisodeConfig, TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
 from progpo.run.answer_format import check_model_answer_format
 from progpo.run.checkpoint import CheckpointManager, check_run_dir
-from progpo.run.dynamic_sampling import DynamicSamplingStats, equal_returns, group_returns, keep_signal_groups
+from progpo.run.dynamic_sampling import (DynamicSamplingStats, equal_returns, group_returns, keep_signal_groups,
+                                         signal_discount)
 from progpo.trainer.config import TrainConfig
 from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
@@ -75,8 +76,9 @@ def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
 
     Returns:
         ``rollout/flat_group_frac``: share of groups (tasks, by ``uid``, with >= 1 finished episode)
-        whose episode returns are all equal (:func:`progpo.run.dynamic_sampling.equal_returns`, the
-        criterion dynamic sampling drops groups by): such a group has no episode-level signal, and
+        whose episode returns ``R_i`` are all equal (:func:`progpo.run.dynamic_sampling.equal_returns`;
+        dynamic sampling drops such groups unless the estimator judges on ``G_0``, ProGPO's default): such
+        a group has no episode-level signal, and
         when every group is flat the batch carries none at all. A group left with one finished
         episode (the others failed) is flat: there is nothing to compare its return with.
         ``env/score_mean``: mean of the episodes' ``info["score"]`` (WebShop's [0, 1] score), when the
@@ -323,7 +325,8 @@ class Trainer:
 
     def _keep_signal(self, episodes: list[Episode], stats: DynamicSamplingStats, want: int | None = None) -> list[Episode]:
         """The groups of ``episodes`` with a return signal (at most ``want``); counts drawn and dropped groups."""
-        kept, kept_uids, no_signal = keep_signal_groups(episodes, self.cfg.rollout.batch_size if want is None else want)
+        kept, kept_uids, no_signal = keep_signal_groups(episodes, self.cfg.rollout.batch_size if want is None else want,
+                                                        signal_discount(self.cfg.progpo))
         stats.drawn_groups += len({ep.uid for ep in episodes})
         stats.dropped_groups += no_signal
         return kept

@@ -10,7 +10,7 @@ from progpo.advantages import AdvantageConfig, Estimator, compute_advantages
 from progpo.agents.batching import episodes_to_step_batch
 from progpo.agents.types import Episode, StepRecord
 from progpo.run.dynamic_sampling import (DynamicSamplingStats, equal_returns, group_has_signal, has_signal,
-                                         keep_signal_groups)
+                                         keep_signal_groups, signal_discount, signal_return)
 from progpo.trainer.actor import ActorConfig
 from progpo.run.settings import TrainSettings
 from progpo.trainer.settings import ActorSettings, AdamSettings
@@ -37,8 +37,9 @@ def batch_with_a_flat_group() -> list[Episode]:
          _episode("a", 1, [("s", "x", 0.0), ("t", "z", 0.0)]),
          _episode("a", 2, [("s", "w", -0.1), ("u", "y", 0.0)]),
          _episode("a", 3, [("s", "x", 0.0), ("u", "y", 10.0)], won=True)]
-    # all returns -0.1 (no signal), but the penalty comes at another step: GiGPO's step groups still differ
-    b = [_episode("b", 4 + k, [("s", "x", -0.1), ("v", "y", 0.0)] if k % 2 else [("s", "w", 0.0), ("v", "y", -0.1)])
+    # the same reward sequence (-0.1, 0) in every episode: no signal by R or by G_0; but state s is met at t = 0
+    # in some episodes and at t = 1 in others, so GiGPO's step group of s still sees different returns
+    b = [_episode("b", 4 + k, [("v", "x", -0.1), ("s", "y", 0.0)] if k % 2 else [("s", "w", -0.1), ("v", "y", 0.0)])
          for k in range(4)]
     c = [_episode("c", 8, [("m", "x", 0.0), ("n", "y", 5.0)]),
          _episode("c", 9, [("m", "x", 0.0), ("n", "z", 0.0)]),
@@ -74,7 +75,7 @@ def test_kept_groups_get_the_advantages_of_the_full_batch(estimator):
     eps = batch_with_a_flat_group()
     cfg = AdvantageConfig(estimator=estimator, max_steps=2)
     full = np.asarray(compute_advantages(episodes_to_step_batch(eps), cfg).advantages)
-    kept, _, _ = keep_signal_groups(eps, want=3)
+    kept, _, _ = keep_signal_groups(eps, want=3, gamma=signal_discount(cfg))
     part = np.asarray(compute_advantages(episodes_to_step_batch(kept), cfg).advantages)
     rows_kept = np.array([ep.uid != "b" for ep in eps for _ in ep.steps])
     assert rows_kept.sum() == part.size == 16
@@ -90,10 +91,33 @@ def test_progpo_zeroes_exactly_the_groups_dynamic_sampling_drops():
     batch = episodes_to_step_batch(eps)
     progpo = np.asarray(compute_advantages(batch, AdvantageConfig(estimator="progpo", max_steps=2)).advantages)
     gigpo = np.asarray(compute_advantages(batch, AdvantageConfig(estimator="gigpo", max_steps=2)).advantages)
-    signal = group_has_signal(eps)
+    signal = group_has_signal(eps, signal_discount(AdvantageConfig(estimator="progpo")))
     for u, ok in signal.items():
         assert np.all(progpo[uid == u] == 0.0) == (not ok), u
     assert np.any(gigpo[uid == "b"] != 0.0)
+
+
+def _timing_only_group() -> list[Episode]:
+    """Every return is -0.1 but the penalty falls at t = 0 or t = 1: G_0 = -0.1 or -0.095 (gamma 0.95)."""
+    return [_episode("e", k, [("s", "x", -0.1), ("v", "y", 0.0)] if k % 2 else [("s", "w", 0.0), ("v", "y", -0.1)])
+            for k in range(4)]
+
+
+def test_the_criterion_follows_the_return_the_estimator_judges_signal_on():
+    """ProGPO's default judges on G_0 and keeps the group; the baselines (and ProGPO's paper reading) judge on
+    R, as DAPO does, and drop it. Either way the dropped groups are exactly those ProGPO zeroes."""
+    eps = _timing_only_group()
+    progpo = AdvantageConfig(estimator="progpo", max_steps=2)
+    assert signal_discount(progpo) == 0.95
+    assert signal_discount(AdvantageConfig(estimator="gigpo")) is None and signal_discount(None) is None
+    assert signal_discount(AdvantageConfig(estimator="progpo", zero_signal_return="sum")) is None
+    assert signal_return(eps[0], 0.95) == pytest.approx(-0.095) and signal_return(eps[1], 0.95) == pytest.approx(-0.1)
+    assert signal_return(eps[0]) == pytest.approx(-0.1)
+    assert group_has_signal(eps) == {"e": False} and group_has_signal(eps, 0.95) == {"e": True}
+    assert keep_signal_groups(eps, 1, signal_discount(progpo))[1] == ["e"]
+    assert keep_signal_groups(eps, 1)[1] == []
+    adv = compute_advantages(episodes_to_step_batch(eps), progpo).advantages
+    assert np.any(np.asarray(adv) != 0.0)  # the group ProGPO keeps carries step credit
 
 
 # ---- the local loop's draws ------------------------------------------------------------------------
