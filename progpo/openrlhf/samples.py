@@ -268,7 +268,7 @@ class StepSamplesGenerator(SamplesGenerator):
 
     @staticmethod
     def _signal_blocks(samples: list[Experience], n: int, stats: DynamicSamplingStats,
-                       gamma: float | None = None) -> list[Experience]:
+                       gamma: float | None) -> list[Experience]:
         """The experiences of the groups with a return signal (judged on ``G_0`` with ``gamma``, else on ``R``:
         :func:`progpo.run.dynamic_sampling.signal_discount`); counts drawn and dropped groups into ``stats``."""
         if len(samples) % n:

@@ -48,7 +48,8 @@ def signal_discount(cfg: AdvantageConfig | None) -> float | None:
 
 
 def signal_return(ep: Episode, gamma: float | None = None) -> float:
-    """``R_i = sum_t r_{i,t}`` (``gamma`` None) or ``G_{i,0} = sum_t gamma^t r_{i,t}``, penalties included."""
+    """One episode's return in reward units, penalties included: ``R_i = sum_t r_{i,t}`` (``gamma`` None) or the
+    discounted ``G_{i,0} = sum_t gamma^t r_{i,t}`` (Sutton & Barto 2018, eq. 3.8), ``t`` over ``ep.steps``."""
     if gamma is None:
         return float(ep.episode_return)
     return float(sum(gamma**t * s.reward for t, s in enumerate(ep.steps)))
