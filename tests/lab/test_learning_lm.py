@@ -103,6 +103,29 @@ def test_each_regime_has_its_own_defaults_and_a_flag_wins():
             old.sft_lr, old.kl) == (3, 4, 5, 6, 0, 7, 2, 1e-2, 0.1)  # the former names, for one release
 
 
+def test_the_fresh_warm_start_is_the_command_whose_clone_reads_the_family(monkeypatch, tmp_path):
+    """The fresh regime's warm start sums each batch of 8 over micro-batches of 2 (the sft command's default):
+    that command's clone copies receptacle numbers, the one with one micro-batch of 8 stalled before it did
+    (FRESH_CLONE_NOTE). The fixed regime keeps 8, as its block was made. The flag reaches the sft command."""
+    import subprocess
+
+    fixed, fresh = learning_lm.parse_args([]), learning_lm.parse_args(["--regime", "fresh"])
+    assert (fixed.sft_micro_batch, fresh.sft_micro_batch) == (8, 2)
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen["cmd"] = cmd
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    for args, micro in ((fresh, "2"), (fixed, "8")):
+        with pytest.raises(RuntimeError, match="stop here"):
+            learning_lm.sft_job("alfworld_like", str(tmp_path / "sft"), learning_lm._settings(args))
+        cmd = seen["cmd"]
+        assert cmd[cmd.index("--train.micro_batch_size") + 1] == micro
+        assert cmd[cmd.index("--sft.batch_size") + 1] == "8"
+
+
 def test_the_paired_gap_compares_second_halves_seed_by_seed():
     from types import SimpleNamespace
 
