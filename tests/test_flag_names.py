@@ -204,3 +204,26 @@ def test_train_ray_s_former_names_parse_with_one_warning_line(argv, dest, value,
     assert getattr(ns, dest) == value
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
     assert len(err) == 1 and f"warning: {argv[0]} is deprecated" in err[0] and line in err[0], err
+
+
+@pytest.mark.parametrize("command", [["progpo.cli.bench", "learning"], ["progpo.cli.bench", "learning-lm"],
+                                     ["progpo.lab.learning_probe"], ["progpo.lab.kind_trace"],
+                                     ["progpo.lab.collapse_trace"]])
+def test_a_lab_restating_the_run_length_says_what_it_means_there(command):
+    """train's help of --train.num_iterations describes its None default (one pass over the training tasks);
+    no lab run takes that default, so the lab says the setting in its own words (restate's ``words``)."""
+    import argparse
+    import subprocess
+    import sys
+
+    from progpo.run import flags
+    from progpo.trainer.config import TrainConfig
+
+    out = subprocess.run([sys.executable, "-m", command[0], *command[1:], "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    shown = " ".join(out.split())
+    assert "--train.num_iterations N rollout + update iterations per run" in shown
+    assert "one pass over the training tasks" not in shown
+    p = argparse.ArgumentParser()
+    flags.restate(p, TrainConfig, "--train.num_iterations", default=3, words="my words", note="here")
+    assert "my words; here (default: 3)" in " ".join(p.format_help().split())

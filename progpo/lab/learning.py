@@ -45,6 +45,11 @@ COLLAPSE_RULE = (f"final success (last {FINAL_WINDOW} iterations) below {COLLAPS
 
 
 #: the training settings this lab restates (their flags are the trainer's): parsed attribute -> flag.
+ITERATIONS_HELP = ("rollout + update iterations per run, each --rollout.batch_size tasks x "
+                   "--rollout.n_samples_per_prompt episodes then the update")
+"""The lab's help of ``--train.num_iterations``: train's own words describe its ``None`` default (one pass over
+the training tasks), which no lab run takes (:func:`progpo.run.flags.restate`'s ``words``)."""
+
 RESTATED = {"iterations": "--train.num_iterations", "tasks": "--rollout.batch_size", "rollouts": "--rollout.n_samples_per_prompt"}
 
 
@@ -68,7 +73,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for option, dest, default, old in (("--train.num_iterations", "iterations", 100, ("--iterations",)),
                                        ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
                                        ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
-        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the tabular learner", old=old)
+        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the tabular learner", old=old,
+                      words=ITERATIONS_HELP if dest == "iterations" else None)
     ap.add_argument("--lr", type=float, default=10.0, help="learning rate of every row when there is no sweep")
     ap.add_argument("--lr-sweep", default="", help="comma list of learning rates; each row runs at its best")
     ap.add_argument("--sweep-seeds", type=int, default=5, help="seeds per (row, lr) of the sweep (seeds 1000+)")

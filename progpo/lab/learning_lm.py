@@ -57,7 +57,7 @@ from progpo.lab import learning_report as lr_report
 from progpo.lab import report
 from progpo.lab.fidelity_core import ORACLE_ROW, Variant, config_base, mean_ci
 from progpo.lab.learner import RunResult, RunSpec
-from progpo.lab.learning import SWEEP_SEED0, parse_lr_grid, parse_rows
+from progpo.lab.learning import ITERATIONS_HELP, SWEEP_SEED0, parse_lr_grid, parse_rows
 from progpo.lab.survival import fmt_steps
 from progpo.run import flags
 from progpo.trainer.config import TrainConfig
@@ -131,7 +131,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     "(default: fixed 1e-3,2e-3; fresh 3e-4,1e-3)")
     ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds per (row, lr) of the sweep (seeds 1000+)")
     ap.add_argument("--seeds", type=int, default=5, help="final seeds per row (0..n-1)")
-    restated = (("--train.num_iterations", "iterations", None, "per run (default 16)", ("--iterations",)),
+    restated = (("--train.num_iterations", "iterations", None, "default 16", ("--iterations",)),
                 ("--rollout.batch_size", "tasks", None, "default: fixed 2, fresh 4", ("--tasks",)),
                 ("--rollout.n_samples_per_prompt", "rollouts", None, "default: fixed 16, fresh 8", ("--rollouts",)),
                 ("--env.max_steps", "max_steps", 8, "of every run and of the warm start", ("--max-steps",)),
@@ -143,7 +143,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                 ("--sft.lr", "sft_lr", 3e-3, "of the warm start", ("--sft-lr",)),
                 ("--algo.kl.init_coef", "kl", 0.0, "of the RL runs", ("--kl",)))
     for option, dest, default, note, old in restated:
-        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note=note, old=old)
+        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note=note, old=old,
+                      words=ITERATIONS_HELP if dest == "iterations" else None)
     ap.add_argument("--pool", type=int, default=None,
                     help="fixed regime: training tasks, train-split tasks 0..pool-1; the warm start clones them and "
                          "every iteration draws --rollout.batch_size of them (the trainer's seeded shuffle); default "

@@ -345,7 +345,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
 
 def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: type, option: str, *,  # noqa: SLF001
             prefix: Sequence[str] = (), dest: str | None = None, default: Any = MISSING, note: str = "",
-            old: Sequence[str] = ()) -> Flag:
+            old: Sequence[str] = (), words: str | None = None) -> Flag:
     """Add one setting of the settings tree ``root`` (e.g. ``TrainConfig``) to a bench or lab parser.
 
     The flag's name, type, choices and help are the generator's (:func:`iter_flags`), so a bench that
@@ -358,7 +358,9 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
         option: the training flag (``--env.max_steps``). dest: the attribute of the parsed namespace
             (default: the dotted path). default: the bench's default (default: the setting's own).
         note: bench-specific words appended to the help. old: the bench's former names of the setting:
-            they parse for one release, with a one-line deprecation naming ``option``.
+            they parse for one release, with a one-line deprecation naming ``option``. words: the bench's own
+            help in place of the setting's, where the setting's words do not hold in the bench (a ``None``
+            default that ``train`` resolves and the bench never passes).
 
     Returns:
         The :class:`Flag` added.
@@ -370,7 +372,8 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
     default = flag.default if default is MISSING else default
     kwargs = argparse_kwargs(flag)
     dest = dest or flag.dest
-    text = f"{flag.help}; {note}" if note else flag.help
+    own = flag.help if words is None else words
+    text = f"{own}; {note}" if note else own
     shown = f"{text} (default: {_show(default)})".replace("%", "%%")
     parser.add_argument(option, dest=dest, default=default, help=shown, **kwargs)
     kwargs.pop("metavar", None)
