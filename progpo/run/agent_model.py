@@ -24,8 +24,10 @@ Why this size and tokenizer (measured on this 2-core CPU machine, shared):
   Width 128 (648k parameters) learned no more: behaviour-cloned for 12 epochs on 64 tasks' expert steps,
   neither width won any of 64 episodes on unseen test tasks (held-out NLL 0.41 at width 64, 0.37 at 128),
   while both reproduce tasks they were cloned on. Cloned on many more tasks for longer (1,600
-  ``alfworld_like`` tasks, 8,832 expert steps, 8 epochs, 15 min on one thread: NLL 0.046), width 64
-  does read the prompt: it wins 40 of 256 episodes on unseen test tasks (0.156, sampled at T = 1).
+  ``alfworld_like`` tasks, 8,832 expert steps, 8 epochs, micro-batches of 2, 15 min on one thread: NLL 0.046),
+  width 64 does read the prompt: it wins 40 of 256 episodes on unseen test tasks (0.156, sampled at T = 1).
+  That skill (copying a receptacle's number) arrives in a jump that a run may miss: with one micro-batch of 8
+  the same clone stalled at NLL 0.105 and won none (``progpo.lab.learning_lm.FRESH_CLONE_NOTE``).
 
 Built once into ``~/.cache/progpo/models/tiny-agent-<hash>`` (written to a temporary folder, then renamed),
 keyed on the config and the corpus version.
