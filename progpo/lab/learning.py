@@ -44,12 +44,12 @@ COLLAPSE_RULE = (f"final success (last {FINAL_WINDOW} iterations) below {COLLAPS
                  f"mean and at least {MIN_DROP:g} under it")
 
 
-#: the training settings this lab restates (their flags are the trainer's): parsed attribute -> flag.
 ITERATIONS_HELP = ("rollout + update iterations per run, each --rollout.batch_size tasks x "
                    "--rollout.n_samples_per_prompt episodes then the update")
 """The lab's help of ``--train.num_iterations``: train's own words describe its ``None`` default (one pass over
 the training tasks), which no lab run takes (:func:`progpo.run.flags.restate`'s ``words``)."""
 
+#: the training settings this lab restates (their flags are the trainer's): parsed attribute -> flag.
 RESTATED = {"iterations": "--train.num_iterations", "tasks": "--rollout.batch_size", "rollouts": "--rollout.n_samples_per_prompt"}
 
 
