@@ -111,6 +111,15 @@ class LMRunResult(RunResult):
     resumed: bool = False  #: read back from the run folder of an earlier invocation with the same flags
 
 
+def regime_default_text(name: str) -> str:
+    """How the help shows the default of ``name`` (:data:`REGIME_DEFAULTS`): ``16`` where every regime has it,
+    else ``fixed 2, fresh 4``."""
+    values = {regime: defaults[name] for regime, defaults in REGIME_DEFAULTS.items()}
+    if len(set(values.values())) == 1:
+        return str(next(iter(values.values())))
+    return ", ".join(f"{regime} {value}" for regime, value in values.items())
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """CLI flags (``--help`` lists them).
 
@@ -131,20 +140,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     "(default: fixed 1e-3,2e-3; fresh 3e-4,1e-3)")
     ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds per (row, lr) of the sweep (seeds 1000+)")
     ap.add_argument("--seeds", type=int, default=5, help="final seeds per row (0..n-1)")
-    restated = (("--train.num_iterations", "iterations", None, "default 16", ("--iterations",)),
-                ("--rollout.batch_size", "tasks", None, "default: fixed 2, fresh 4", ("--tasks",)),
-                ("--rollout.n_samples_per_prompt", "rollouts", None, "default: fixed 16, fresh 8", ("--rollouts",)),
+    restated = (("--train.num_iterations", "iterations", None, "", ("--iterations",)),
+                ("--rollout.batch_size", "tasks", None, "", ("--tasks",)),
+                ("--rollout.n_samples_per_prompt", "rollouts", None, "", ("--rollouts",)),
                 ("--env.max_steps", "max_steps", 8, "of every run and of the warm start", ("--max-steps",)),
                 ("--env.history_length", "history", 1, "of every run and of the warm start", ("--history",)),
-                ("--sft.num_tasks", "sft_tasks", None, "of the warm start (default: fixed 170, fresh 1600)",
-                 ("--sft-tasks",)),
-                ("--sft.max_epochs", "sft_epochs", None, "of the warm start (default: fixed 1, fresh 8)",
-                 ("--sft-epochs",)),
+                ("--sft.num_tasks", "sft_tasks", None, "of the warm start", ("--sft-tasks",)),
+                ("--sft.max_epochs", "sft_epochs", None, "of the warm start", ("--sft-epochs",)),
                 ("--sft.lr", "sft_lr", 3e-3, "of the warm start", ("--sft-lr",)),
                 ("--algo.kl.init_coef", "kl", 0.0, "of the RL runs", ("--kl",)))
     for option, dest, default, note, old in restated:
         flags.restate(ap, TrainConfig, option, dest=dest, default=default, note=note, old=old,
-                      words=ITERATIONS_HELP if dest == "iterations" else None)
+                      words=ITERATIONS_HELP if dest == "iterations" else None,
+                      shown_default=regime_default_text(dest) if dest in REGIME_DEFAULTS["fixed"] else None)
     ap.add_argument("--pool", type=int, default=None,
                     help="fixed regime: training tasks, train-split tasks 0..pool-1; the warm start clones them and "
                          "every iteration draws --rollout.batch_size of them (the trainer's seeded shuffle); default "

@@ -345,7 +345,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
 
 def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: type, option: str, *,  # noqa: SLF001
             prefix: Sequence[str] = (), dest: str | None = None, default: Any = MISSING, note: str = "",
-            old: Sequence[str] = (), words: str | None = None) -> Flag:
+            old: Sequence[str] = (), words: str | None = None, shown_default: str | None = None) -> Flag:
     """Add one setting of the settings tree ``root`` (e.g. ``TrainConfig``) to a bench or lab parser.
 
     The flag's name, type, choices and help are the generator's (:func:`iter_flags`), so a bench that
@@ -360,7 +360,8 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
         note: bench-specific words appended to the help. old: the bench's former names of the setting:
             they parse for one release, with a one-line deprecation naming ``option``. words: the bench's own
             help in place of the setting's, where the setting's words do not hold in the bench (a ``None``
-            default that ``train`` resolves and the bench never passes).
+            default that ``train`` resolves and the bench never passes). shown_default: what the help shows as
+            the default in place of ``default`` (a bench that fills ``None`` from other flags, e.g. per regime).
 
     Returns:
         The :class:`Flag` added.
@@ -374,7 +375,7 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
     dest = dest or flag.dest
     own = flag.help if words is None else words
     text = f"{own}; {note}" if note else own
-    shown = f"{text} (default: {_show(default)})".replace("%", "%%")
+    shown = f"{text} (default: {_show(default) if shown_default is None else shown_default})".replace("%", "%%")
     parser.add_argument(option, dest=dest, default=default, help=shown, **kwargs)
     kwargs.pop("metavar", None)
     for name in old:

@@ -142,3 +142,14 @@ def test_the_paired_gap_compares_second_halves_seed_by_seed():
     table = learning_lm.detail_table({"ref": ref, "a": a[:2]}, {"ref": 1e-3, "a": 1e-3}, "ref")
     assert "second-half success - ref's, paired by seed" in table.splitlines()[0]
     assert "| 0.200 ± 1.271 |" in table  # mean of [0.3, 0.1], t(0.975, 1) * sd 0.1414 / sqrt 2
+
+
+def test_the_help_shows_each_regime_default_from_regime_defaults(capsys):
+    """A setting the regime fills shows the regime's defaults, read from REGIME_DEFAULTS, not argparse's None."""
+    with pytest.raises(SystemExit):
+        learning_lm.parse_args(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in shown
+    assert "(default: fixed 2, fresh 4)" in shown and "(default: fixed 170, fresh 1600)" in shown
+    assert learning_lm.regime_default_text("iterations") == "16"
+    assert learning_lm.regime_default_text("sft_epochs") == "fixed 1, fresh 8"
