@@ -39,7 +39,7 @@ from progpo.lab.fidelity_core import ORACLE_ROW, select_variants
 from progpo.lab.learner import Context, TaskSource, build_source, make_context, oracle_advantages
 from progpo.run import flags
 from progpo.trainer.config import TrainConfig
-from progpo.lab.learning import ITERATIONS_HELP, RESTATED
+from progpo.lab.learning import LAB_WORDS, RESTATED
 
 
 def _advantages(ctx: Context, row, roll: engine.Rollout, g: engine.Graph, p: np.ndarray) -> np.ndarray:
@@ -155,7 +155,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                                        ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
                                        ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
         flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the traced run", old=old,
-                      words=ITERATIONS_HELP if dest == "iterations" else None)
+                      words=LAB_WORDS.get(option))
     ap.add_argument("--show", type=int, default=20, help="trace lines printed (iterations 0..show-1)")
     ap.add_argument("--compare", default="hgpo,gigpo,grpo", help="rows whose |A| on the same batches is printed")
     ap.add_argument("--escape-at", type=int, default=0, help="iteration the escape runs start from (0 = none)")

@@ -39,7 +39,7 @@ from progpo.envs.synthetic.families import family_config, get_family
 from progpo.lab import engine, report
 from progpo.lab.fidelity_core import select_variants
 from progpo.lab.learner import Context, build_source, make_context
-from progpo.lab.learning import ITERATIONS_HELP, RESTATED
+from progpo.lab.learning import LAB_WORDS, RESTATED
 from progpo.run import flags
 from progpo.trainer.config import TrainConfig
 
@@ -216,7 +216,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                                        ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
                                        ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
         flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the traced runs", old=old,
-                      words=ITERATIONS_HELP if dest == "iterations" else None)
+                      words=LAB_WORDS.get(option))
     ap.add_argument("--every", type=int, default=5, help="probe every this many iterations")
     ap.add_argument("--sign-threshold", type=float, default=0.1, help="|A*| from which a step counts for sign")
     ap.add_argument("--workers", type=int, default=1, help="processes compiling the task pool")

@@ -44,10 +44,13 @@ COLLAPSE_RULE = (f"final success (last {FINAL_WINDOW} iterations) below {COLLAPS
                  f"mean and at least {MIN_DROP:g} under it")
 
 
-ITERATIONS_HELP = ("rollout + update iterations per run, each --rollout.batch_size tasks x "
-                   "--rollout.n_samples_per_prompt episodes then the update")
-"""The lab's help of ``--train.num_iterations``: train's own words describe its ``None`` default (one pass over
-the training tasks), which no lab run takes (:func:`progpo.run.flags.restate`'s ``words``)."""
+LAB_WORDS: dict[str, str] = {
+    "--train.num_iterations": "rollout + update iterations per run, each --rollout.batch_size tasks x "
+                              "--rollout.n_samples_per_prompt episodes then the update",
+}
+"""The lab's own help of a training flag it restates, where train's words do not hold in the lab
+(:func:`progpo.run.flags.restate`'s ``words``): train's ``--train.num_iterations`` help describes its ``None``
+default (one pass over the training tasks), which no lab run takes."""
 
 #: the training settings this lab restates (their flags are the trainer's): parsed attribute -> flag.
 RESTATED = {"iterations": "--train.num_iterations", "tasks": "--rollout.batch_size", "rollouts": "--rollout.n_samples_per_prompt"}
@@ -74,7 +77,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                                        ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
                                        ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
         flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the tabular learner", old=old,
-                      words=ITERATIONS_HELP if dest == "iterations" else None)
+                      words=LAB_WORDS.get(option))
     ap.add_argument("--lr", type=float, default=10.0, help="learning rate of every row when there is no sweep")
     ap.add_argument("--lr-sweep", default="", help="comma list of learning rates; each row runs at its best")
     ap.add_argument("--sweep-seeds", type=int, default=5, help="seeds per (row, lr) of the sweep (seeds 1000+)")

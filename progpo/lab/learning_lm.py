@@ -57,7 +57,7 @@ from progpo.lab import learning_report as lr_report
 from progpo.lab import report
 from progpo.lab.fidelity_core import ORACLE_ROW, Variant, config_base, mean_ci
 from progpo.lab.learner import RunResult, RunSpec
-from progpo.lab.learning import ITERATIONS_HELP, SWEEP_SEED0, parse_lr_grid, parse_rows
+from progpo.lab.learning import LAB_WORDS, SWEEP_SEED0, parse_lr_grid, parse_rows
 from progpo.lab.survival import fmt_steps
 from progpo.run import flags
 from progpo.trainer.config import TrainConfig
@@ -151,7 +151,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                 ("--algo.kl.init_coef", "kl", 0.0, "of the RL runs", ("--kl",)))
     for option, dest, default, note, old in restated:
         flags.restate(ap, TrainConfig, option, dest=dest, default=default, note=note, old=old,
-                      words=ITERATIONS_HELP if dest == "iterations" else None,
+                      words=LAB_WORDS.get(option),
                       shown_default=regime_default_text(dest) if dest in REGIME_DEFAULTS["fixed"] else None)
     ap.add_argument("--pool", type=int, default=None,
                     help="fixed regime: training tasks, train-split tasks 0..pool-1; the warm start clones them and "

@@ -28,7 +28,7 @@ from scipy.stats import spearmanr
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
 from progpo.lab.fidelity_core import config_base, prompt_key
-from progpo.lab.learning import ITERATIONS_HELP
+from progpo.lab.learning import LAB_WORDS
 from progpo.lab.oracle import ExactOracle
 from progpo.envs.synthetic.families import AlfworldFamily
 from progpo.envs.synthetic.alfworld_like import SyntheticTask, make_tasks
@@ -229,7 +229,7 @@ def main(argv: Sequence[str]) -> int:
     ap.add_argument("--mode", choices=("batch", "train"), default="batch")
     ap.add_argument("--batches", type=int, default=5, help="batch mode: batches (seeds)")
     flags.restate(ap, TrainConfig, "--train.num_iterations", dest="iterations", default=41,
-                  note="train mode: policy updates", old=("--iterations",), words=ITERATIONS_HELP)
+                  note="train mode: policy updates", old=("--iterations",), words=LAB_WORDS["--train.num_iterations"])
     ap.add_argument("--every", type=int, default=5, help="train mode: measure every this many iterations")
     flags.restate(ap, AdvantageConfig, "--progpo.beta_episode", prefix=("progpo",), dest="beta_episode", default=0.0,
                   note="train mode", old=("--beta-episode",))
