@@ -83,7 +83,7 @@ FRESH_CLONE_NOTE = (
     "batch 8, with the gradient summed over micro-batches of 2 (the sft command's default), jump between "
     "epochs 5 and 6 (NLL 0.112 -> 0.058, final 0.046; `bench clone`: open/take/put 0.98-1.00 = expert); summed "
     "over one micro-batch of 8 they stall (final 0.105 at seed 0, 0.139 at seed 1; the clone writes "
-    "'receptacle 1' for every number, take/put 0.03-0.40, and wins none of 64 unseen tasks). The micro-batch "
+    "'receptacle 1' for every number, open/take/put 0.16-0.40, and wins 1 of 64 unseen tasks). The micro-batch "
     "does not change the gradient, only its floating-point sum; measured 2026-12-04.")
 
 NO_ORACLE = (
