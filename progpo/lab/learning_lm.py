@@ -82,7 +82,7 @@ FRESH_CLONE_NOTE = (
     "and whether 8 epochs reach the jump depends on the run's rounding: the same 8,832 samples, lr 3e-3 and "
     "batch 8, with the gradient summed over micro-batches of 2 (the sft command's default), jump between "
     "epochs 5 and 6 (NLL 0.112 -> 0.058, final 0.046; `bench clone`: open/take/put 0.98-1.00 = expert); summed "
-    "over one micro-batch of 8 they stall (final 0.105 at seed 0, 0.139 at seed 1; the clone writes "
+    "over one micro-batch of 8 they stall (final 0.105 at seed 0, 0.137 at seed 1; the clone writes "
     "'receptacle 1' for every number, open/take/put 0.16-0.40, and wins 1 of 64 unseen tasks). The micro-batch "
     "does not change the gradient, only its floating-point sum; measured 2026-12-04.")
 
