@@ -70,6 +70,10 @@ DEFAULT_ROWS = ("grpo", "gigpo", "hgpo", "progpo", "progpo preset=paper")
 #: ``sft_micro_batch`` (no flag) is the warm start's ``--train.micro_batch_size``: 2, the sft command's own
 #: default, for fresh tasks, because that is the command whose clone reads the family (see
 #: :data:`FRESH_CLONE_NOTE`); 8 for fixed tasks, as their block was made.
+#: The warm start's batch (episodes' step samples per optimizer step) in every regime; ``sft_micro_batch`` below
+#: only splits its sum.
+SFT_BATCH = 8
+
 REGIME_DEFAULTS: dict[str, dict[str, object]] = {
     "fixed": {"tasks": 2, "rollouts": 16, "iterations": 16, "sft_tasks": 170, "sft_epochs": 1,
               "lr_sweep": "1e-3,2e-3", "sft_micro_batch": 8},
@@ -111,13 +115,13 @@ class LMRunResult(RunResult):
     resumed: bool = False  #: read back from the run folder of an earlier invocation with the same flags
 
 
-def regime_default_text(name: str) -> str:
+def regime_default_text(name: str, sep: str = ", ") -> str:
     """How the help shows the default of ``name`` (:data:`REGIME_DEFAULTS`): ``16`` where every regime has it,
-    else ``fixed 2, fresh 4``."""
+    else ``fixed 2, fresh 4`` (regimes joined by ``sep``; ``"; "`` for a value that is itself a comma list)."""
     values = {regime: defaults[name] for regime, defaults in REGIME_DEFAULTS.items()}
     if len(set(values.values())) == 1:
         return str(next(iter(values.values())))
-    return ", ".join(f"{regime} {value}" for regime, value in values.items())
+    return sep.join(f"{regime} {value}" for regime, value in values.items())
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -137,7 +141,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     help="fixed: a pool of train-split tasks 0..pool-1, cloned by the warm start; fresh: new tasks "
                          "from the whole train split every iteration (a warm start that clones the family)")
     ap.add_argument("--lr-sweep", default=None, help="comma list of learning rates; each row runs at its best "
-                    "(default: fixed 1e-3,2e-3; fresh 3e-4,1e-3)")
+                    f"(default: {regime_default_text('lr_sweep', sep='; ')})")
     ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds per (row, lr) of the sweep (seeds 1000+)")
     ap.add_argument("--seeds", type=int, default=5, help="final seeds per row (0..n-1)")
     restated = (("--train.num_iterations", "iterations", None, "", ("--iterations",)),
@@ -251,7 +255,7 @@ def sft_job(env: str, out: str, args: dict) -> dict:
     flags = ["--env.name", env, "--actor.model_name_or_path", "tiny-agent", "--ckpt.path", out,
              "--env.max_steps", str(args["max_steps"]), "--env.history_length", str(args["history"]),
              *pool_flags(args), "--sft.num_tasks", str(args["sft_tasks"]),
-             "--sft.max_epochs", str(args["sft_epochs"]), "--sft.batch_size", "8",
+             "--sft.max_epochs", str(args["sft_epochs"]), "--sft.batch_size", str(SFT_BATCH),
              "--train.micro_batch_size", str(args["sft_micro_batch"]), "--sft.lr", str(args["sft_lr"]),
              "--rollout.max_new_tokens", "48", "--train.seed", "0", "--logger.progress_bar", "false"]
     summary_path = _cached(out, "sft_summary.json", flags)
@@ -457,8 +461,8 @@ def run(args: argparse.Namespace) -> str:
     else:
         regime = f"a **pool** of {args.pool} train-split tasks, {args.tasks} drawn per iteration"
     head = (f"Transformer policy `tiny-agent` ({_model_line()}), warm-started by `progpo.cli.sft` on "
-            f"{args.sft_tasks} expert episodes ({args.sft_epochs} epoch(s), lr {args.sft_lr:g}, batch 8 summed over "
-            f"micro-batches of {args.sft_micro_batch}), then trained by the "
+            f"{args.sft_tasks} expert episodes ({args.sft_epochs} epoch(s), lr {args.sft_lr:g}, batch {SFT_BATCH} "
+            f"summed over micro-batches of {args.sft_micro_batch}), then trained by the "
             f"product's trainer (`progpo.trainer.loop.Trainer`: PPO clip 0.2, KL coefficient {args.kl:g}, "
             f"temperature 1, constant lr after a 10% warm-up) on {regime} x {args.rollouts} episodes, "
             f"{args.iterations} iterations, at most {args.max_steps} steps per episode, history window "

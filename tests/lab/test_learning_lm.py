@@ -153,3 +153,17 @@ def test_the_help_shows_each_regime_default_from_regime_defaults(capsys):
     assert "(default: fixed 2, fresh 4)" in shown and "(default: fixed 170, fresh 1600)" in shown
     assert learning_lm.regime_default_text("iterations") == "16"
     assert learning_lm.regime_default_text("sft_epochs") == "fixed 1, fresh 8"
+
+
+def test_the_lr_sweep_help_follows_regime_defaults(capsys, monkeypatch):
+    """--lr-sweep's shown default is read from REGIME_DEFAULTS (regimes joined by '; ', the value being a comma
+    list), so a changed default cannot leave the help behind."""
+    with pytest.raises(SystemExit):
+        learning_lm.parse_args(["--help"])
+    assert "(default: fixed 1e-3,2e-3; fresh 3e-4,1e-3)" in " ".join(capsys.readouterr().out.split())
+    changed = {regime: {**defaults, "lr_sweep": f"{i + 7}e-4"}
+               for i, (regime, defaults) in enumerate(learning_lm.REGIME_DEFAULTS.items())}
+    monkeypatch.setattr(learning_lm, "REGIME_DEFAULTS", changed)
+    with pytest.raises(SystemExit):
+        learning_lm.parse_args(["--help"])
+    assert "(default: fixed 7e-4; fresh 8e-4)" in " ".join(capsys.readouterr().out.split())
