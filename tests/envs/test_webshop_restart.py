@@ -9,6 +9,8 @@ WebShop sessions are server-side state: a restarted server has none of them. Wha
   server), for about ``connect_retries`` backoff rounds; a server back by then answers it, so an
   episode that *starts* while the server restarts runs normally; one still down then fails with
   ``env_unreachable``;
+* a request the server dies in the middle of (sent, never answered) fails with ``env_unreachable`` at once:
+  whether the server applied the step is unknown, so it is not sent again;
 * after the restart, new episodes run on the same client (its keep-alive connections recover).
 
 A tiny loopback stand-in of the session API holds the sessions in memory and is restarted on the same
@@ -50,9 +52,12 @@ class SessionServer:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.httpd: ThreadingHTTPServer | None = None
+        self.die_mid_step = False  #: read a step request, then close the connection without an answer
+        self.steps_cut = 0  #: step requests closed that way
 
     def start(self) -> None:
         sessions: set[str] = set()
+        outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):  # keep test output quiet
@@ -73,6 +78,10 @@ class SessionServer:
                     sessions.add(sid)
                     return self._send(201, _view(sid))
                 sid = self.path.split("/")[3]
+                if outer.die_mid_step:  # what a server killed while serving the request leaves the client
+                    outer.steps_cut += 1
+                    self.close_connection = True
+                    return None
                 if sid not in sessions:  # what the real server answers (envs/webshop_server/app.py)
                     return self._send(404, {"error": f"unknown or expired session id {sid!r}"})
                 self._send(200, _view(sid))
@@ -191,6 +200,21 @@ def test_server_that_stays_down_fails_the_episode_as_unreachable(server, client)
         server.stop()
         with pytest.raises(EnvUnreachable, match=f"WebShop server at {server.url} unreachable"):
             c.step(0).result(PATIENCE_S)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_server_dying_mid_step_fails_the_episode_as_unreachable_without_resending(server, client):
+    c = CLIENTS[client](server.url)
+    try:
+        c.reset(0).result(PATIENCE_S)
+        server.die_mid_step = True
+        with pytest.raises(EnvUnreachable, match=f"WebShop server at {server.url} unreachable"):
+            c.step(0).result(PATIENCE_S)
+        assert server.steps_cut == 1  # not sent again: the server may have applied it
+        server.die_mid_step = False
+        assert not c.step(0).result(PATIENCE_S).done  # the server still knows the session: the client recovers
     finally:
         c.close()
 

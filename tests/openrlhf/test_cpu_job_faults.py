@@ -107,6 +107,11 @@ def test_webshop_server_restart_costs_its_episodes_not_the_run(tmp_path, shared_
     tb = tensorboard_scalars(job["out"])
     failed = tb["train/rollout/failed_episodes"]
     assert 1 <= failed[0] <= 4 and failed[1] == 0, (failed, job["during"])
+    # Every lost episode is counted under one of the two kinds a restart makes. Which one is timing: a request
+    # the server was serving when it stopped fails as env_unreachable (it may have been applied, so it is not
+    # resent); one that reaches the restarted server fails as env_session_lost. A CI run (2026-12-04) counted
+    # both of its failed episodes as env_unreachable, with a ~2 s restart well inside the ~15 s of connect
+    # retries, so the split is not asserted here; tests/envs/test_webshop_restart.py pins each kind.
     lost = tb.get("train/rollout/failed/env_session_lost", [0.0])[0]
     unreachable = tb.get("train/rollout/failed/env_unreachable", [0.0])[0]
-    assert lost >= 1 and lost + unreachable == failed[0], {k: v for k, v in tb.items() if "failed" in k}
+    assert lost + unreachable == failed[0], {k: v for k, v in tb.items() if "failed" in k}
