@@ -39,7 +39,7 @@ from progpo.lab.fidelity_core import ORACLE_ROW, select_variants
 from progpo.lab.learner import Context, TaskSource, build_source, make_context, oracle_advantages
 from progpo.run import flags
 from progpo.trainer.config import TrainConfig
-from progpo.lab.learning import LAB_WORDS, RESTATED
+from progpo.lab.learning import RESTATED, restate_run_shape
 
 
 def _advantages(ctx: Context, row, roll: engine.Rollout, g: engine.Graph, p: np.ndarray) -> np.ndarray:
@@ -150,12 +150,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--task-seed", type=int, default=777)
     ap.add_argument("--row", default="progpo", help="the row whose run is traced")
     ap.add_argument("--lr", type=float, default=3.0)
-    for option, dest, default, old in (("--train.seed", "seed", 5, ("--seed",)),
-                                       ("--train.num_iterations", "iterations", 100, ("--iterations",)),
-                                       ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
-                                       ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
-        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the traced run", old=old,
-                      words=LAB_WORDS.get(option))
+    flags.restate(ap, TrainConfig, "--train.seed", dest="seed", default=5, note="of the traced run", old=("--seed",))
+    restate_run_shape(ap, "of the traced run")
     ap.add_argument("--show", type=int, default=20, help="trace lines printed (iterations 0..show-1)")
     ap.add_argument("--compare", default="hgpo,gigpo,grpo", help="rows whose |A| on the same batches is printed")
     ap.add_argument("--escape-at", type=int, default=0, help="iteration the escape runs start from (0 = none)")

@@ -39,9 +39,7 @@ from progpo.envs.synthetic.families import family_config, get_family
 from progpo.lab import engine, report
 from progpo.lab.fidelity_core import select_variants
 from progpo.lab.learner import Context, build_source, make_context
-from progpo.lab.learning import LAB_WORDS, RESTATED
-from progpo.run import flags
-from progpo.trainer.config import TrainConfig
+from progpo.lab.learning import RESTATED, restate_run_shape
 
 #: The kinds of :func:`step_kinds`, in table order.
 KINDS = ("all", "first step", "peer group >= 2", "credit, pool >= 2", "credit, singleton pool", "terminal",
@@ -212,11 +210,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--rows", default="progpo,gigpo,g2po", help="rows compared on the same batches")
     ap.add_argument("--lr", type=float, default=3.0)
     ap.add_argument("--seeds", type=int, default=3, help="training seeds 0..n-1")
-    for option, dest, default, old in (("--train.num_iterations", "iterations", 100, ("--iterations",)),
-                                       ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
-                                       ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
-        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the traced runs", old=old,
-                      words=LAB_WORDS.get(option))
+    restate_run_shape(ap, "of the traced runs")
     ap.add_argument("--every", type=int, default=5, help="probe every this many iterations")
     ap.add_argument("--sign-threshold", type=float, default=0.1, help="|A*| from which a step counts for sign")
     ap.add_argument("--workers", type=int, default=1, help="processes compiling the task pool")

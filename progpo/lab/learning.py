@@ -52,8 +52,23 @@ LAB_WORDS: dict[str, str] = {
 (:func:`progpo.run.flags.restate`'s ``words``): train's ``--train.num_iterations`` help describes its ``None``
 default (one pass over the training tasks), which no lab run takes."""
 
-#: the training settings this lab restates (their flags are the trainer's): parsed attribute -> flag.
-RESTATED = {"iterations": "--train.num_iterations", "tasks": "--rollout.batch_size", "rollouts": "--rollout.n_samples_per_prompt"}
+#: The run shape every lab command restates (its flags are the trainer's): (training flag, parsed attribute,
+#: lab default, the lab's former names).
+LAB_RUN_SHAPE = (("--train.num_iterations", "iterations", 100, ("--iterations",)),
+                 ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
+                 ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",)))
+
+#: the training settings this lab restates: parsed attribute -> flag.
+RESTATED = {dest: option for option, dest, _, _ in LAB_RUN_SHAPE}
+
+
+def restate_run_shape(ap: argparse.ArgumentParser, note: str) -> None:
+    """Add :data:`LAB_RUN_SHAPE` to a lab parser: each setting under its training flag (and, for one release,
+    its former name), with the lab's default, in the lab's words where train's do not hold (:data:`LAB_WORDS`),
+    and ``note`` (e.g. ``"of the traced run"``) appended to its help."""
+    for option, dest, default, old in LAB_RUN_SHAPE:
+        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note=note, old=old,
+                      words=LAB_WORDS.get(option))
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -73,11 +88,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--pool", type=int, default=0, help="fresh regime: pool size (0 = iterations x tasks, no repeats)")
     ap.add_argument("--task-config", default="", help="comma list field=value overriding the family's task config")
     ap.add_argument("--seeds", type=int, default=15, help="seeds per row in the final table (seeds 0..n-1)")
-    for option, dest, default, old in (("--train.num_iterations", "iterations", 100, ("--iterations",)),
-                                       ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
-                                       ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",))):
-        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note="of the tabular learner", old=old,
-                      words=LAB_WORDS.get(option))
+    restate_run_shape(ap, "of the tabular learner")
     ap.add_argument("--lr", type=float, default=10.0, help="learning rate of every row when there is no sweep")
     ap.add_argument("--lr-sweep", default="", help="comma list of learning rates; each row runs at its best")
     ap.add_argument("--sweep-seeds", type=int, default=5, help="seeds per (row, lr) of the sweep (seeds 1000+)")

@@ -64,16 +64,16 @@ from progpo.trainer.config import TrainConfig
 
 DEFAULT_ROWS = ("grpo", "gigpo", "hgpo", "progpo", "progpo preset=paper")
 
+#: The warm start's batch (episodes' step samples per optimizer step) in every regime; ``sft_micro_batch`` below
+#: only splits its sum.
+SFT_BATCH = 8
+
 #: Defaults that depend on ``--regime`` (flag name -> value); a flag given on the command line wins. Fixed
 #: tasks: the warm start clones the training tasks themselves. Fresh tasks: it must clone the family (see
 #: the module docstring), and more tasks per iteration with fewer episodes each keep the batch's cost.
 #: ``sft_micro_batch`` (no flag) is the warm start's ``--train.micro_batch_size``: 2, the sft command's own
 #: default, for fresh tasks, because that is the command whose clone reads the family (see
 #: :data:`FRESH_CLONE_NOTE`); 8 for fixed tasks, as their block was made.
-#: The warm start's batch (episodes' step samples per optimizer step) in every regime; ``sft_micro_batch`` below
-#: only splits its sum.
-SFT_BATCH = 8
-
 REGIME_DEFAULTS: dict[str, dict[str, object]] = {
     "fixed": {"tasks": 2, "rollouts": 16, "iterations": 16, "sft_tasks": 170, "sft_epochs": 1,
               "lr_sweep": "1e-3,2e-3", "sft_micro_batch": 8},
