@@ -316,6 +316,19 @@ def test_a_tp_the_gpus_cannot_take_stops_the_script_in_one_line(tp):
     assert line.startswith(f"progpo: VLLM_TP={tp}" if tp.isdigit() and tp != "0" else f"progpo: VLLM_TP='{tp}'")
 
 
+def test_an_engine_s_tp_may_span_nodes(openrlhf_main, tmp_path):
+    """``NUM_NODES=2 GPUS_PER_NODE=2 VLLM_TP=4``: 1 engine x TP 4 over both nodes' GPUs. VLLM_TP must divide
+    all the GPUs the engines share (2 x 2 = 4), not a node's (4 does not divide 2); the command passes
+    train_ray's and OpenRLHF's start-up checks."""
+    for script in (SCRIPTS / "train_progpo_webshop.sh", SLURM):
+        argv = _dry_run(script, NUM_NODES="2", GPUS_PER_NODE="2", VLLM_TP="4", OUTPUT_DIR=str(tmp_path / script.stem),
+                        PROGPO_REPO=str(REPO))
+        assert (_flag(argv, "--vllm.num_engines"), _flag(argv, "--vllm.tensor_parallel_size")) == ("1", "4")
+        args = _checked(openrlhf_main, argv)
+        assert (args.actor.num_nodes, args.actor.num_gpus_per_node, args.vllm.num_engines) == (2, 2, 1), script.name
+        assert args.vllm.tensor_parallel_size == 4 and args.train.colocate_all, script.name
+
+
 @pytest.mark.parametrize("dry", ["1", "0"])
 @pytest.mark.parametrize("name, value", [
     ("NUM_NODES", "abc"), ("NUM_NODES", "2x"), ("NUM_NODES", "1.5"), ("NUM_NODES", "-1"), ("NUM_NODES", "a[$(touch x)]"),
