@@ -13,10 +13,9 @@ Cost: one local Ray cluster (~6 s) and a few actor processes.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -27,7 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 
 from progpo.envs.base import EnvDataMissing, EnvNotStarted, EnvUnreachable  # noqa: E402
 from progpo.envs.ray_pool import ActorDied, RayEnvPool  # noqa: E402
-from progpo.testing import PATIENCE_S  # noqa: E402
+from progpo.testing import PATIENCE_S, JsonHandler  # noqa: E402
 
 CLOSED_URL = "http://127.0.0.1:9"  # discard port: nothing listens there
 
@@ -119,27 +118,16 @@ def step_hangs() -> Iterator[tuple[str, threading.Event]]:
     Yields its URL and an event set when the first step arrived."""
     arrived, release = threading.Event(), threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # keep test output quiet
-            pass
-
-        def _send(self, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonHandler):
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if self.path.endswith("/step"):
                 arrived.set()
                 release.wait(PATIENCE_S)
-            self._send(VIEW)
+            self.send_json(200, VIEW)
 
         def do_DELETE(self):
-            self._send({})
+            self.send_json(200, {})
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
