@@ -18,10 +18,12 @@ from progpo.testing import PATIENCE_S  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cluster():
-    assert not ray.is_initialized()
-    ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    started = not ray.is_initialized()  # the engines ask for no CPU: any running cluster takes them
+    if started:
+        ray.init(address="local", num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
     yield
-    ray.shutdown()
+    if started:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
