@@ -21,7 +21,7 @@ import torch
 from transformers import AutoConfig
 
 from progpo.advantages import compute_advantages
-from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
+from progpo.agents.batching import cut_answer_warning, episodes_to_step_batch, rollout_metrics, training_steps
 from progpo.agents.episode import EpisodeConfig, TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
 from progpo.run.answer_format import check_model_answer_format
@@ -301,6 +301,9 @@ class Trainer:
         if sample is not None:
             logger.info("iteration %d sample response: %r -> action %r", it, sample.response_text[:300], sample.action[:80])
         check_failures(episodes, cfg.env.max_failed_frac, it)
+        cut = cut_answer_warning(episodes)
+        if cut:
+            logger.warning("iteration %d: %s", it, cut)
         metrics = rollout_metrics(episodes)
         metrics.update(signal_metrics(episodes))
         metrics.update(failure_metrics(episodes))
