@@ -170,7 +170,8 @@ BAD_VALUES = {
     "eta": 0.0, "potential_estimator": "td", "credit": "value", "state_key": "inventory",
     "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none", "sigma2_floor_ref": "reward",
     "credit_lambda": 1.5, "zero_signal": "on", "rms_cap": -1.0, "g2po_edge": "released",
-    "zero_signal_return": "mean", "timing_scale": "half",
+    "zero_signal_return": "mean", "timing_scale": "half", "pgpo_alpha": -1.0, "pgpo_beta": -0.5,
+    "pgpo_gamma": 1.01, "crbc_sigma_min": 0.0, "graft_lambda": -0.1,
 }
 
 
