@@ -58,14 +58,28 @@ class Closure:
         return self.n
 
 
-def closure(p: Prepared, discount: float) -> Closure:
-    """Build the group graph and solve its fixed point ``(I - discount * M) V = b`` (CRBC eqs. 8-9).
+#: Value iteration stops when no value moved by more than this: a few float ulps of a probability in [0, 1]
+#: (a looser stop, 1e-13, left errors that the per-node standardisation of near-equal credits magnified to 1e-7).
+TOLERANCE = 1e-15
+#: Most sweeps of the value iteration (never reached on rollout graphs; a bound, not a setting).
+MAX_SWEEPS = 1_000_000
 
-    ``M(u, v) = N(u -> v) / N(u)`` over non-terminal ``v``, ``b(u) = discount * N(u -> z+) / N(u)``; one dense
-    linear solve per task (its nodes only; ``O(n_u^3)``). ``I - discount * M`` is invertible for every
-    ``discount`` in ``[0, 1]``: every visit has a successor and every trajectory ends in ``z+`` or ``z-``, so
-    from every node the walk is absorbed. Nodes from which success is never reached get exactly 0 (GRAFT's
-    "nodes that cannot reach a sink keep 0").
+
+def closure(p: Prepared, discount: float) -> Closure:
+    """Build the group graph and find its fixed point ``V = discount * (M V + m_+)`` (CRBC eqs. 8-9, GRAFT eq. 5).
+
+    ``M(u, v) = N(u -> v) / N(u)`` over non-terminal ``v`` and ``m_+(u) = N(u -> z+) / N(u)``. The fixed point
+    is unique for every ``discount`` in ``[0, 1]``: every visit has a successor and every trajectory ends in
+    ``z+`` or ``z-``, so from every node the walk is absorbed (``I - discount M`` is invertible). Nodes from
+    which success is never reached get exactly 0 (GRAFT's "nodes that cannot reach a sink keep 0").
+
+    Solved by Jacobi value iteration over every task at once (edges as index arrays + ``np.bincount``), each
+    node's self-loop solved in closed form, ``V(u) = discount (sum_{v != u} M(u,v) V(v) + m_+(u)) /
+    (1 - discount M(u,u))``, from ``V = 0`` until no value moves by more than :data:`TOLERANCE`: on a
+    trajectory graph, a DAG apart from revisits, that takes about the longest trajectory's length in sweeps.
+    CRBC solves the same system with one dense linear solve, GRAFT iterates Gauss-Seidel to ``1e-8``; a dense
+    solve of the ~100-node systems of a 16 x 8 x 50 batch cost 60 ms per task here against milliseconds for
+    all tasks by iteration. Cost ``O(sweeps * #edges)``.
 
     Args:
         p: the prepared batch (its ``state_key`` picks the anchor states).
@@ -79,25 +93,21 @@ def closure(p: Prepared, discount: float) -> Closure:
     succ[:-1] = node[1:]
     succ[p.last] = np.where(success, n, n + 1)
     visits = np.bincount(node, minlength=n).astype(np.float64)
-    inner = succ < n
+    to_success = np.bincount(node, weights=(succ == n).astype(np.float64), minlength=n) / visits
+    stay = np.bincount(node, weights=(succ == node).astype(np.float64), minlength=n) / visits
+    move = (succ < n) & (succ != node)
+    edge = np.unique(node[move] * n + succ[move])  # distinct u -> v, u != v, both non-terminal
+    e_src, e_dst = edge // n, edge % n
+    e_prob = np.bincount(np.searchsorted(edge, node[move] * n + succ[move]), minlength=edge.size) / visits[e_src]
+    scale = discount / (1.0 - discount * stay)  # stay < 1: a trajectory's last visit of u leaves u
     values = np.zeros(n + 2)
     values[n] = 1.0
-    node_task = np.zeros(n, dtype=np.int64)
-    node_task[node] = p.task
-    order = np.argsort(node_task, kind="stable")
-    bounds = np.searchsorted(node_task[order], np.arange(p.n_tasks + 1))
-    local = np.empty(n, dtype=np.int64)
-    for u in range(p.n_tasks):
-        ids = order[bounds[u]:bounds[u + 1]]
-        local[ids] = np.arange(ids.size)
-    to_success = np.bincount(node, weights=(succ == n).astype(np.float64), minlength=n) / visits
-    for u in range(p.n_tasks):
-        ids = order[bounds[u]:bounds[u + 1]]
-        if ids.size == 0:
-            continue
-        rows = inner & (node_task[node] == u)
-        m = np.zeros((ids.size, ids.size))
-        np.add.at(m, (local[node[rows]], local[succ[rows]]), 1.0)
-        m /= visits[ids][:, None]
-        values[ids] = np.linalg.solve(np.eye(ids.size) - discount * m, discount * to_success[ids])
+    v = np.zeros(n)
+    for _ in range(MAX_SWEEPS):
+        new = scale * (np.bincount(e_src, weights=e_prob * v[e_dst], minlength=n) + to_success)
+        moved = float(np.max(np.abs(new - v), initial=0.0))
+        v = new
+        if moved <= TOLERANCE:
+            break
+    values[:n] = v
     return Closure(node=node, succ=succ, n=n, values=values)

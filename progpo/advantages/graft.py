@@ -64,10 +64,12 @@ def graft(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantage
 def graph_gae_tail(p, g: Closure, td: np.ndarray, decay: float) -> np.ndarray:
     """``[S]`` ``sum_{k=1}^{T-t} decay^k Abar_{t+k}`` of GRAFT's eq. 9 (``decay = gamma * lambda``).
 
-    Frontiers are (start node, reached node) pairs for every non-terminal start at once: at hop ``k`` the
-    pairs hold the nodes reachable from the start in exactly ``k - 1`` hops, ``Abar_k(start)`` = sum of ``td``
-    over their distinct out-edges / number of those edges (sinks have none), then the pairs step along the
-    distinct node-to-node edges. Cost ``O(K * #pairs)``, ``K`` = longest trajectory.
+    Per task, a boolean matrix ``R`` (one row per start node) holds the nodes reachable from the start in
+    exactly ``k - 1`` hops; ``Abar_k(start) = R . out_sum / R . out_cnt`` (the sum of ``td`` over the distinct
+    out-edges of those nodes over their number; sinks have none), then ``R`` steps along the distinct
+    node-to-node edges (a column-wise OR, ``np.logical_or.reduceat``; no BLAS). A start stays only while some
+    step still needs its hop. Cost ``O(K * sum_u n_u * (n_u + e_u))``, ``K`` = longest trajectory, ``n_u`` /
+    ``e_u`` = nodes / distinct edges of task ``u``.
     """
     edge, n_edges = combine(g.node, p.action_code(True), g.succ)
     rep = np.zeros(n_edges, dtype=np.int64)
@@ -76,28 +78,37 @@ def graph_gae_tail(p, g: Closure, td: np.ndarray, decay: float) -> np.ndarray:
     out_sum = np.bincount(src, weights=td[rep], minlength=g.n)
     out_cnt = np.bincount(src, minlength=g.n).astype(np.float64)
     inner = dst < g.n
-    hop = np.unique(src[inner] * g.n + dst[inner])  # distinct u -> v among non-terminal nodes, sorted by u
-    hop_u, hop_v = hop // g.n, hop % g.n
-    offset = np.searchsorted(hop_u, np.arange(g.n))
-    degree = np.bincount(hop_u, minlength=g.n)
-    remaining = (p.traj_len[p.traj] - 1 - p.t)
+    remaining = p.traj_len[p.traj] - 1 - p.t
     has_head = g.succ < g.n
-    start = reach = np.arange(g.n)
-    tail = np.zeros(p.S)
-    weight = 1.0
-    for k in range(1, int(remaining.max(initial=0)) + 1):
-        if start.size == 0:
-            break
-        weight *= decay
-        num = np.bincount(start, weights=out_sum[reach], minlength=g.n)
-        den = np.bincount(start, weights=out_cnt[reach], minlength=g.n)
-        abar = np.divide(num, den, out=np.zeros(g.n), where=den > 0)
-        use = has_head & (remaining >= k)
-        tail[use] += weight * abar[g.succ[use]]
-        fan = degree[reach]
-        total = int(fan.sum())
-        within = np.arange(total) - np.repeat(np.cumsum(fan) - fan, fan)
-        nxt = hop_v[np.repeat(offset[reach], fan) + within]
-        pairs = np.unique(np.repeat(start, fan) * g.n + nxt)
-        start, reach = pairs // g.n, pairs % g.n
-    return tail
+    need = np.zeros(g.n, dtype=np.int64)  # most hops any step whose successor is this node still needs
+    np.maximum.at(need, g.succ[has_head], remaining[has_head])
+    hops = int(need.max(initial=0))
+    abar = np.zeros((g.n, hops + 1))  # abar[v, k]: Abar_k from successor node v
+    node_task = np.zeros(g.n, dtype=np.int64)
+    node_task[g.node] = p.task
+    local = np.zeros(g.n, dtype=np.int64)
+    for u in range(p.n_tasks):
+        ids = np.flatnonzero(node_task == u)
+        local[ids] = np.arange(ids.size)
+        here = inner & (node_task[src] == u)
+        by_dst = np.argsort(local[dst[here]], kind="stable")
+        e_src, e_dst = local[src[here]][by_dst], local[dst[here]][by_dst]
+        heads, cuts = np.unique(e_dst, return_index=True)
+        starts = ids[need[ids] >= 1]
+        reach = np.zeros((starts.size, ids.size), dtype=bool)
+        reach[np.arange(starts.size), local[starts]] = True
+        for k in range(1, hops + 1):
+            den = np.sum(reach * out_cnt[ids], axis=1)
+            num = np.sum(reach * out_sum[ids], axis=1)
+            abar[starts, k] = np.divide(num, den, out=np.zeros(starts.size), where=den > 0)
+            keep = need[starts] > k  # starts still needed at hop k + 1
+            starts, reach = starts[keep], reach[keep]
+            if starts.size == 0 or heads.size == 0:
+                break
+            step = np.zeros_like(reach)  # along the distinct edges: OR of the sources of each head
+            step[:, heads] = np.logical_or.reduceat(reach[:, e_src], cuts, axis=1)
+            reach = step
+    k = np.arange(hops + 1)
+    weights = np.where(k[None, :] <= remaining[:, None], decay ** k, 0.0)
+    weights[:, 0] = 0.0
+    return np.where(has_head, np.sum(abar[np.minimum(g.succ, g.n - 1)] * weights, axis=1), 0.0)
