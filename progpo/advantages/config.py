@@ -39,7 +39,7 @@ class AdvantageConfig:
 
     Attributes:
         estimator: which estimator runs: grpo | gigpo | progpo | rloo | hgpo | g2po | pgpo | crbc | graft.
-        gamma: discount of the return-to-go G (spec notation; PGPO's eta, eq. 1); CRBC's Bellman discount beta (eqs. 7-9) and GRAFT's value discount gamma (eqs. 5, 8-9) (unitless, in [0, 1]).
+        gamma: discount of the return-to-go G (spec notation; PGPO's eta, eq. 1) (unitless, in [0, 1]).
         eps: added to every standard deviation before dividing (reward units).
         omega: weight of the step-level term (GiGPO A^S, HGPO, G2PO node + edge terms, ProGPO peer+credit, eq. (7); CRBC's w_S, eq. 14).
         beta_episode: weight of the episode term A^E in ProGPO, eq. (7), and CRBC's trajectory weight w_G, eq. 14 (GiGPO/HGPO/GRPO use 1).
@@ -69,11 +69,14 @@ class AdvantageConfig:
         timing_scale: ProGPO only, with zero_signal_return=discounted (spread is refused elsewhere, where it would do nothing): a task whose R are equal but whose G_0 differ gets its advantages times min(1, sd_u(G_0) / sd_ref), sd_ref = root mean square of sd_v(G_0) over the batch's tasks with an R spread (1 when none); undoes the per-task unit normalisation that makes such a task weigh like a won-vs-lost one (the std-normalisation bias of Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, sec. 3.1); unit = no factor.
         state_key: anchor state for depth/graph/GiGPO/HGPO/G2PO/PGPO/CRBC/GRAFT keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo, crbc and graft on a batch that carries state_extra (CRBC's environment key and GRAFT's state string: the observation plus what the env reports the observation does not show), obs otherwise (PGPO's exact observation, GiGPO/HGPO/G2PO/GRPO/RLOO) (``for_batch``).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
-        g2po_edge: G2PO's edge (TD) error on its state graph (arXiv 2606.22995): td = r + gamma V(n') - V(n), the textbook TD error the paper's text names (default; a lone trajectory gets 0); progress = r + gamma V(n') - gamma V(n), the released code's V(next) - V(node) with both values discounted to the episode's outcome (a step toward the outcome gets positive credit even on a lone trajectory).
+        g2po_edge: with g2po_reading=text, G2PO's edge (TD) error on its state graph (arXiv 2606.22995): td = r + gamma V(n') - V(n), the textbook TD error the paper's text names (default; a lone trajectory gets 0); progress = r + gamma V(n') - gamma V(n), the released code's V(next) - V(node) with both values discounted to the episode's outcome (a step toward the outcome gets positive credit even on a lone trajectory).
+        g2po_reading: how G2PO's terms are computed: released = the released code's arithmetic (github Nala-YN/G2PO, g2po/core_g2po.py): node values from the episode's outcome without the invalid-action penalty, the penalty in the node term only, the edge term V(next) - V(node), the episode term standardised over the task's steps; text = the project's first reading of the abstract (node values from G with the penalty, the edge error of g2po_edge, the episode term over trajectories), the reading of every G2PO figure before issue 43.
         pgpo_alpha: PGPO's task-weight exponent alpha, w = pgpo_beta * (1 - p_succ)^alpha (arXiv 2609.02236, eq. 10); >= 0.
         pgpo_beta: PGPO's weight beta of the potential-guided advantage (eq. 10); >= 0.
         pgpo_gamma: PGPO's potential-difference discount gamma, delta = gamma Phi(next) - Phi(current) (eq. 7); in [0, 1].
+        crbc_beta: CRBC's Bellman discount beta of the closure V = (I - beta M)^-1 b and of Q (arXiv 2609.35082, eqs. 7-9; the paper's 0.98, App. C.3); unitless, in [0, 1].
         crbc_sigma_min: CRBC's floor sigma_min of the per-anchor credit scale, A^S = (Q - V) / max(sigma(s), sigma_min) (arXiv 2609.35082, eq. 13; units of V, a discounted success probability); > 0.
+        graft_gamma: GRAFT's value discount gamma of the Bellman iteration (eq. 5) and the TD error (eq. 8) (arXiv 2609.28963; the paper's 0.99, Sec. 4.1); unitless, in [0, 1].
         graft_lambda: GRAFT's Graph GAE weight lambda (arXiv 2609.28963, eq. 9): 0 = the one-step TD advantage (eq. 8); the paper uses 0.95 on ALFWorld, 0.8 on WebShop; in [0, 1].
         max_steps: H, the env's step limit, horizon of the graph backward induction (E1); >= 1.
         diagnostics: full (every estimator also reports the batch's peer/depth-pool fragmentation) or basic.
@@ -111,10 +114,13 @@ class AdvantageConfig:
     state_key: Literal["auto", "obs", "obs_inventory"] = "auto"
     hgpo_alpha: float = 1.0
     g2po_edge: Literal["td", "progress"] = "td"
+    g2po_reading: Literal["released", "text"] = "released"
     pgpo_alpha: float = 2.0
     pgpo_beta: float = 1.0
     pgpo_gamma: float = 1.0
+    crbc_beta: float = 0.98
     crbc_sigma_min: float = 0.1
+    graft_gamma: float = 0.99
     graft_lambda: float = 0.95
     max_steps: int = 50
     diagnostics: Literal["full", "basic"] = "full"
@@ -188,7 +194,9 @@ class AdvantageConfig:
             "pgpo_alpha": (0 <= self.pgpo_alpha <= 1e6, "in [0, 1e6]"),
             "pgpo_beta": (0 <= self.pgpo_beta <= 1e6, "in [0, 1e6]"),
             "pgpo_gamma": (0.0 <= self.pgpo_gamma <= 1.0, "in [0, 1]"),
+            "crbc_beta": (0.0 <= self.crbc_beta <= 1.0, "in [0, 1]"),
             "crbc_sigma_min": (0 < self.crbc_sigma_min <= 1e6, "in (0, 1e6]"),
+            "graft_gamma": (0.0 <= self.graft_gamma <= 1.0, "in [0, 1]"),
             "graft_lambda": (0.0 <= self.graft_lambda <= 1.0, "in [0, 1]"),
             "eps": (self.eps > 0, "> 0"),
             # advantages are O(1) before weighting; a weight beyond 1e6 can only overflow
@@ -297,11 +305,11 @@ PRESETS: dict[str, dict[str, object]] = {
     # the peers' papers, each with the settings its paper trains with (see PRESET_ESTIMATOR)
     "pgpo": {"gamma": 0.95, "pgpo_alpha": 2.0, "pgpo_beta": 1.0, "pgpo_gamma": 1.0, "gigpo_mode": "mean_std_norm",
              "eps": 1e-6, "state_key": "obs", "zero_signal": "off"},
-    "crbc": {"gamma": 0.98, "beta_episode": 1.0, "omega": 5.0, "crbc_sigma_min": 0.1,
+    "crbc": {"crbc_beta": 0.98, "beta_episode": 1.0, "omega": 5.0, "crbc_sigma_min": 0.1,
              "episode_norm": "mean_std_norm", "eps": 1e-6, "state_key": "auto", "zero_signal": "off"},
-    "graft": {"gamma": 0.99, "graft_lambda": 0.95, "gigpo_mode": "mean_std_norm", "eps": 1e-6, "state_key": "auto",
+    "graft": {"graft_gamma": 0.99, "graft_lambda": 0.95, "gigpo_mode": "mean_std_norm", "eps": 1e-6, "state_key": "auto",
               "zero_signal": "off"},
-    "graft_webshop": {"gamma": 0.99, "graft_lambda": 0.8, "gigpo_mode": "mean_std_norm", "eps": 1e-6,
+    "graft_webshop": {"graft_gamma": 0.99, "graft_lambda": 0.8, "gigpo_mode": "mean_std_norm", "eps": 1e-6,
                       "state_key": "auto", "zero_signal": "off"},
 }
 

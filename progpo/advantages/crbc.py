@@ -19,7 +19,7 @@ def crbc(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages
       step's executed action (invalid actions share one symbol) and successor: the next anchor state, or
       the absorbing success / failure node after the last step (``progpo.advantages.closure``; a step-limit
       cut is a failure). Counts give ``P(x | s, a)`` and ``mu(a | s)``, unsmoothed.
-    * ``V`` solves ``(I - beta M) V = b`` (eqs. 8-9, one linear solve per task, ``beta = gamma``);
+    * ``V`` solves ``(I - beta M) V = b`` (eqs. 8-9, ``beta = crbc_beta``; the closure's fixed point);
       ``Q(s, a) = beta * sum_x P(x | s, a) V(x)`` with ``V(z+) = 1``, ``V(z-) = 0`` (eqs. 7, 9).
     * ``A^S(s, a) = (Q - V) / max(sigma(s), crbc_sigma_min)`` with ``sigma(s)^2 = sum_a mu (Q - V)^2``
       (Prop. 2), 0 at anchors with fewer than two distinct actions (eq. 13). All visits of one
@@ -33,7 +33,7 @@ def crbc(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages
     ``A^G``'s returns only. The std of eq. 3 is the project's sample std.
 
     Args:
-        batch: ``S`` steps. cfg: reads ``gamma, eps, omega, beta_episode, episode_norm, state_key,
+        batch: ``S`` steps. cfg: reads ``crbc_beta, eps, omega, beta_episode, episode_norm, state_key,
             crbc_sigma_min, success_reward, zero_signal``. encoder: unused.
     Returns:
         ``StepAdvantages``: ``[S]`` advantages in the batch's row order; diagnostics add
@@ -42,10 +42,10 @@ def crbc(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages
         ValueError: a bad batch (``StepBatch.validate``), or ``obs_inventory`` without ``state_extra``.
     """
     p = prepare(batch, cfg)
-    g = closure(p, cfg.gamma)
+    g = closure(p, cfg.crbc_beta)
     pair_code, k = combine(g.node, p.action_code(True))
     n_visits = np.bincount(pair_code, minlength=k).astype(np.float64)
-    q_pair = cfg.gamma * np.bincount(pair_code, weights=g.values[g.succ], minlength=k) / n_visits
+    q_pair = cfg.crbc_beta * np.bincount(pair_code, weights=g.values[g.succ], minlength=k) / n_visits
     gain = q_pair[pair_code] - g.values[g.node]
     visits = np.bincount(g.node, minlength=g.n).astype(np.float64)
     sigma = np.sqrt(np.bincount(g.node, weights=gain * gain, minlength=g.n) / visits)

@@ -19,7 +19,7 @@ def graft(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantage
       ``state_extra``, the exact state string the env exposes); sinks carry the binary outcome (``z+`` = 1,
       ``z-`` = 0; ``progpo.advantages.closure``).
     * ``V`` (eqs. 5-7): ``V(u) = sum_a pi(a|u) sum_v P(v|u,a) gamma V(v)`` with the empirical frequencies,
-      ``gamma = cfg.gamma``; solved exactly (one linear solve per task) where the paper runs Gauss-Seidel
+      ``gamma = graft_gamma``; solved exactly (one linear solve per task) where the paper runs Gauss-Seidel
       to ``1e-8``: the same fixed point, nodes that reach no success sink get 0 as there.
     * ``A_t = gamma V(s_{t+1}) - V(s_t)`` (eq. 8); Graph GAE (eqs. 9-10):
       ``A^GAE_t = A_t + sum_{k=1}^{T-t} (gamma lambda)^k Abar_{t+k}``, ``Abar_{t+k}`` = mean ``A`` over the
@@ -42,7 +42,7 @@ def graft(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantage
       choice, not an advantage: not part of this estimator.
 
     Args:
-        batch: ``S`` steps. cfg: reads ``gamma, eps, gigpo_mode, state_key, graft_lambda, success_reward,
+        batch: ``S`` steps. cfg: reads ``graft_gamma, eps, gigpo_mode, state_key, graft_lambda, success_reward,
             zero_signal``. encoder: unused.
     Returns:
         ``StepAdvantages``: ``[S]`` advantages in the batch's row order; diagnostics add
@@ -51,9 +51,9 @@ def graft(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantage
         ValueError: a bad batch (``StepBatch.validate``), or ``obs_inventory`` without ``state_extra``.
     """
     p = prepare(batch, cfg)
-    g = closure(p, cfg.gamma)
-    td = cfg.gamma * g.values[g.succ] - g.values[g.node]
-    decay = cfg.gamma * cfg.graft_lambda
+    g = closure(p, cfg.graft_gamma)
+    td = cfg.graft_gamma * g.values[g.succ] - g.values[g.node]
+    decay = cfg.graft_gamma * cfg.graft_lambda
     gae = td + graph_gae_tail(p, g, td, decay) if decay > 0 else td
     adv, size = group_normalise(g.node, g.n, gae, cfg.gigpo_mode, cfg.eps)
     lone = gae if cfg.gigpo_mode == "mean_norm" else gae / (np.abs(gae) + cfg.eps)

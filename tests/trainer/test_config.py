@@ -137,9 +137,9 @@ def test_peer_paper_presets_on_the_cli(capsys):
     from progpo.cli.train import main
 
     crbc = config_from_args(["--advantage_estimator", "crbc", "--progpo.preset", "crbc"]).progpo
-    assert (crbc.gamma, crbc.omega, crbc.beta_episode, crbc.crbc_sigma_min) == (0.98, 5.0, 1.0, 0.1)
+    assert (crbc.crbc_beta, crbc.omega, crbc.beta_episode, crbc.crbc_sigma_min) == (0.98, 5.0, 1.0, 0.1)
     graft = config_from_args(["--advantage_estimator", "graft", "--progpo.preset", "graft_webshop"]).progpo
-    assert (graft.gamma, graft.graft_lambda) == (0.99, 0.8)
+    assert (graft.graft_gamma, graft.graft_lambda) == (0.99, 0.8)
     pgpo = config_from_args(["--advantage_estimator", "pgpo", "--progpo.preset", "pgpo"]).progpo
     assert (pgpo.gamma, pgpo.pgpo_alpha, pgpo.pgpo_beta, pgpo.pgpo_gamma) == (0.95, 2.0, 1.0, 1.0)
     # CRBC and GRAFT key anchor states on observation + state_extra (their environment key / state string),
