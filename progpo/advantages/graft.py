@@ -26,8 +26,9 @@ def graft(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantage
       distinct edges ``(u', a', v')`` whose source is reachable from the step's successor in exactly
       ``k - 1`` hops (``lambda = graft_lambda``; ``T - t`` = the steps left in the step's own trajectory).
     * Per-node normalisation (eq. 11): ``A^GAE`` standardised among the visits of the step's node
-      (``gigpo_mode``, sample std + ``eps``); a node visited once gets mean 0 and std ``|A|``, i.e.
-      ``A / (|A| + eps)`` (with ``mean_norm``: ``A``). The advantage is this alone (Alg. 1: no trajectory term).
+      (``gigpo_mode``, sample std + ``eps``); a node with only one out-edge (one distinct ``(a, v)``, however
+      often taken) gets mean 0 and std ``|A|``, i.e. ``A / (|A| + eps)`` per visit (with ``mean_norm``: ``A``).
+      The advantage is this alone (Alg. 1: no trajectory term).
 
     Readings where the paper leaves a choice open:
 
@@ -35,6 +36,9 @@ def graft(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantage
       executed transition, the batch does not carry the state a terminated episode ends in, and sinks with
       the same value have no out-edges, so merging them changes no value. A step-limit cut ends in ``z-``
       ("reached the max turns", outcome 0).
+    * Eq. 11's group is the node's visits (the "actions sampled from the same state"), and its one-edge rule
+      applies to a node whose visits all took the same edge: standardising those would turn the GAE tails'
+      small differences (visits with different steps left) into unit-scale credit, or give exactly 0.
     * ``Abar`` averages each distinct edge once: averaged over edge visits it would be exactly 0 at the fixed
       point (eq. 5 makes the visit-weighted mean of ``A`` over a node's out-edges vanish), and eq. 9 would be
       eq. 8.
@@ -56,8 +60,10 @@ def graft(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantage
     decay = cfg.graft_gamma * cfg.graft_lambda
     gae = td + graph_gae_tail(p, g, td, decay) if decay > 0 else td
     adv, size = group_normalise(g.node, g.n, gae, cfg.gigpo_mode, cfg.eps)
+    edge, _ = combine(g.node, p.action_code(True), g.succ)
+    edges_out = np.bincount(g.node[np.unique(edge, return_index=True)[1]], minlength=g.n)
     lone = gae if cfg.gigpo_mode == "mean_norm" else gae / (np.abs(gae) + cfg.eps)
-    adv = np.where(size >= 2, adv, lone)
+    adv = np.where(edges_out[g.node] >= 2, adv, lone)
     return finish(p, adv, {"adv/frac_anchor_ge2": float(np.mean(size >= 2)), "adv/closure_nodes": float(g.n)})
 
 

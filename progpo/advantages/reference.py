@@ -267,7 +267,8 @@ def reference_crbc(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
 
 def reference_graft(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
     """GRAFT by loops (arXiv 2609.28963): TD = gamma V(next) - V (eq. 8), Graph GAE over the distinct edges
-    reachable in exactly k hops (eqs. 9-10), normalised among the node's visits, a lone visit by |A| (eq. 11).
+    reachable in exactly k hops (eqs. 9-10), normalised among the node's visits, a node with one out-edge by
+    |A| per visit (eq. 11).
     ``[S]`` in row order."""
     b = _Batch(batch, cfg)
     out = np.zeros(len(b.steps))
@@ -287,8 +288,9 @@ def reference_graft(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
             gae[s["row"]] = total
         for s in b.tasks[uid]:
             group = [gae[v["row"]] for v in b.tasks[uid] if b.state(v) == b.state(s)]
+            out_edges = {e for e in edges if e[0] == b.state(s)}
             x = gae[s["row"]]
-            if len(group) >= 2:
+            if len(out_edges) >= 2:
                 a = _norm(x, group, cfg.gigpo_mode, cfg.eps)
             else:
                 a = x if cfg.gigpo_mode == "mean_norm" else x / (abs(x) + cfg.eps)

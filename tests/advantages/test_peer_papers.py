@@ -140,20 +140,46 @@ def test_presets_need_their_own_estimator():
         config_from_preset("crbc", estimator="gigpo")
 
 
-def test_graft_lone_visit_is_normalised_by_its_own_size():
-    # t1: s -a-> k -c-> m -e-> success; t2: s -b-> m -f-> failure; t3: s -b-> m -e-> success (gamma 0.99).
-    # V(m) = 0.99 * 2/3; V(k) = 0.99 V(m), so k's own TD is 0; its tail (one hop): the distinct edges leaving m,
-    # (m,e,z+): 0.99 - V(m) = 0.99/3 and (m,f,z-): -V(m) = -0.99 * 2/3, mean -0.99/6, so
-    # A^GAE(k) = 0.99 * lam * (-0.99/6) < 0. k is visited once: eq. 11's mean 0, std |A| -> -1 (0 when lam = 0).
+def test_graft_one_edge_node_is_normalised_by_its_own_size():
+    # t1, t4: s -a-> k -c-> m -e-> success; t2: s -b-> m -f-> failure; t3: s -b-> m -e-> success (gamma 0.99).
+    # V(m) = 0.99 * 3/4; V(k) = 0.99 V(m), so k's own TD is 0; its tail (one hop): the distinct edges leaving m,
+    # (m,e,z+): 0.99 - V(m) = 0.99/4 and (m,f,z-): -V(m) = -0.99 * 3/4, mean -0.99/4, so
+    # A^GAE(k) = 0.99 * lam * (-0.99/4) < 0 on both visits. k has one out-edge (k,c,m): eq. 11's mean 0, std |A|
+    # -> -1 on each visit (0 when lam = 0), where standardising its two equal visits would give 0.
     rows = [(1, 0, "s", "a", 0.0, False), (1, 1, "k", "c", 0.0, False), (1, 2, "m", "e", 10.0, True),
             (2, 0, "s", "b", 0.0, False), (2, 1, "m", "f", 0.0, True),
-            (3, 0, "s", "b", 0.0, False), (3, 1, "m", "e", 10.0, True)]
+            (3, 0, "s", "b", 0.0, False), (3, 1, "m", "e", 10.0, True),
+            (4, 0, "s", "a", 0.0, False), (4, 1, "k", "c", 0.0, False), (4, 2, "m", "e", 10.0, True)]
     batch = StepBatch.from_lists(
-        uid=["u"] * 7, traj_id=[r[0] for r in rows], step_index=[r[1] for r in rows], anchor_obs=[r[2] for r in rows],
-        action=[r[3] for r in rows], reward=[r[4] for r in rows], terminated=[r[5] for r in rows],
-        truncated=[False] * 7, invalid=[False] * 7, prefix_key=[str(k) for k in range(7)])
+        uid=["u"] * 10, traj_id=[r[0] for r in rows], step_index=[r[1] for r in rows],
+        anchor_obs=[r[2] for r in rows], action=[r[3] for r in rows], reward=[r[4] for r in rows],
+        terminated=[r[5] for r in rows], truncated=[False] * 10, invalid=[False] * 10,
+        prefix_key=[str(k) for k in range(10)])
     for lam, want in ((0.95, -1.0), (0.0, 0.0)):
         got = compute_advantages(batch, config_from_preset("graft", graft_lambda=lam)).advantages
-        assert got[1] == pytest.approx(want, abs=TOL)
+        assert got[1] == pytest.approx(want, abs=TOL) and got[8] == pytest.approx(want, abs=TOL)
     got = compute_advantages(batch, config_from_preset("graft", graft_lambda=0.5, gigpo_mode="mean_norm")).advantages
-    assert got[1] == pytest.approx(0.99 * 0.5 * (-0.99 / 6), rel=TOL)
+    assert got[1] == pytest.approx(0.99 * 0.5 * (-0.99 / 4), rel=TOL)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_closure_is_the_linear_solve_of_crbc_eq_9(seed):
+    # the value iteration stops at the fixed point that CRBC's one linear solve gives: (I - beta M) V = beta m+
+    import numpy as np
+
+    from progpo.advantages._prep import prepare
+    from progpo.advantages.closure import closure
+    from progpo.advantages.synthetic import random_batch
+
+    p = prepare(random_batch(seed), AdvantageConfig(estimator="crbc"))
+    for beta in (0.5, 0.98, 1.0):
+        g = closure(p, beta)
+        m = np.zeros((g.n, g.n))
+        inner = g.succ < g.n
+        np.add.at(m, (g.node[inner], g.succ[inner]), 1.0)
+        visits = np.bincount(g.node, minlength=g.n)
+        m /= visits[:, None]
+        plus = np.bincount(g.node, weights=(g.succ == g.n).astype(float), minlength=g.n) / visits
+        np.testing.assert_allclose(g.values[:g.n], np.linalg.solve(np.eye(g.n) - beta * m, beta * plus),
+                                   rtol=1e-12, atol=1e-12)
+        assert g.values[g.n] == 1.0 and g.values[g.n + 1] == 0.0
