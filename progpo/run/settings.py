@@ -254,10 +254,13 @@ def check_prompt_budget(max_prompt_tokens: int | None, max_new_tokens: int, max_
 def add_advantage_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
     """``--progpo.preset`` and one ``--progpo.<field>`` flag per ``AdvantageConfig`` field (not ``estimator``)."""
     from progpo.advantages import PRESETS
+    from progpo.advantages.config import PRESET_ESTIMATOR
 
     group = parser.add_argument_group("estimator (progpo.advantages.AdvantageConfig; unset = the preset's or its default)")
     group.add_argument("--progpo.preset", dest="progpo_preset", default=None, metavar="NAME",
-                       help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper reading); "
+                       help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper reading; "
+                            f"{', '.join(PRESET_ESTIMATOR)} = those papers' own settings, each with its own "
+                            "--advantage_estimator only); "
                             "individual --progpo.<field> flags override it (default: none, the product defaults)")
     added = flags.add_flags(group, AdvantageConfig, prefix=("progpo",), skip=("estimator",))
     return added
@@ -270,7 +273,7 @@ def advantage_config(values: dict[str, Any] | argparse.Namespace, estimator: str
     Raises:
         FlagError: naming ``--progpo.preset``, ``--progpo.<field>`` or ``--advantage_estimator``.
     """
-    from progpo.advantages.config import preset_fields
+    from progpo.advantages.config import preset_estimator_error, preset_fields
 
     ns = dict(vars(values)) if isinstance(values, argparse.Namespace) else dict(values)
     given = flags.given_flags(ns, "progpo")
@@ -281,6 +284,9 @@ def advantage_config(values: dict[str, Any] | argparse.Namespace, estimator: str
             given = {**preset_fields(preset), **given}
         except ValueError as exc:
             raise flags.FlagError("--progpo.preset", str(exc)) from None
+        error = preset_estimator_error(preset, estimator)
+        if error:
+            raise flags.FlagError("--progpo.preset", error)
     try:
         return AdvantageConfig(estimator=estimator, **given)
     except (ValueError, TypeError) as exc:
