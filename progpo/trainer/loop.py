@@ -200,6 +200,7 @@ class Trainer:
                 start = int(state["iteration"])
                 self.policy_is_reference = bool(state.get("policy_is_reference", False))
                 logger.info("resumed from %s (iteration %d)", latest, start)
+                self.ckpt.tidy()  # a run killed during a save may have left leftovers or one checkpoint too many
             else:
                 logger.warning("--ckpt.load_enable: no checkpoint in %s, starting from scratch", self.save_path)
             self.metrics.truncate_after(start)  # records after the checkpoint: those iterations are played again

@@ -133,3 +133,23 @@ def test_diverging_run_exits_5_and_keeps_the_last_good_checkpoint(tiny_model, tm
     assert max(float(t.abs().max()) for t in saved.values()) > 1e20  # iteration 1's step did land (lr 1e30)
     for it in (1, 2, 3):  # the skipped steps changed nothing: every iteration ended with iteration 1's weights
         assert all(torch.equal(weights[it][k], saved[k]) for k in saved), it
+
+
+def test_no_checkpoint_is_written_from_nonfinite_weights(tmp_path):
+    import contextlib
+    from types import SimpleNamespace
+
+    from progpo.run.checkpoint import CheckpointManager
+    from progpo.run.divergence import NonFiniteUpdate
+
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.bias[1] = float("inf")
+    actor = SimpleNamespace(model=model, generation_context=contextlib.nullcontext)  # fails before any write
+    mgr = CheckpointManager(tmp_path)
+    kept = mgr.root / "iter_000001"
+    kept.mkdir(parents=True)
+    (kept / "trainer_state.json").write_text("{}")
+    with pytest.raises(NonFiniteUpdate, match=r"^iteration 2: weight bias is not finite.*iter_000001.*--actor\.adam\.lr"):
+        mgr.save(actor, 2, {}, np.random.default_rng(0))
+    assert sorted(p.name for p in mgr.root.iterdir()) == ["iter_000001"]
