@@ -3,7 +3,8 @@
 * :class:`StepActorPPOTrainer` -- OpenRLHF's ``ActorPPOTrainer`` (the policy's PPO step) whose
   training metrics leave out the padding rows of rank-equal step batches
   (``progpo.openrlhf.balance``): the loss and the gradients are OpenRLHF's, unchanged (padding rows
-  have no action tokens, so they add nothing to either).
+  have no action tokens, so they add nothing to either); a non-finite loss is backpropagated as NaN and the
+  optimizer steps DeepSpeed skips for it are counted (``progpo.run.divergence``).
 * :class:`ProGPOPolicyModelActor` -- OpenRLHF's ``PolicyModelActor`` with that trainer, plus the
   ``--debug.*`` aids (full weights for the sync check, replay-buffer dumps, per-rank counts of
   forward passes, micro-batches and optimizer steps).
@@ -24,7 +25,9 @@ from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import _write_json
 from progpo.openrlhf.launch import ray_run
+from progpo.openrlhf.patching import patched
 from progpo.openrlhf.version import OPENRLHF_VERSION
+from progpo.run.divergence import SKIPPED_KEY, SkipStreak, poison_nonfinite_loss
 from progpo.run.models import disable_dropout
 
 EMPTY_WEIGHT = 1e-30
@@ -33,6 +36,9 @@ divides summed metrics by the counts summed over ranks; when every rank's micro-
 that sum would be 0 (a ``ZeroDivisionError``). The metric values of such a micro-batch are 0, so
 this weight adds exactly 0 to every sum, and ``1e-30`` is lost against any real count (>= 1) even
 in float32."""
+
+SKIP_STREAK_KEY = "_progpo_skip_streak"
+"""Key of the policy's ``fit`` status: optimizer steps skipped in a row (``SkipStreak.streak``); not a metric."""
 
 
 def pad_free_status(status: dict[str, Any], real: torch.Tensor) -> dict[str, Any]:
@@ -68,13 +74,27 @@ class StepActorPPOTrainer(ActorPPOTrainer):
 
     Attributes:
         progpo_micro_batches: ``training_step`` calls since the last :meth:`progpo_take_counts`.
+        progpo_skips: the optimizer steps DeepSpeed skipped for a non-finite gradient norm (its ZeRO and bf16
+            optimizers' overflow check; ``engine.skipped_steps``), as a :class:`~progpo.run.divergence.SkipStreak`
+            (``limit``: ``--train.max_nonfinite_skips``); None until the first :meth:`training_step`.
     """
 
     progpo_micro_batches = 0
+    progpo_skips: SkipStreak | None = None
 
     def training_step(self, experience: Any, kl_ctl: float, step: int, loss_batch_info: dict | None = None) -> dict:
-        """OpenRLHF's ``training_step`` (loss, backward, optimizer step), then :func:`pad_free_status`."""
-        status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+        """OpenRLHF's ``training_step`` (loss, backward, optimizer step) with a non-finite loss backpropagated as
+        NaN (:func:`~progpo.run.divergence.poison_nonfinite_loss`: DeepSpeed then skips the step), each optimizer
+        step counted as applied or skipped in :attr:`progpo_skips`, then :func:`pad_free_status`."""
+        engine = self.actor.model  # the DeepSpeed engine
+        before = (getattr(engine, "global_steps", None), getattr(engine, "skipped_steps", None))
+        backward = self.strategy.backward
+        with patched(self.strategy, "backward", lambda loss, *a, **k: backward(poison_nonfinite_loss(loss), *a, **k)):
+            status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+        if self.progpo_skips is None:
+            self.progpo_skips = SkipStreak(ray_run(self.strategy.args).settings.train.max_nonfinite_skips)
+        if before[0] is not None and engine.global_steps != before[0]:  # an optimizer step, applied or skipped
+            self.progpo_skips.record(applied=engine.skipped_steps == before[1])
         self.progpo_micro_batches += 1
         real = real_rows(experience)
         return status if bool(real.all()) else pad_free_status(status, real)
@@ -236,7 +256,9 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         super().append(experience)
 
     def fit(self, kl_ctl: float = 0) -> dict:
-        """OpenRLHF's ``fit``, after writing the replay buffer to ``--debug.dump_dir`` when set.
+        """OpenRLHF's ``fit``, after writing the replay buffer to ``--debug.dump_dir`` when set; its status gains
+        ``loss/update_skipped_nonfinite`` (optimizer steps of this fit DeepSpeed skipped for a non-finite gradient
+        norm) and :data:`SKIP_STREAK_KEY` (consecutive skipped steps, read and removed by the trainer actor).
 
         Dump rows: ``index`` (position in the rollout batch), ``sequences`` ``[T]``, ``action_mask``
         ``[A]``, ``advantages`` ``[A]`` (``A = T - 1``), ``response_length``.
@@ -249,6 +271,10 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         counts = self.__dict__.setdefault("_progpo_fit_counts", {"optimizer_steps": 0, "micro_steps": 0})
         counts["optimizer_steps"] += engine.global_steps - before[0]
         counts["micro_steps"] += engine.micro_steps - before[1]
+        skips = self.trainer.progpo_skips  # None: no training_step ran
+        if skips is not None:
+            status[SKIPPED_KEY] = float(skips.take_skipped())
+            status[SKIP_STREAK_KEY] = float(skips.streak)
         return status
 
     def progpo_counts(self) -> dict[str, int]:

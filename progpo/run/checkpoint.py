@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from progpo.run.atomic import atomic_write_text, fsync_path, fsync_tree
+from progpo.run.divergence import LR_FLAG, NonFiniteUpdate, first_nonfinite
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class CheckpointManager:
     Args:
         save_path: the run folder; checkpoints go to ``save_path/checkpoints``.
         max_keep: newest checkpoints kept (older ones are deleted after a successful save).
+        lr_flag: the learning-rate flag a refusal of non-finite weights names (``train``'s, or ``--sft.lr``).
 
     Attributes:
         on_stage: None, or called as ``on_stage(stage, iteration)`` at each stage of :meth:`save`: ``partial``
@@ -120,11 +122,12 @@ class CheckpointManager:
 
     on_stage: Callable[[str, int], None] | None = None
 
-    def __init__(self, save_path: str | os.PathLike, max_keep: int = 2) -> None:
+    def __init__(self, save_path: str | os.PathLike, max_keep: int = 2, lr_flag: str = LR_FLAG) -> None:
         if max_keep < 1:
             raise ValueError(f"max_keep must be >= 1, got {max_keep}")
         self.root = Path(save_path) / "checkpoints"
         self.max_keep = max_keep
+        self.lr_flag = lr_flag
 
     def complete(self) -> list[Path]:
         """Complete checkpoints, oldest first: the ``iter_*`` folders (only a complete one is renamed to that name)
@@ -146,15 +149,13 @@ class CheckpointManager:
         Raises:
             NonFiniteUpdate: a weight holds inf or NaN (nothing is written; the newest checkpoint is kept).
         """
-        from progpo.run.divergence import LR_FLAG, NonFiniteUpdate, first_nonfinite
-
         state = hf_state(actor)
         bad = first_nonfinite(state)
         if bad is not None:
             kept = self.latest()
             raise NonFiniteUpdate(f"iteration {iteration}: weight {bad} is not finite, so no checkpoint was written "
                                   f"(the newest is {kept.name if kept else 'none'}); the updates diverge: lower "
-                                  f"{LR_FLAG}")
+                                  f"{self.lr_flag}")
         self.root.mkdir(parents=True, exist_ok=True)
         self._clean()
         name = f"iter_{iteration:06d}"
