@@ -27,7 +27,8 @@ from progpo.openrlhf.experience import _write_json
 from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.patching import patched
 from progpo.openrlhf.version import OPENRLHF_VERSION
-from progpo.run.divergence import SKIPPED_KEY, SkipStreak, poison_nonfinite_loss
+from progpo.run.divergence import SkipStreak, poison_nonfinite_loss
+from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.models import disable_dropout
 
 EMPTY_WEIGHT = 1e-30

@@ -39,8 +39,9 @@ from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.patching import patched
 from progpo.openrlhf.samples import StepSamplesGenerator
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
-from progpo.run.divergence import SKIPPED_KEY, NonFiniteUpdate, SkipStreak
+from progpo.run.divergence import NonFiniteUpdate, SkipStreak
 from progpo.run.failures import EngineDied, engine_died_message
+from progpo.run.metrics import SKIPPED_KEY
 
 logger = logging.getLogger(__name__)
 

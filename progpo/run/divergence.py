@@ -9,7 +9,7 @@ the step in ``engine.skipped_steps`` and answers ``engine.was_step_applied()`` F
 AdamW speaking the same ``overflow`` protocol, so that path skips by the same rule. A non-finite loss is made a
 non-finite gradient (:func:`poison_nonfinite_loss`), so every optimizer skips it by its own gradient check.
 
-Both backends count skipped steps in ``loss/update_skipped_nonfinite`` and stop the run after
+Both backends count skipped steps in ``loss/update_skipped_nonfinite`` (:data:`progpo.run.metrics.SKIPPED_KEY`) and stop the run after
 ``--train.max_nonfinite_skips`` consecutive ones (:class:`SkipStreak`, :class:`NonFiniteUpdate`, exit status
 :data:`EXIT_NONFINITE`); an iteration with a skipped step writes no checkpoint, and no checkpoint is written from
 non-finite weights (:func:`first_nonfinite`).
@@ -26,8 +26,6 @@ import torch
 EXIT_NONFINITE = 5
 """Exit status of ``train`` and ``train_ray`` when the run stopped on non-finite updates (:class:`NonFiniteUpdate`)."""
 
-SKIPPED_KEY = "loss/update_skipped_nonfinite"
-"""Metric: optimizer steps of the iteration skipped for a non-finite loss, gradient norm or learning rate."""
 
 LR_FLAG = "--actor.adam.lr"
 """The flag a diverging run should lower (both backends spell it so)."""

@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 
 NAMESPACES = ("rollout", "env", "adv", "loss", "perf", "eval")
 
+SKIPPED_KEY = "loss/update_skipped_nonfinite"
+"""Metric: optimizer steps of the iteration skipped for a non-finite loss, gradient norm or learning rate
+(:mod:`progpo.run.divergence`)."""
+
 SUMMARY_KEYS = (
     ("env/success_rate", "success", "{:.3f}"),
     ("env/score_mean", "score", "{:.3f}"),
@@ -47,7 +51,7 @@ def format_metrics(it: int, metrics: dict[str, float]) -> str:
     rollouts all got the same return); ``dropped`` / ``extra`` are dynamic sampling's dropped share
     and extra groups. When every task is flat the batch carries no learning signal, and the line
     says so (with the advantages' spread, which should then be zero); a skipped update
-    (``loss/update_skipped``) is said too.
+    (``loss/update_skipped``) and optimizer steps skipped for non-finite numbers (:data:`SKIPPED_KEY`) are said too.
     """
     parts = [f"iter {it}"]
     for key, label, fmt in SUMMARY_KEYS:
@@ -61,6 +65,9 @@ def format_metrics(it: int, metrics: dict[str, float]) -> str:
         line += (" | update skipped: every advantage is 0 and the policy equals the reference or the KL term is off"
                  if metrics.get("rollout/num_steps", 1.0) > 0 and "adv/std" in metrics else
                  " | update skipped: no group with a return signal")
+    if metrics.get(SKIPPED_KEY, 0.0) > 0:
+        line += (f" | {metrics[SKIPPED_KEY]:.0f} optimizer step(s) skipped: non-finite loss or gradient norm "
+                 "(no checkpoint this iteration)")
     return line
 
 

@@ -26,14 +26,14 @@ from progpo.agents.episode import EpisodeConfig, TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
 from progpo.run.answer_format import check_model_answer_format
 from progpo.run.checkpoint import CheckpointManager, check_run_dir
-from progpo.run.divergence import SKIPPED_KEY, NonFiniteUpdate, SkipStreak
+from progpo.run.divergence import NonFiniteUpdate, SkipStreak
 from progpo.run.dynamic_sampling import (DynamicSamplingStats, equal_returns, group_returns, keep_signal_groups,
                                          signal_discount)
 from progpo.trainer.config import TrainConfig
 from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
 from progpo.run.failures import check_failures, failure_metrics
-from progpo.run.metrics import MetricsLogger
+from progpo.run.metrics import SKIPPED_KEY, MetricsLogger
 from progpo.run.models import resolve_pretrain
 from progpo.run.settings import check_prompt_budget
 from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from progpo.run.divergence import SKIPPED_KEY, poison_nonfinite_loss
+from progpo.run.divergence import poison_nonfinite_loss
+from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.settings import RolloutSettings, TrainSettings
 from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
 from progpo.trainer.ppo import LossTerms, ppo_kl_loss

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from progpo.run.divergence import EXIT_NONFINITE, SKIPPED_KEY, NonFiniteUpdate, SkipStreak
+from progpo.run.divergence import EXIT_NONFINITE, NonFiniteUpdate, SkipStreak
+from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.settings import TrainSettings
 
 
@@ -133,27 +134,8 @@ def test_no_checkpoint_after_a_skipped_update_and_a_stop_at_the_limit(mods, tmp_
     assert t.saved == [1]
 
 
-def test_train_ray_turns_the_stop_into_one_line_and_exit_5(mods, monkeypatch, capsys, tmp_path):
-    import ray.exceptions
-
-    from progpo.openrlhf import cpu, launch
-
+def test_train_ray_turns_the_stop_into_one_line_and_exit_5(train_ray_stopped_by, capsys):
     cause = NonFiniteUpdate("iteration 3: 2 consecutive optimizer steps skipped for a non-finite loss or gradient "
                             "norm (--train.max_nonfinite_skips 2); the updates diverge: lower --actor.adam.lr (now 1)")
-    remote = ray.exceptions.RayTaskError("fit", "Traceback (most recent call last):\n  ...\n", cause).as_instanceof_cause()
-
-    def fit(args):
-        raise remote
-
-    monkeypatch.setattr(mods.trainer, "run_openrlhf_main", fit)
-    monkeypatch.setattr(cpu, "install", lambda: None)
-    monkeypatch.setattr(launch, "init_ray", lambda args: False)
-    argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--env.name", "webshop", "--env.url",
-            "http://127.0.0.1:9", "--env.num_tasks", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt",
-            "4", "--rollout.micro_batch_size", "4", "--train.batch_size", "8", "--train.micro_batch_size", "2",
-            "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
-            "--train.max_nonfinite_skips", "2", "--ckpt.path", str(tmp_path / "ckpt")]
-    with pytest.raises(SystemExit) as exc:
-        mods.train_ray.main(argv)
-    assert exc.value.code == EXIT_NONFINITE == 5
+    assert train_ray_stopped_by(cause, "--train.max_nonfinite_skips", "2") == EXIT_NONFINITE == 5
     assert capsys.readouterr().err.strip().splitlines() == [f"python -m progpo.cli.train_ray: error: {cause}"]

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from progpo.run.divergence import SKIPPED_KEY, FiniteAdamW, SkipStreak, poison_nonfinite_loss
+from progpo.run.divergence import FiniteAdamW, SkipStreak, poison_nonfinite_loss
+from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.settings import TrainSettings
 from progpo.trainer.actor import Actor, ActorConfig
 from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings, KLSettings
@@ -153,3 +154,10 @@ def test_no_checkpoint_is_written_from_nonfinite_weights(tmp_path):
     with pytest.raises(NonFiniteUpdate, match=r"^iteration 2: weight bias is not finite.*iter_000001.*--actor\.adam\.lr"):
         mgr.save(actor, 2, {}, np.random.default_rng(0))
     assert sorted(p.name for p in mgr.root.iterdir()) == ["iter_000001"]
+
+
+def test_metrics_line_says_when_steps_were_skipped():
+    from progpo.run.metrics import format_metrics
+
+    assert "2 optimizer step(s) skipped: non-finite" in format_metrics(4, {SKIPPED_KEY: 2.0, "loss/policy": float("nan")})
+    assert "skipped" not in format_metrics(4, {SKIPPED_KEY: 0.0, "loss/policy": 0.1})
