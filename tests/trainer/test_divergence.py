@@ -99,7 +99,10 @@ def test_update_with_a_nan_advantage_is_skipped_then_the_next_applied(tiny_model
     assert all(torch.isfinite(v).all() for v in after.values())
 
 
-def test_diverging_run_exits_5_and_keeps_the_last_good_checkpoint(tiny_model, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("lr", ["1e30", "inf"])
+def test_diverging_run_exits_5_and_keeps_the_last_good_checkpoint(tiny_model, tmp_path, monkeypatch, capsys, lr):
+    """``1e30``: iteration 1's step lands (huge finite weights), iteration 2's loss is NaN. ``inf``: the run starts at
+    lr 1e-3 and its optimizer's lr is set to inf after iteration 1 (the CLI refuses inf itself)."""
     from safetensors.torch import load_file
 
     from progpo.cli.train import main
@@ -111,6 +114,9 @@ def test_diverging_run_exits_5_and_keeps_the_last_good_checkpoint(tiny_model, tm
 
     def snapshot(self, it, metrics):
         weights[it] = {k: v.detach().cpu().clone() for k, v in self.actor.model.state_dict().items()}
+        if lr == "inf":
+            for group in self.actor.engine.optimizer.param_groups:  # ZeRO-0: the client AdamW itself
+                group["lr"] = float("inf")
         return log(self, it, metrics)
 
     monkeypatch.setattr(Trainer, "log", snapshot)
@@ -118,8 +124,8 @@ def test_diverging_run_exits_5_and_keeps_the_last_good_checkpoint(tiny_model, tm
     rc = main(["--actor.model_name_or_path", "tiny", "--env.name", "alfworld_like", "--env.max_steps", "2",
                "--env.num_tasks", "4", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2",
                "--rollout.max_new_tokens", "8", "--train.num_iterations", "4", "--train.batch_size", "64",
-               "--train.micro_batch_size", "8", "--actor.adam.lr", "1e30", "--actor.entropy_coef", "0.01",
-               "--train.max_nonfinite_skips", "2", "--logger.progress_bar", "false",
+               "--train.micro_batch_size", "8", "--actor.adam.lr", "1e30" if lr == "1e30" else "1e-3",
+               "--actor.entropy_coef", "0.01", "--train.max_nonfinite_skips", "2", "--logger.progress_bar", "false",
                "--logger.tensorboard_dir", "none", "--ckpt.path", str(run)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 5, err[-5:]
@@ -131,7 +137,8 @@ def test_diverging_run_exits_5_and_keeps_the_last_good_checkpoint(tiny_model, tm
     assert (run / "checkpoints" / "latest").read_text() == "iter_000001"
     saved = load_file(str(newest / "hf" / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in saved.values())
-    assert max(float(t.abs().max()) for t in saved.values()) > 1e20  # iteration 1's step did land (lr 1e30)
+    if lr == "1e30":
+        assert max(float(t.abs().max()) for t in saved.values()) > 1e20  # iteration 1's step did land
     for it in (1, 2, 3):  # the skipped steps changed nothing: every iteration ended with iteration 1's weights
         assert all(torch.equal(weights[it][k], saved[k]) for k in saved), it
 
