@@ -27,7 +27,7 @@ from progpo.openrlhf.experience import _write_json
 from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.patching import patched
 from progpo.openrlhf.version import OPENRLHF_VERSION
-from progpo.run.divergence import SkipStreak, poison_nonfinite_loss
+from progpo.run.divergence import SkipStreak, guard_optimizer, poison_nonfinite_loss
 from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.models import disable_dropout
 
@@ -193,8 +193,9 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
     """
 
     def init_model_from_pretrained(self, *args: Any, **kwargs: Any) -> None:
-        """OpenRLHF's; then every dropout of the trained model (and of its EMA copy) is off, and its
-        ``ActorPPOTrainer`` becomes a :class:`StepActorPPOTrainer`.
+        """OpenRLHF's; then every dropout of the trained model (and of its EMA copy) is off, its
+        ``ActorPPOTrainer`` becomes a :class:`StepActorPPOTrainer`, and a bare optimizer DeepSpeed would step
+        unchecked (ZeRO-0 fp32) skips non-finite steps (:func:`~progpo.run.divergence.guard_optimizer`).
 
         The trainer is built by OpenRLHF's own constructor; only its class is switched to the
         subclass (which adds methods, no state). Patching the name ``ActorPPOTrainer`` in OpenRLHF's
@@ -212,6 +213,9 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
             raise RuntimeError(f"OpenRLHF built a {type(self.trainer).__name__} as the policy trainer, not "
                                f"ActorPPOTrainer (openrlhf {OPENRLHF_VERSION} is the supported version)")
         self.trainer.__class__ = StepActorPPOTrainer
+        optimizer = getattr(self.actor.model, "optimizer", None)  # the DeepSpeed engine's
+        if optimizer is not None:
+            guard_optimizer(optimizer)  # ZeRO-0 fp32: DeepSpeed would step it unchecked
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """OpenRLHF's forward (log-probs of a rollout chunk), counted."""

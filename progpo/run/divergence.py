@@ -6,7 +6,8 @@ gradient norm, and an invalid one (``deepspeed.runtime.utils.is_invalid_grad_nor
 optimizer's ``overflow`` flag; the engine's ``_take_model_step`` then leaves the lr schedule where it is, counts
 the step in ``engine.skipped_steps`` and answers ``engine.was_step_applied()`` False. Its plain ZeRO-0 fp32 path
 (the local backend's default) hands the step to the client optimizer unchecked: :class:`FiniteAdamW` is torch's
-AdamW speaking the same ``overflow`` protocol, so that path skips by the same rule. A non-finite loss is made a
+AdamW speaking the same ``overflow`` protocol, so that path skips by the same rule (:func:`guard_optimizer` gives
+the same check to an optimizer built elsewhere, OpenRLHF's). A non-finite loss is made a
 non-finite gradient (:func:`poison_nonfinite_loss`), so every optimizer skips it by its own gradient check.
 
 Both backends count skipped steps in ``loss/update_skipped_nonfinite`` (:data:`progpo.run.metrics.SKIPPED_KEY`) and stop the run after
@@ -49,12 +50,39 @@ class FiniteAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         """AdamW's step, unless a gradient holds inf/NaN or a group's lr is not finite (then ``overflow`` = True)."""
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        lrs = [float(group["lr"]) for group in self.param_groups]
-        self.overflow = not (all(math.isfinite(lr) for lr in lrs) and tensors_finite(grads))
+        self.overflow = not step_finite(self.param_groups)
         if self.overflow:
             return None
         return super().step(closure)
+
+
+def step_finite(param_groups: list[dict]) -> bool:
+    """Whether a step over ``param_groups`` (an optimizer's) has finite gradients and learning rates."""
+    grads = [p.grad for group in param_groups for p in group["params"] if p.grad is not None]
+    return all(math.isfinite(float(group["lr"])) for group in param_groups) and tensors_finite(grads)
+
+
+def guard_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    """Give a bare optimizer that DeepSpeed steps unchecked (its ZeRO-0 fp32 path: the client or config optimizer
+    itself, e.g. OpenRLHF's) the check of :class:`FiniteAdamW`: its ``step`` is skipped, setting ``overflow``, when
+    a gradient or lr is not finite. DeepSpeed's own ZeRO, bf16 and fp16 optimizers already have ``overflow``
+    and are left alone.
+
+    Returns:
+        Whether the optimizer was guarded here (False: it already speaks the ``overflow`` protocol).
+    """
+    if hasattr(optimizer, "overflow"):
+        return False
+    step = optimizer.step
+
+    @torch.no_grad()
+    def checked_step(closure=None):
+        optimizer.overflow = not step_finite(optimizer.param_groups)
+        return None if optimizer.overflow else step(closure)
+
+    optimizer.overflow = False
+    optimizer.step = checked_step
+    return True
 
 
 def tensors_finite(tensors: Iterable[torch.Tensor]) -> bool:

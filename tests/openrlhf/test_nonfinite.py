@@ -1,9 +1,9 @@
 """A diverging update never reaches a checkpoint on the OpenRLHF path (issue 44, item 2).
 
 * OpenRLHF 0.11.2's own ``ActorPPOTrainer.training_step`` (through :class:`StepActorPPOTrainer`) on a real
-  DeepSpeed ZeRO-2 engine over the tiny Qwen2, in one process: a micro-batch whose advantages are NaN is
-  skipped by DeepSpeed's overflow check (weights unchanged, ``engine.skipped_steps`` 1) and counted; the next,
-  finite one is applied and ends the streak; the policy's ``fit`` status carries the count.
+  DeepSpeed engine over the tiny Qwen2, in one process: a micro-batch whose advantages are NaN is skipped
+  (ZeRO-2: DeepSpeed's overflow check; ZeRO-0 fp32: the bare optimizer under ``guard_optimizer``; weights
+  unchanged, ``engine.skipped_steps`` 1) and counted; the next, finite one is applied and ends the streak.
 * The trainer actor's ``save_logs_and_checkpoints``: no checkpoint after a step with a skipped update, and the
   run stops after ``--train.max_nonfinite_skips`` skipped steps in a row with one line (iteration, flag).
 * ``train_ray`` turns that stop into exit status 5 and the one line.
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from progpo.run.divergence import EXIT_NONFINITE, NonFiniteUpdate, SkipStreak
+from progpo.run.divergence import EXIT_NONFINITE, NonFiniteUpdate, SkipStreak, guard_optimizer
 from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.settings import TrainSettings
 
@@ -71,7 +71,8 @@ def _trainer(mods, engine):
     return t
 
 
-def test_openrlhf_training_step_skips_and_counts_a_nan_update(mods):
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_openrlhf_training_step_skips_and_counts_a_nan_update(mods, zero_stage):
     import deepspeed
     from transformers import AutoModelForCausalLM
 
@@ -82,7 +83,8 @@ def test_openrlhf_training_step_skips_and_counts_a_nan_update(mods):
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config={
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9})
+        "zero_optimization": {"stage": zero_stage}, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9})
+    assert guard_optimizer(engine.optimizer) == (zero_stage == 0)  # ZeRO-2: DeepSpeed's own overflow check
     t = _trainer(mods, engine)
     before = {k: v.clone() for k, v in engine.module.state_dict().items()}
     nan, finite = _experience(float("nan")), _experience(1.0)

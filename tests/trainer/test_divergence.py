@@ -50,6 +50,20 @@ def test_finite_adamw_skips_nonfinite_gradients_and_lr_and_changes_nothing():
     assert not opt.overflow and float(opt.state[p]["step"]) == 2.0
 
 
+def test_guard_gives_a_bare_optimizer_the_same_skip():
+    from progpo.run.divergence import guard_optimizer
+
+    p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = torch.optim.SGD([p], lr=0.5)
+    assert guard_optimizer(opt) and not guard_optimizer(opt) and not guard_optimizer(FiniteAdamW([p]))
+    p.grad = torch.tensor([float("nan"), 1.0])
+    opt.step()
+    assert opt.overflow and p.detach().tolist() == [1.0, 2.0]
+    p.grad = torch.tensor([2.0, -2.0])
+    opt.step()
+    assert not opt.overflow and p.detach().tolist() == [0.0, 3.0]  # SGD: p - lr * g
+
+
 def test_nan_under_a_zero_mask_is_made_a_nan_gradient():
     x = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     mask = torch.tensor([1.0, 0.0])
