@@ -89,16 +89,28 @@ class StepActorPPOTrainer(ActorPPOTrainer):
         step counted as applied or skipped in :attr:`progpo_skips`, then :func:`pad_free_status`."""
         engine = self.actor.model  # the DeepSpeed engine
         before = (getattr(engine, "global_steps", None), getattr(engine, "skipped_steps", None))
+        client = getattr(engine, "basic_optimizer", None)  # inside a ZeRO/bf16 wrapper: its lr check is ours
+        if getattr(client, "overflow", None) is not None:
+            client.overflow = False  # a wrapper that skips the step itself never calls the client's step
         backward = self.strategy.backward
         with patched(self.strategy, "backward", lambda loss, *a, **k: backward(poison_nonfinite_loss(loss), *a, **k)):
             status = super().training_step(experience, kl_ctl, step, loss_batch_info)
         if self.progpo_skips is None:
             self.progpo_skips = SkipStreak(ray_run(self.strategy.args).settings.train.max_nonfinite_skips)
         if before[0] is not None and engine.global_steps != before[0]:  # an optimizer step, applied or skipped
-            self.progpo_skips.record(applied=engine.skipped_steps == before[1])
+            applied = engine.skipped_steps == before[1] and not getattr(client, "overflow", False)
+            self.progpo_skips.record(applied=applied)
         self.progpo_micro_batches += 1
         real = real_rows(experience)
         return status if bool(real.all()) else pad_free_status(status, real)
+
+
+def guard_engine(engine: Any) -> list[str]:
+    """:func:`~progpo.run.divergence.guard_optimizer` on a DeepSpeed engine's ``optimizer`` (on ZeRO-0 fp32 the bare
+    optimizer, stepped unchecked) and ``basic_optimizer`` (inside a ZeRO/bf16 wrapper, which checks the gradient norm
+    but not the lr). Returns the attributes guarded."""
+    return [name for name in ("optimizer", "basic_optimizer")
+            if getattr(engine, name, None) is not None and guard_optimizer(getattr(engine, name))]
 
 
 def broadcast_merged_to_engines(trainer: Any) -> None:
@@ -194,8 +206,9 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
 
     def init_model_from_pretrained(self, *args: Any, **kwargs: Any) -> None:
         """OpenRLHF's; then every dropout of the trained model (and of its EMA copy) is off, its
-        ``ActorPPOTrainer`` becomes a :class:`StepActorPPOTrainer`, and a bare optimizer DeepSpeed would step
-        unchecked (ZeRO-0 fp32) skips non-finite steps (:func:`~progpo.run.divergence.guard_optimizer`).
+        ``ActorPPOTrainer`` becomes a :class:`StepActorPPOTrainer`, and the bare optimizer (DeepSpeed's on ZeRO-0
+        fp32, which it steps unchecked, or the one inside its ZeRO/bf16 wrapper, whose lr it does not check) skips
+        non-finite steps (:func:`~progpo.run.divergence.guard_optimizer`).
 
         The trainer is built by OpenRLHF's own constructor; only its class is switched to the
         subclass (which adds methods, no state). Patching the name ``ActorPPOTrainer`` in OpenRLHF's
@@ -213,9 +226,7 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
             raise RuntimeError(f"OpenRLHF built a {type(self.trainer).__name__} as the policy trainer, not "
                                f"ActorPPOTrainer (openrlhf {OPENRLHF_VERSION} is the supported version)")
         self.trainer.__class__ = StepActorPPOTrainer
-        optimizer = getattr(self.actor.model, "optimizer", None)  # the DeepSpeed engine's
-        if optimizer is not None:
-            guard_optimizer(optimizer)  # ZeRO-0 fp32: DeepSpeed would step it unchecked
+        guard_engine(self.actor.model)
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """OpenRLHF's forward (log-probs of a rollout chunk), counted."""

@@ -63,10 +63,11 @@ def step_finite(param_groups: list[dict]) -> bool:
 
 
 def guard_optimizer(optimizer: torch.optim.Optimizer) -> bool:
-    """Give a bare optimizer that DeepSpeed steps unchecked (its ZeRO-0 fp32 path: the client or config optimizer
-    itself, e.g. OpenRLHF's) the check of :class:`FiniteAdamW`: its ``step`` is skipped, setting ``overflow``, when
-    a gradient or lr is not finite. DeepSpeed's own ZeRO, bf16 and fp16 optimizers already have ``overflow``
-    and are left alone.
+    """Give a bare optimizer the check of :class:`FiniteAdamW`: its ``step`` is skipped, setting ``overflow``, when a
+    gradient or lr is not finite. For an optimizer DeepSpeed steps unchecked (its ZeRO-0 fp32 path: the client or
+    config optimizer itself, e.g. OpenRLHF's), and for the one inside DeepSpeed's ZeRO/bf16 wrappers (they check the
+    gradient norm, not the lr). DeepSpeed's own ZeRO, bf16 and fp16 optimizers already have ``overflow`` and are
+    left alone.
 
     Returns:
         Whether the optimizer was guarded here (False: it already speaks the ``overflow`` protocol).
@@ -76,9 +77,9 @@ def guard_optimizer(optimizer: torch.optim.Optimizer) -> bool:
     step = optimizer.step
 
     @torch.no_grad()
-    def checked_step(closure=None):
+    def checked_step(*args, **kwargs):
         optimizer.overflow = not step_finite(optimizer.param_groups)
-        return None if optimizer.overflow else step(closure)
+        return None if optimizer.overflow else step(*args, **kwargs)
 
     optimizer.overflow = False
     optimizer.step = checked_step

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from progpo.run.divergence import EXIT_NONFINITE, NonFiniteUpdate, SkipStreak, guard_optimizer
+from progpo.run.divergence import EXIT_NONFINITE, NonFiniteUpdate, SkipStreak
 from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.settings import TrainSettings
 
@@ -84,7 +84,8 @@ def test_openrlhf_training_step_skips_and_counts_a_nan_update(mods, zero_stage):
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config={
         "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
         "zero_optimization": {"stage": zero_stage}, "zero_allow_untested_optimizer": True, "steps_per_print": 10**9})
-    assert guard_optimizer(engine.optimizer) == (zero_stage == 0)  # ZeRO-2: DeepSpeed's own overflow check
+    # ZeRO-0 fp32: the bare optimizer is guarded; ZeRO-2: its wrapper checks the grad norm, the inner one the lr
+    assert mods.actors.guard_engine(engine) == (["optimizer"] if zero_stage == 0 else ["basic_optimizer"])
     t = _trainer(mods, engine)
     before = {k: v.clone() for k, v in engine.module.state_dict().items()}
     nan, finite = _experience(float("nan")), _experience(1.0)
@@ -93,8 +94,13 @@ def test_openrlhf_training_step_skips_and_counts_a_nan_update(mods, zero_stage):
     assert all(torch.equal(before[k], v) for k, v in engine.module.state_dict().items())
     t.training_step(finite, 0.0, 1, mods.norm([finite.action_mask], None, 1, 1))
     assert (engine.skipped_steps, t.progpo_skips.streak, t.progpo_skips.take_skipped()) == (1, 0, 1)
-    after = engine.module.state_dict()
+    after = {k: v.clone() for k, v in engine.module.state_dict().items()}
     assert any(not torch.equal(before[k], after[k]) for k in before)
+    for group in engine.basic_optimizer.param_groups:  # an inf lr with finite gradients: skipped by the lr check
+        group["lr"] = float("inf")
+    t.training_step(finite, 0.0, 2, mods.norm([finite.action_mask], None, 1, 1))
+    assert (t.progpo_skips.streak, t.progpo_skips.take_skipped()) == (1, 1)
+    assert all(torch.equal(after[k], v) for k, v in engine.module.state_dict().items())
 
 
 def _trainer_actor(mods, tmp_path, limit):
