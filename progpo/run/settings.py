@@ -156,7 +156,8 @@ class RolloutSettings:
 @dataclass(frozen=True)
 class TrainSettings:
     """The training loop (``--train.*``): all of it on ``train`` and ``sft``; on ``train_ray`` only the run's
-    length (OpenRLHF's parser holds its other ``--train.*`` flags), so one field holds it on both backends.
+    length and ``max_nonfinite_skips`` (OpenRLHF's parser holds its other ``--train.*`` flags), so one field holds
+    each on both backends.
 
     Raises:
         ValueError: a value below 1, naming the flag.
@@ -172,9 +173,11 @@ class TrainSettings:
     """PPO epochs over each rollout"""
     seed: int = 42
     """seeds task order, sampling and shuffling"""
+    max_nonfinite_skips: int = 3
+    """stop the run (exit 5, one line naming the iteration and the flag to lower) after this many consecutive optimizer steps skipped for a non-finite loss or gradient norm; each skip is counted in loss/update_skipped_nonfinite, and an iteration with one writes no checkpoint"""
 
     def __post_init__(self) -> None:
-        for name in ("num_iterations", "batch_size", "micro_batch_size", "max_epochs"):
+        for name in ("num_iterations", "batch_size", "micro_batch_size", "max_epochs", "max_nonfinite_skips"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--train.{name} must be >= 1, got {value}")
