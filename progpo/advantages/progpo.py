@@ -6,6 +6,7 @@ Dimension names: ``S`` steps (sorted rows, see ``_prep``), ``D+1`` depths.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -14,6 +15,7 @@ import numpy as np
 from progpo.advantages._prep import (Prepared, combine, discounted_returns, episode_term, group_stats, normalise, prepare,
                                      sample_std)
 from progpo.advantages.batch import StepBatch
+from progpo.advantages.closure import closure
 from progpo.advantages.config import AdvantageConfig
 from progpo.advantages.result import StepAdvantages, equal_return_tasks, finish, pool_size_diagnostics, task_std
 from progpo.advantages.semantic import Encoder, expand_depth0
@@ -134,6 +136,45 @@ def mc_potentials(p: Prepared, encoder: Encoder | None, timings: dict | None = N
         diag[f"adv/fusion_weight_d{d}_mean"] = float(np.mean(weights[d]))
     _tick(timings, "fusion", t0)
     return phi, diag
+
+
+def closure_targets(p: Prepared) -> tuple[Prepared, dict[str, float]]:
+    """``potential_target='closure'``: ``p`` with each step's closure target in place of its return ``G``.
+
+    The target of step ``(i, t)`` is ``y = success_reward * V(x_{i,t})``, ``x`` its successor on the task's merged
+    graph (the next step's anchor state, or the absorbing success / failure node after the last step; a step-limit
+    cut is a failure) and ``V`` the graph's fixed point with ``V(z+) = 1``, ``V(z-) = 0``
+    (``progpo.advantages.closure``; CRBC arXiv 2609.35082, eqs. 1, 8-9; GRAFT arXiv 2609.28963, eqs. 5-7).
+    The potential pools (3)-(5) then average ``y`` instead of ``G``: an anchor state's exact depth-0 pool holds
+    its visits, whose mean ``y`` is ``success_reward * sum_x M+(s, x) V(x) = success_reward * V(s) / gamma``,
+    the closure value (CRBC's ``K = infinity``) where the visit average of ``G`` is CRBC's ``K = 0`` (eqs. 6, 10).
+    Deeper depths and semantic expansion average the same targets over their pools, and the fusion weights use
+    their spread, exactly as they use ``G``'s.
+
+    Readings where the papers leave the mapping onto ProGPO's potentials open:
+
+    * Discount: ProGPO's ``gamma`` (not ``crbc_beta`` / ``graft_gamma``), the discount of ``G`` and of the credit
+      ``C = r + gamma Phi' - Phi``; on a task whose anchor states never branch or merge the closure then equals
+      the visit average exactly.
+    * Scale: ``success_reward * V / gamma``. The closure's values are discounted success probabilities whose
+      realised return discounts the outcome once more than ``G`` does (CRBC's ``G_{i,t} = beta^(T_i - t + 1) R_i``,
+      Sec. 3; GRAFT's sinks one transition after the last step), while ``G`` puts the success reward on the last
+      step itself; dividing by gamma puts ``Phi`` on ``G``'s scale (a state one step from certain success has
+      ``Phi = success_reward``), and the mean successor value computes it without dividing (``gamma = 0`` too).
+    * Outcome: binary, as in both papers (CRBC eq. 1, GRAFT Sec. 3.1: success = terminated with a reward
+      ``>= success_reward``; a partial WebShop score is a failure for ``V``). The invalid-action penalty is not
+      in ``V``: it enters the credit through the reward ``r`` of the step that paid it, as CRBC's implementation
+      here keeps it out of its closure.
+    * ``potential_pool='loo'`` leaves the step's own trajectory out of the pools, not out of the graph (the
+      closure is solved once per task from every rollout of the group).
+
+    Returns:
+        (the ``Prepared`` view with ``G`` = ``[S]`` targets in reward units, sharing ``p``'s cached keys;
+        diagnostics ``adv/closure_nodes``).
+    """
+    g = closure(p, p.cfg.gamma)
+    targets = p.cfg.success_reward * g.values[g.succ]
+    return dataclasses.replace(p, G=targets), {"adv/closure_nodes": float(g.n)}
 
 
 def fuse(p: Prepared, n: np.ndarray, mu: np.ndarray, ssd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -306,7 +347,13 @@ def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | N
 
         credit, gdiag = graph_credit(p, enc, timings)
     else:
-        phi, gdiag = mc_potentials(p, enc, timings)
+        pools, gdiag = p, {}
+        if cfg.potential_target == "closure":
+            t0 = time.perf_counter()
+            pools, gdiag = closure_targets(p)
+            _tick(timings, "potentials", t0)
+        phi, mc_diag = mc_potentials(pools, enc, timings)
+        gdiag.update(mc_diag)
         credit = transition_credit(p, phi)
     diag.update(gdiag)
     t0 = time.perf_counter()
