@@ -141,30 +141,29 @@ def mc_potentials(p: Prepared, encoder: Encoder | None, timings: dict | None = N
 def closure_targets(p: Prepared) -> tuple[Prepared, dict[str, float]]:
     """``potential_target='closure'``: ``p`` with each step's closure target in place of its return ``G``.
 
-    The target of step ``(i, t)`` is ``y = success_reward * V(x_{i,t})``, ``x`` its successor on the task's merged
-    graph (the next step's anchor state, or the absorbing success / failure node after the last step; a step-limit
-    cut is a failure) and ``V`` the graph's fixed point with ``V(z+) = 1``, ``V(z-) = 0``
-    (``progpo.advantages.closure``; CRBC arXiv 2609.35082, eqs. 1, 8-9; GRAFT arXiv 2609.28963, eqs. 5-7).
-    The potential pools (3)-(5) then average ``y`` instead of ``G``: an anchor state's exact depth-0 pool holds
-    its visits, whose mean ``y`` is ``success_reward * sum_x M+(s, x) V(x) = success_reward * V(s) / gamma``,
-    the closure value (CRBC's ``K = infinity``) where the visit average of ``G`` is CRBC's ``K = 0`` (eqs. 6, 10).
-    Deeper depths and semantic expansion average the same targets over their pools, and the fusion weights use
-    their spread, exactly as they use ``G``'s.
+    The target of step ``(i, t)`` is ``y = r_{i,t} + gamma * W(x_{i,t})``: ``x`` its successor on the task's merged
+    graph (the next step's anchor state; after the last step an absorbing node worth 0, as ``Phi`` is 0 there in
+    (6)) and ``W`` the graph's fixed point ``W = rbar + gamma M W`` (``progpo.advantages.closure`` with the step
+    rewards; CRBC arXiv 2609.35082, eqs. 7-9; GRAFT arXiv 2609.28963, eqs. 5-7). The potential pools (3)-(5)
+    then average ``y`` instead of ``G``: an anchor state's exact depth-0 pool holds its visits, whose mean ``y``
+    is ``W(s)``, its closure value (CRBC's depth ``K = infinity``), where the visit average of ``G`` is CRBC's
+    ``K = 0`` (eqs. 6, 10: the same empirical process and aggregation, only the reach changes). Deeper depths
+    and semantic expansion average the same targets over their pools, and the fusion weights use their spread,
+    exactly as they use ``G``'s.
 
     Readings where the papers leave the mapping onto ProGPO's potentials open:
 
+    * Rewards: the closure carries the step rewards ``r`` that ``G`` sums (the success reward, WebShop's partial
+      score, the invalid-action penalty), so ``W`` is the expected ``G`` of the state under the group's empirical
+      process. The papers state the closure for a binary outcome and no intermediate reward (CRBC Sec. 3:
+      ``V`` is then the discounted success probability; GRAFT Sec. 3.3 writes the step advantage as
+      ``r + gamma V' - V`` and drops ``r`` as 0); on such rewards ``W = success_reward * V / gamma`` exactly (the
+      ``1 / gamma``: CRBC's return ``beta^(T_i - t + 1) R_i`` discounts the outcome once more than ``G``).
     * Discount: ProGPO's ``gamma`` (not ``crbc_beta`` / ``graft_gamma``), the discount of ``G`` and of the credit
       ``C = r + gamma Phi' - Phi``; on a task whose anchor states never branch or merge the closure then equals
       the visit average exactly.
-    * Scale: ``success_reward * V / gamma``. The closure's values are discounted success probabilities whose
-      realised return discounts the outcome once more than ``G`` does (CRBC's ``G_{i,t} = beta^(T_i - t + 1) R_i``,
-      Sec. 3; GRAFT's sinks one transition after the last step), while ``G`` puts the success reward on the last
-      step itself; dividing by gamma puts ``Phi`` on ``G``'s scale (a state one step from certain success has
-      ``Phi = success_reward``), and the mean successor value computes it without dividing (``gamma = 0`` too).
-    * Outcome: binary, as in both papers (CRBC eq. 1, GRAFT Sec. 3.1: success = terminated with a reward
-      ``>= success_reward``; a partial WebShop score is a failure for ``V``). The invalid-action penalty is not
-      in ``V``: it enters the credit through the reward ``r`` of the step that paid it, as CRBC's implementation
-      here keeps it out of its closure.
+    * A step-limit cut ends in the absorbing node (0 after the last step, as (6) sets ``Phi``); success and
+      failure differ by the reward of the last step.
     * ``potential_pool='loo'`` leaves the step's own trajectory out of the pools, not out of the graph (the
       closure is solved once per task from every rollout of the group).
 
@@ -172,8 +171,8 @@ def closure_targets(p: Prepared) -> tuple[Prepared, dict[str, float]]:
         (the ``Prepared`` view with ``G`` = ``[S]`` targets in reward units, sharing ``p``'s cached keys;
         diagnostics ``adv/closure_nodes``).
     """
-    g = closure(p, p.cfg.gamma)
-    targets = p.cfg.success_reward * g.values[g.succ]
+    g = closure(p, p.cfg.gamma, reward=p.r)
+    targets = p.r + p.cfg.gamma * g.values[g.succ]
     return dataclasses.replace(p, G=targets), {"adv/closure_nodes": float(g.n)}
 
 

@@ -458,6 +458,27 @@ def _graph_values(b: _Batch, encoder):
     return node, V, Q, acts
 
 
+def _closure_targets(b: _Batch) -> None:
+    """``s["pot"] = r + gamma W(next state)`` (0 after the last step), ``W(u)`` = the mean of that target over
+    ``u``'s visits, by sweeps to convergence (the merged graph's closure with the step rewards)."""
+    for uid, steps in b.tasks.items():
+        nxt = {}
+        for s in steps:
+            traj = s["traj_steps"]
+            nxt[s["row"]] = b.state(traj[s["step_index"] + 1]) if s["step_index"] + 1 < len(traj) else None
+        w = {b.state(s): 0.0 for s in steps}
+        for _ in range(200_000):
+            target = {s["row"]: s["reward"] + b.cfg.gamma * (w[nxt[s["row"]]] if nxt[s["row"]] else 0.0)
+                      for s in steps}
+            new = {u: _mean([target[s["row"]] for s in steps if b.state(s) == u]) for u in w}
+            change = max(abs(new[u] - w[u]) for u in w)
+            w = new
+            if change < 1e-13:
+                break
+        for s in steps:
+            s["pot"] = s["reward"] + b.cfg.gamma * (w[nxt[s["row"]]] if nxt[s["row"]] else 0.0)
+
+
 def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np.ndarray:
     """ProGPO by loops, spec (1)-(7) (+ E1/E2/E3 and ``potential_target`` by flag). Returns ``[S]`` advantages in
     row order."""
@@ -471,11 +492,8 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
     else:
         for s in b.steps:
             s["pot"] = s["G"]
-        if cfg.potential_target == "closure":  # success_reward * V(successor) on the task's merged graph
-            for uid in b.tasks:
-                succ, value, _ = _task_graph(b, uid, cfg.gamma)
-                for s in b.tasks[uid]:
-                    s["pot"] = cfg.success_reward * value[succ[s["row"]]]
+        if cfg.potential_target == "closure":
+            _closure_targets(b)
         emb = _embeddings(b, encoder) if use_enc else None
         phi = {s["row"]: _potential(b, s, emb) for s in b.steps}
     credit = {}

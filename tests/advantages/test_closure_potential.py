@@ -52,25 +52,27 @@ def _run(**kw) -> dict[str, float]:
 
 
 def test_closure_potential_hand_computed():
-    # Closure (discount gamma = 0.95; z+ = 1, z- = 0; t4's cut is a failure, CRBC Sec. 3):
-    #   m: 4 visits, 2 to z+: V(m) = 0.95 * 2/4 = 0.475;  k: its one visit goes to m: V(k) = 0.95 * 0.475 = 0.45125;
-    #   s: visits go to k once, to m three times: V(s) = 0.95 * (0.45125 + 3 * 0.475) / 4.
-    # Potential = success_reward * V / gamma (the mean successor value; ProGPO's G puts the success reward on the
-    # last step undiscounted, CRBC's G_{i,t} = beta^(T-t+1) R discounts it once more):
-    #   Phi(m) = 10 * 2/4 = 5;  Phi(k) = 10 * V(m) = 4.75;  Phi(s) = 10 * (0.45125 + 1.425) / 4 = 4.690625.
-    # C = r + 0.95 Phi(next) - Phi, Phi = 0 after the last step; the -0.1 penalty enters through t4m's own r:
-    #   t1s: 0.95 * 4.75 - 4.690625 = -0.178125 (the detour through k costs one discount)
-    #   t1k: 0.95 * 5 - 4.75 = 0;   t1m, t3m: 10 - 5 = 5;   t2m: 0 - 5 = -5;   t4m: -0.1 - 5 = -5.1
-    #   t2s, t3s, t4s: 0.95 * 5 - 4.690625 = 0.059375
-    c = {"t1s": -0.178125, "t1k": 0.0, "t1m": 5.0, "t2s": 0.059375, "t2m": -5.0, "t3s": 0.059375, "t3m": 5.0,
-         "t4s": 0.059375, "t4m": -5.1}
+    # Closure with the step rewards (discount gamma = 0.95; 0 after the last step, as Phi in (6)):
+    #   W(u) = mean over u's visits of r + 0.95 W(next)
+    #   m: 4 visits, all last steps: W(m) = (10 + 0 + 10 - 0.1) / 4 = 4.975
+    #   k: its one visit goes to m: W(k) = 0 + 0.95 * 4.975 = 4.72625
+    #   s: visits go to k once, to m three times: W(s) = 0.95 * (4.72625 + 3 * 4.975) / 4 = 4.667171875
+    # (on binary rewards W = success_reward * V / gamma, V the closure of CRBC eqs. 8-9: here without t4's
+    #  penalty W(m) = 10 * 2/4 = 5 = 10 * (0.95 * 2/4) / 0.95)
+    # The pools average r + 0.95 W(next); each exact depth-0 pool averages to W: Phi = W.
+    # C = r + 0.95 Phi(next) - Phi, Phi = 0 after the last step:
+    #   t1s: 0.95 * 4.72625 - 4.667171875 = -0.177234375 (the detour through k costs one discount)
+    #   t1k: 0.95 * 4.975 - 4.72625 = 0;   t1m, t3m: 10 - 4.975 = 5.025;   t2m: -4.975;   t4m: -0.1 - 4.975 = -5.075
+    #   t2s, t3s, t4s: 0.95 * 4.975 - 4.667171875 = 0.059078125
+    c = {"t1s": -0.177234375, "t1k": 0.0, "t1m": 5.025, "t2s": 0.059078125, "t2m": -4.975, "t3s": 0.059078125,
+         "t3m": 5.025, "t4s": 0.059078125, "t4m": -5.075}
     # C^ = C / (sample std of the task's 9 credits + eps) (spec (6), not mean-centred)
     sd = stdev(c.values())
     got = _run(potential_target="closure")
     for name in NAMES:
         assert got[name] == pytest.approx(c[name] / (sd + 1e-6), rel=TOL, abs=TOL), name
-    # sum of squares 0.178125^2 + 3 * 0.059375^2 + 3 * 5^2 + 5.1^2 = 101.0523046875, mean -0.1/9
-    assert sd == pytest.approx(sqrt((101.0523046875 - 9 * (0.1 / 9) ** 2) / 8), rel=1e-12)
+    # mean 0; sum of squares 0.177234375^2 + 3 * 0.059078125^2 + 2 * 5.025^2 + 4.975^2 + 5.075^2 = 101.0493826982...
+    assert sd == pytest.approx(sqrt(101.04938269824218 / 8), rel=1e-12)
 
 
 def test_visit_average_credits_the_detour_instead():
@@ -120,3 +122,24 @@ def test_closure_with_fusion_over_depths_and_expansion_differs_from_visit_averag
 def test_closure_refuses_what_it_cannot_act_on(kw, words):
     with pytest.raises(ValueError, match=f"potential_target='closure'.*{words}"):
         AdvantageConfig(potential_target="closure", **kw)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_reward_closure_is_crbc_closure_on_binary_rewards(seed):
+    # on rewards that are success_reward on a successful last step and 0 elsewhere, the closure with rewards is
+    # success_reward * V / gamma, V the binary closure CRBC and GRAFT use (eqs. 8-9 / eq. 5)
+    import dataclasses
+
+    from progpo.advantages._prep import prepare
+    from progpo.advantages.closure import closure, trajectory_success
+
+    batch = random_batch(seed)
+    p = prepare(batch, AdvantageConfig(state_key="obs"))
+    won = np.zeros(p.S, dtype=bool)
+    won[p.last] = trajectory_success(p)
+    p = dataclasses.replace(p, r=np.where(won, 10.0, 0.0))
+    for gamma in (0.95, 0.5, 1.0):
+        binary, rewarded = closure(p, gamma), closure(p, gamma, reward=p.r)
+        np.testing.assert_allclose(rewarded.values[:binary.n], 10.0 * binary.values[:binary.n] / gamma,
+                                   rtol=1e-12, atol=1e-12)
+        assert rewarded.values[binary.n] == rewarded.values[binary.n + 1] == 0.0
