@@ -44,7 +44,7 @@ class Closure:
             on a trajectory's last step.
         n: number of non-terminal nodes.
         values: ``[n + 2]`` the fixed point ``V`` (unitless, a discounted success probability), ``1`` at
-            ``z+`` and ``0`` at ``z-``.
+            ``z+`` and ``0`` at ``z-``; with ``reward``: expected discounted returns (reward units), 0 at both.
     """
 
     node: np.ndarray
@@ -65,10 +65,14 @@ TOLERANCE = 1e-15
 MAX_SWEEPS = 1_000_000
 
 
-def closure(p: Prepared, discount: float) -> Closure:
+def closure(p: Prepared, discount: float, reward: np.ndarray | None = None) -> Closure:
     """Build the group graph and find its fixed point ``V = discount * (M V + m_+)`` (CRBC eqs. 8-9, GRAFT eq. 5).
 
-    ``M(u, v) = N(u -> v) / N(u)`` over non-terminal ``v`` and ``m_+(u) = N(u -> z+) / N(u)``. The fixed point
+    ``M(u, v) = N(u -> v) / N(u)`` over non-terminal ``v`` and ``m_+(u) = N(u -> z+) / N(u)``. With ``reward``
+    (``[S]``, reward units, sorted rows) the same closure carries the observed rewards instead of the binary
+    outcome: ``V = rbar + discount * M V``, ``rbar(u)`` the mean reward of ``u``'s visits, and both absorbing
+    nodes worth 0 (``values[n] = 0``); on rewards that are ``c`` on a successful last step and 0 elsewhere it is
+    ``c * V_binary / discount``. The fixed point
     is unique for every ``discount`` in ``[0, 1]``: every visit has a successor and every trajectory ends in
     ``z+`` or ``z-``, so from every node the walk is absorbed (``I - discount M`` is invertible). Nodes from
     which success is never reached get exactly 0 (GRAFT's "nodes that cannot reach a sink keep 0").
@@ -84,6 +88,7 @@ def closure(p: Prepared, discount: float) -> Closure:
     Args:
         p: the prepared batch (its ``state_key`` picks the anchor states).
         discount: CRBC's ``beta`` / GRAFT's ``gamma``, in ``[0, 1]``.
+        reward: None (the binary outcome, CRBC / GRAFT) or ``[S]`` step rewards (ProGPO's closure potentials).
     Returns:
         :class:`Closure`.
     """
@@ -101,13 +106,18 @@ def closure(p: Prepared, discount: float) -> Closure:
     e_prob = np.bincount(np.searchsorted(edge, node[move] * n + succ[move]), minlength=edge.size) / visits[e_src]
     scale = discount / (1.0 - discount * stay)  # stay < 1: a trajectory's last visit of u leaves u
     values = np.zeros(n + 2)
-    values[n] = 1.0
+    lead = 0.0  # the rewards' share: rbar(u) / (1 - discount M(u, u))
+    if reward is None:
+        values[n] = 1.0
+    else:
+        lead = np.bincount(node, weights=reward, minlength=n) / visits / (1.0 - discount * stay)
+        to_success = 0.0
     v = np.zeros(n)
     for _ in range(MAX_SWEEPS):
-        new = scale * (np.bincount(e_src, weights=e_prob * v[e_dst], minlength=n) + to_success)
+        new = scale * (np.bincount(e_src, weights=e_prob * v[e_dst], minlength=n) + to_success) + lead
         moved = float(np.max(np.abs(new - v), initial=0.0))
         v = new
-        if moved <= TOLERANCE:
+        if moved <= TOLERANCE * max(1.0, float(np.max(np.abs(v), initial=0.0))):  # relative above 1 (rewards)
             break
     values[:n] = v
     return Closure(node=node, succ=succ, n=n, values=values)

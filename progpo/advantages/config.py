@@ -61,6 +61,7 @@ class AdvantageConfig:
         fusion: across-depth fusion (5): ivw, ivw_bias, or none (unweighted mean of the depth estimates).
         eta: added to each depth variance in ivw fusion, w_d = 1/(e_d + eta) (5); > 0.
         potential_estimator: mc (pooled Monte-Carlo means of G, (3)-(5)) or graph (empirical MDP, E1).
+        potential_target: what ProGPO's potential pools (3)-(5) average, with potential_estimator=mc: return = each step's return-to-go G (the visit average; CRBC's K = 0, arXiv 2609.35082 eqs. 6, 10); closure = each step's one-step target r + gamma W(next anchor state), W the fixed point of the task's merged graph W = rbar + gamma M W (CRBC eqs. 8-9, GRAFT arXiv 2609.28963 eq. 5, carrying the rewards G sums: success, partial score, penalty; 0 after the last step), so an anchor state's exact pool averages to its closure value W, the expected G under the group's empirical process (on binary rewards success_reward * V_CRBC / gamma). Exact-prefix peers, semantic expansion and fusion across depths are unchanged.
         credit: transition (C = r + gamma Phi' - Phi, (6)) or action (C = Q - V, E2; needs graph).
         credit_lambda: GAE-style accumulation of the normalised transition credit, A^C_t = sum_k (gamma lambda)^k C^_{t+k} over the rest of the trajectory (Schulman et al. 2016, GAE eq. 16, Phi in place of V, C^ = C/(std_u C + eps) in place of delta); 0 = the paper's one-step credit; in [0, 1]; ProGPO only; credit='action' needs 0.
         rms_cap: ProGPO only: every advantage of the batch is scaled by min(1, rms_cap / RMS), RMS = the root mean square of the advantages of the steps that zero_signal leaves non-zero, so that the step-level terms share credit among steps without enlarging the update (1 = the RMS of a standardised episode term; unitless); 0 = off (spec (7) unscaled); >= 0.
@@ -105,6 +106,7 @@ class AdvantageConfig:
     fusion: Literal["ivw", "ivw_bias", "none"] = "ivw"
     eta: float = 1e-6
     potential_estimator: Literal["mc", "graph"] = "mc"
+    potential_target: Literal["return", "closure"] = "return"
     credit: Literal["transition", "action"] = "transition"
     credit_lambda: float = 0.8
     rms_cap: float = 1.0
@@ -173,6 +175,12 @@ class AdvantageConfig:
         if self.credit == "action" and self.potential_estimator != "graph":
             raise ValueError(
                 "AdvantageConfig.credit='action' needs potential_estimator='graph' (Q and V come from the graph, E2)"
+            )
+        if self.potential_target == "closure" and (self.estimator != "progpo" or self.potential_estimator != "mc"):
+            raise ValueError(
+                "AdvantageConfig.potential_target='closure' acts only with estimator='progpo' and "
+                "potential_estimator='mc' (it changes what the potential pools average), got "
+                f"estimator={self.estimator.value!r}, potential_estimator={self.potential_estimator!r}"
             )
         if self.timing_scale == "spread" and (self.estimator != "progpo" or self.zero_signal_return != "discounted"):
             raise ValueError(
@@ -284,7 +292,7 @@ PAPER: dict[str, object] = {
     "semantic_expansion": True, "min_peers": 2, "tau": 0.90, "depths": 2, "m0": 2.0, "sigma2_floor_coef": 1e-2,
     "sigma2_floor_ref": "success_reward", "success_reward": 10.0, "potential_pool": "inclusive", "fusion": "ivw",
     "eta": 1e-6, "potential_estimator": "mc", "credit": "transition", "credit_lambda": 0.0, "rms_cap": 0.0,
-    "zero_signal": "off", "zero_signal_return": "sum",
+    "zero_signal": "off", "zero_signal_return": "sum", "potential_target": "return",
     "timing_scale": "unit", "state_key": "obs", "hgpo_alpha": 1.0,
 }
 

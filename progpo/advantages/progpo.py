@@ -6,6 +6,7 @@ Dimension names: ``S`` steps (sorted rows, see ``_prep``), ``D+1`` depths.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -14,6 +15,7 @@ import numpy as np
 from progpo.advantages._prep import (Prepared, combine, discounted_returns, episode_term, group_stats, normalise, prepare,
                                      sample_std)
 from progpo.advantages.batch import StepBatch
+from progpo.advantages.closure import closure
 from progpo.advantages.config import AdvantageConfig
 from progpo.advantages.result import StepAdvantages, equal_return_tasks, finish, pool_size_diagnostics, task_std
 from progpo.advantages.semantic import Encoder, expand_depth0
@@ -134,6 +136,44 @@ def mc_potentials(p: Prepared, encoder: Encoder | None, timings: dict | None = N
         diag[f"adv/fusion_weight_d{d}_mean"] = float(np.mean(weights[d]))
     _tick(timings, "fusion", t0)
     return phi, diag
+
+
+def closure_targets(p: Prepared) -> tuple[Prepared, dict[str, float]]:
+    """``potential_target='closure'``: ``p`` with each step's closure target in place of its return ``G``.
+
+    The target of step ``(i, t)`` is ``y = r_{i,t} + gamma * W(x_{i,t})``: ``x`` its successor on the task's merged
+    graph (the next step's anchor state; after the last step an absorbing node worth 0, as ``Phi`` is 0 there in
+    (6)) and ``W`` the graph's fixed point ``W = rbar + gamma M W`` (``progpo.advantages.closure`` with the step
+    rewards; CRBC arXiv 2609.35082, eqs. 7-9; GRAFT arXiv 2609.28963, eqs. 5-7). The potential pools (3)-(5)
+    then average ``y`` instead of ``G``: an anchor state's exact depth-0 pool holds its visits, whose mean ``y``
+    is ``W(s)``, its closure value (CRBC's depth ``K = infinity``), where the visit average of ``G`` is CRBC's
+    ``K = 0`` (eqs. 6, 10: the same empirical process and aggregation, only the reach changes). Deeper depths
+    and semantic expansion average the same targets over their pools, and the fusion weights use their spread,
+    exactly as they use ``G``'s.
+
+    Readings where the papers leave the mapping onto ProGPO's potentials open:
+
+    * Rewards: the closure carries the step rewards ``r`` that ``G`` sums (the success reward, WebShop's partial
+      score, the invalid-action penalty), so ``W`` is the expected ``G`` of the state under the group's empirical
+      process. The papers state the closure for a binary outcome and no intermediate reward (CRBC Sec. 3:
+      ``V`` is then the discounted success probability; GRAFT Sec. 3.3 writes the step advantage as
+      ``r + gamma V' - V`` and drops ``r`` as 0); on such rewards ``W = success_reward * V / gamma`` exactly (the
+      ``1 / gamma``: CRBC's return ``beta^(T_i - t + 1) R_i`` discounts the outcome once more than ``G``).
+    * Discount: ProGPO's ``gamma`` (not ``crbc_beta`` / ``graft_gamma``), the discount of ``G`` and of the credit
+      ``C = r + gamma Phi' - Phi``; on a task whose anchor states never branch or merge the closure then equals
+      the visit average exactly.
+    * A step-limit cut ends in the absorbing node (0 after the last step, as (6) sets ``Phi``); success and
+      failure differ by the reward of the last step.
+    * ``potential_pool='loo'`` leaves the step's own trajectory out of the pools, not out of the graph (the
+      closure is solved once per task from every rollout of the group).
+
+    Returns:
+        (the ``Prepared`` view with ``G`` = ``[S]`` targets in reward units, sharing ``p``'s cached keys;
+        diagnostics ``adv/closure_nodes``).
+    """
+    g = closure(p, p.cfg.gamma, reward=p.r)
+    targets = p.r + p.cfg.gamma * g.values[g.succ]
+    return dataclasses.replace(p, G=targets), {"adv/closure_nodes": float(g.n)}
 
 
 def fuse(p: Prepared, n: np.ndarray, mu: np.ndarray, ssd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -306,7 +346,13 @@ def progpo_estimate(batch: StepBatch, cfg: AdvantageConfig, encoder: Encoder | N
 
         credit, gdiag = graph_credit(p, enc, timings)
     else:
-        phi, gdiag = mc_potentials(p, enc, timings)
+        pools, gdiag = p, {}
+        if cfg.potential_target == "closure":
+            t0 = time.perf_counter()
+            pools, gdiag = closure_targets(p)
+            _tick(timings, "potentials", t0)
+        phi, mc_diag = mc_potentials(pools, enc, timings)
+        gdiag.update(mc_diag)
         credit = transition_credit(p, phi)
     diag.update(gdiag)
     t0 = time.perf_counter()

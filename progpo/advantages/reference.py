@@ -334,7 +334,7 @@ def _expanded(b: _Batch, s, emb, loo):
             continue
         w = _cos(emb, s["anchor_obs"], q["anchor_obs"])
         if w >= cfg.tau:
-            members.append((w, q["G"], q["anchor_obs"] != s["anchor_obs"]))
+            members.append((w, q["pot"], q["anchor_obs"] != s["anchor_obs"]))
     if not members:
         return None
     v1 = sum(w for w, _, _ in members)
@@ -346,17 +346,18 @@ def _expanded(b: _Batch, s, emb, loo):
 
 
 def _potential(b: _Batch, s, emb):
-    """Spec (3)-(5) for one step: fused Phi over depths 0..D."""
+    """Spec (3)-(5) for one step: fused Phi over depths 0..D of the pools' targets ``pot`` (``G``, or the
+    closure target with ``potential_target='closure'``)."""
     cfg = b.cfg
     loo = cfg.potential_pool == "loo"
-    task_g = [q["G"] for q in b.tasks[s["uid"]]]
+    task_g = [q["pot"] for q in b.tasks[s["uid"]]]
     unit = b.reward_scale()
     floor = cfg.sigma2_floor if cfg.sigma2_floor_ref == "success_reward" else cfg.sigma2_floor_coef
     sigma2 = max(_sample_var(task_g) / unit**2, floor)
     est = []  # (depth, n, mu, ssd)
     for d in range(cfg.depths + 1):
         key = b.depth_key(s, d)
-        pool = [q["G"] for q in b.tasks[s["uid"]]
+        pool = [q["pot"] for q in b.tasks[s["uid"]]
                 if b.depth_key(q, d) == key and not (loo and q["traj_id"] == s["traj_id"])]
         n = len(pool)
         entry = (d, n, _mean(pool), sum((g - _mean(pool)) ** 2 for g in pool)) if n else None
@@ -368,10 +369,10 @@ def _potential(b: _Batch, s, emb):
             est.append(entry)
     if not est:  # loo fallback: other trajectories at the same t, then the other trajectories, then own G
         others = [q for q in b.tasks[s["uid"]] if q["traj_id"] != s["traj_id"]]
-        same_t = [q["G"] for q in others if q["step_index"] == s["step_index"]]
+        same_t = [q["pot"] for q in others if q["step_index"] == s["step_index"]]
         if same_t:
             return _mean(same_t)
-        return _mean([q["G"] for q in others]) if others else s["G"]
+        return _mean([q["pot"] for q in others]) if others else s["pot"]
     mus = [m for _, _, m, _ in est]
     if min(mus) == max(mus):
         return mus[0]
@@ -457,8 +458,30 @@ def _graph_values(b: _Batch, encoder):
     return node, V, Q, acts
 
 
+def _closure_targets(b: _Batch) -> None:
+    """``s["pot"] = r + gamma W(next state)`` (0 after the last step), ``W(u)`` = the mean of that target over
+    ``u``'s visits, by sweeps to convergence (the merged graph's closure with the step rewards)."""
+    for uid, steps in b.tasks.items():
+        nxt = {}
+        for s in steps:
+            traj = s["traj_steps"]
+            nxt[s["row"]] = b.state(traj[s["step_index"] + 1]) if s["step_index"] + 1 < len(traj) else None
+        w = {b.state(s): 0.0 for s in steps}
+        for _ in range(200_000):
+            target = {s["row"]: s["reward"] + b.cfg.gamma * (w[nxt[s["row"]]] if nxt[s["row"]] else 0.0)
+                      for s in steps}
+            new = {u: _mean([target[s["row"]] for s in steps if b.state(s) == u]) for u in w}
+            change = max(abs(new[u] - w[u]) for u in w)
+            w = new
+            if change < 1e-13:
+                break
+        for s in steps:
+            s["pot"] = s["reward"] + b.cfg.gamma * (w[nxt[s["row"]]] if nxt[s["row"]] else 0.0)
+
+
 def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np.ndarray:
-    """ProGPO by loops, spec (1)-(7) (+ E1/E2/E3 by flag). Returns ``[S]`` advantages in row order."""
+    """ProGPO by loops, spec (1)-(7) (+ E1/E2/E3 and ``potential_target`` by flag). Returns ``[S]`` advantages in
+    row order."""
     b = _Batch(batch, cfg)
     use_enc = encoder is not None and cfg.semantic_expansion
     if cfg.potential_estimator == "graph":
@@ -467,6 +490,10 @@ def reference_progpo(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> np
         node, V, Q, acts = _graph_values(b, encoder if use_enc else None)
         phi = {s["row"]: V[s["step_index"]].get(node[s["row"]], 0.0) for s in b.steps}
     else:
+        for s in b.steps:
+            s["pot"] = s["G"]
+        if cfg.potential_target == "closure":
+            _closure_targets(b)
         emb = _embeddings(b, encoder) if use_enc else None
         phi = {s["row"]: _potential(b, s, emb) for s in b.steps}
     credit = {}

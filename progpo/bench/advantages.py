@@ -28,6 +28,7 @@ VARIANTS = {
     "progpo ivw_bias": dict(fusion="ivw_bias"),
     "progpo history prefix": dict(prefix_mode="history"),
     "progpo obs_inventory (E3)": dict(state_key="obs_inventory"),
+    "progpo potential_target=closure": dict(potential_target="closure"),
     "progpo graph (E1)": dict(potential_estimator="graph"),
     "progpo graph+action (E1+E2)": dict(potential_estimator="graph", credit="action", credit_lambda=0.0),
 }

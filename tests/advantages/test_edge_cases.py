@@ -185,6 +185,7 @@ BAD_VALUES = {
     "credit_lambda": 1.5, "zero_signal": "on", "rms_cap": -1.0, "g2po_edge": "released",
     "zero_signal_return": "mean", "timing_scale": "half", "pgpo_alpha": -1.0, "pgpo_beta": -0.5,
     "pgpo_gamma": 1.01, "g2po_reading": "code", "crbc_beta": 1.5, "graft_gamma": -0.5, "crbc_sigma_min": 0.0, "graft_lambda": -0.1,
+    "potential_target": "value",
 }
 
 

@@ -1,6 +1,6 @@
 """The vectorised estimators equal the slow loop oracle (``progpo.advantages.reference``) on 50 seeded
-random batches, each with its own random config (every ProGPO flag, E1-E3, credit_lambda, zero_signal and
-sigma2_floor_ref and rms_cap included; for G2PO every field it reads)."""
+random batches, each with its own random config (every ProGPO flag, E1-E3, credit_lambda, zero_signal,
+sigma2_floor_ref, rms_cap and potential_target included; for G2PO every field it reads)."""
 
 import numpy as np
 import pytest
@@ -40,6 +40,7 @@ def _random_cfg(seed: int) -> AdvantageConfig:
         gamma=float(rng.choice([0.95, 0.5, 1.0])),
         semantic_expansion=bool(rng.random() < 0.8),
         rms_cap=float(rng.choice([0.0, 0.5, 1.0])),
+        potential_target="return" if graph else str(rng.choice(["return", "closure"])),
     )
 
 
@@ -63,6 +64,17 @@ def test_default_config_equals_oracle_with_and_without_encoder():
             cfg = AdvantageConfig()
             np.testing.assert_allclose(compute_advantages(batch, cfg, enc).advantages,
                                        reference_progpo(batch, cfg, enc), rtol=1e-8, atol=1e-8)
+
+
+def test_closure_potentials_equal_oracle_with_fusion_expansion_and_loo():
+    # the closure option under every pool rule: fused over depths 0..2, expanded, leave-one-out, E3 keys
+    for seed in range(4):
+        batch = random_batch(200 + seed, n_tasks=3)
+        for kw in (dict(), dict(depths=2, potential_pool="loo"), dict(depths=1, fusion="ivw_bias", state_key="obs")):
+            cfg = AdvantageConfig(potential_target="closure", **kw)
+            for enc in (None, ENC):
+                np.testing.assert_allclose(compute_advantages(batch, cfg, enc).advantages,
+                                           reference_progpo(batch, cfg, enc), rtol=1e-8, atol=1e-8)
 
 
 def test_random_batches_exercise_expansion_and_loo():

@@ -59,6 +59,17 @@ def test_row_specs_are_generic_over_config_fields():
     assert names == ["progpo state=obs_inv", "hgpo state_key=obs_inventory", "gigpo"]
 
 
+def test_closure_potential_is_a_row_spec():
+    # bench learning's --estimators takes ProGPO with closure potentials as a row; a baseline with it is refused
+    rows = learning.parse_rows("gigpo,progpo potential_target=closure,oracle")
+    cfg = rows[1].config({"max_steps": 30, "gamma": 0.9, "success_reward": 5.0})
+    assert (rows[1].name, cfg.estimator, cfg.potential_target, cfg.gamma) == (
+        "progpo potential_target=closure", "progpo", "closure", 0.9)
+    assert rows[1].needs_encoder
+    with pytest.raises(ValueError, match=r"row 'gigpo potential_target=closure'.*estimator='progpo'"):
+        learning.parse_rows("gigpo potential_target=closure")
+
+
 def test_fresh_regime_draws_new_tasks_the_same_for_every_row():
     fam = FAMILIES["webshop"]
     src = build_source(fam, fam.learn_cfg, "fresh", "features", 3, 1, 12, 1)

@@ -115,11 +115,13 @@ def _direct(groups, gen_uid_prefix="b1"):
     )
 
 
-@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))  # every registry entry, none named here
-def test_step_advantages_equal_registry_on_action_tokens(mods, estimator):
+# every registry entry, none named here; and ProGPO's options that change the estimator's arithmetic
+@pytest.mark.parametrize("estimator, options", [(e, {}) for e in sorted(ESTIMATORS)]
+                         + [("progpo", {"potential_target": "closure"})])
+def test_step_advantages_equal_registry_on_action_tokens(mods, estimator, options):
     groups, n = synthetic_episodes(), 4
     args = _args(estimator, n)
-    cfg = AdvantageConfig(estimator=estimator, semantic_expansion=False, max_steps=5)
+    cfg = AdvantageConfig(estimator=estimator, semantic_expansion=False, max_steps=5, **options)
     gen, samples = _rows(mods, groups, args, n)
     maker = _maker(mods, args, cfg)
     micro = maker.split_rollout_samples(gen.expand(samples, n_samples_per_prompt=n, max_len=64))

@@ -125,6 +125,16 @@ def test_preset_then_flags(cli, tmp_path):
     assert not hasattr(ns, "progpo_preset")
 
 
+def test_closure_potentials_reach_the_ray_run_and_are_refused_on_a_baseline(cli, capsys, tmp_path):
+    ns = _finalize(cli, BASE + ["--progpo.potential_target", "closure"], tmp_path)
+    assert (ns.progpo.advantage.estimator, ns.progpo.advantage.potential_target) == ("progpo", "closure")
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, BASE + ["--advantage_estimator", "gigpo", "--progpo.potential_target", "closure"], tmp_path)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "potential_target='closure' acts only with estimator='progpo'" in err
+    assert len([line for line in err.splitlines() if "error" in line]) == 1
+
+
 def test_missing_service_url_is_reported(cli, capsys, tmp_path):
     with pytest.raises(SystemExit):  # WebShop (the default env) needs its server's URL on the cluster
         _finalize(cli, ["--actor.model_name_or_path", "m", "--env.num_tasks", "4", "--rollout.n_samples_per_prompt", "2"],
