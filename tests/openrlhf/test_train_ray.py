@@ -280,7 +280,7 @@ def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path)
     assert ns.progpo.device == "cpu"
     assert getattr(ns, "ds.attn_implementation") == "sdpa" and getattr(ns, "vllm.sync_backend") == "gloo"
     assert Path(getattr(ns, "actor.model_name_or_path"), "config.json").is_file()  # the alias, resolved
-    assert ns.progpo.engine_kwargs == {"dtype": "bf16", "max_batch_size": 32}
+    assert ns.progpo.engine_kwargs == {"engine": "hf", "dtype": "bf16", "max_batch_size": 32}
     assert ns.progpo.ray_num_cpus == 4  # actor + reference + engine + 1 free slot for the trainer actor
     assert ns.progpo.check_weight_sync and ns.progpo.dump_dir == str(tmp_path / "d")
     assert not any(k.startswith(("cpu.", "debug.")) or k == "device" for k in vars(ns))

@@ -220,9 +220,21 @@ class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
             raise ValueError(f"unknown wake_up tags {sorted(unknown)}")
         self._awake.update(tags)
 
-    def progpo_full_state(self) -> dict[str, torch.Tensor]:
-        """Copies of every parameter (name -> tensor), for the ``--debug.check_weight_sync`` check."""
-        return {name: p.detach().clone() for name, p in self._params.items()}
+    def progpo_weight_diff(self, actor_state: dict[str, torch.Tensor]) -> float:
+        """``max |actor - engine|`` over every actor parameter (``--debug.check_weight_sync``; :func:`max_weight_diff`)."""
+        return max_weight_diff(actor_state, self._params)
+
+
+def max_weight_diff(actor_state: dict[str, torch.Tensor], engine_state: dict[str, torch.Tensor]) -> float:
+    """``max |actor - engine|`` over every actor parameter (float64).
+
+    Raises:
+        KeyError: the engine lacks a parameter of the actor (names must match: same HF model class).
+    """
+    missing = sorted(set(actor_state) - set(engine_state))
+    if missing:
+        raise KeyError(f"the engine has no parameters {missing[:3]} (of {len(missing)} missing)")
+    return max(float((a.double() - engine_state[n].detach().double()).abs().max()) for n, a in actor_state.items())
 
 
 def create_cpu_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, seed: int,
