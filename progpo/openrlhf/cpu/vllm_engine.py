@@ -77,7 +77,6 @@ class VllmCPURolloutActor(RolloutRayActor.__ray_actor_class__):
         await super().__init__(*args, bundle_indices=bundle_indices, agent_func_path=agent_func_path,
                                remote_rm_url=remote_rm_url, mm_pad_token_ids=mm_pad_token_ids,
                                **cpu_engine_kwargs(kwargs, progpo_dtype))
-        self.progpo_dtype = progpo_dtype
 
     async def sleep(self, level: int = 1) -> None:
         """No sleep mode on CPU (vLLM refuses it): weights and KV cache stay in RAM."""
