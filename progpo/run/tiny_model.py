@@ -1,6 +1,6 @@
 """A tiny random Qwen2 causal LM with a small BPE tokenizer, built in code (no hub needed).
 
-Used by unit tests, benchmarks and GPU smoke checks: ``Qwen2ForCausalLM`` (hidden 64, 2 layers)
+Used by unit tests, benchmarks and GPU smoke checks: ``Qwen2ForCausalLM`` (hidden 64, 2 layers, head_dim 32)
 and a byte-level BPE tokenizer trained with ``tokenizers`` on a fixed in-code corpus of
 ALFWorld/WebShop vocabulary (vocabulary ~4k; every byte sequence stays encodable), with a plain ChatML
 chat template (Qwen's turn format, without Qwen2.5-Instruct's default system turn). Built once into ``~/.cache/progpo/models/`` (written to a temporary
@@ -27,7 +27,7 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_VERSION = "2"  # bump when the corpus, tokenizer or config changes (changes the cache folder)
+_VERSION = "3"  # bump when the corpus, tokenizer or config changes (changes the cache folder)
 
 _WORDS = """
 you are in the middle of a room looking quickly around you see a cabinet countertop drawer
@@ -99,7 +99,7 @@ def build_tokenizer(vocab_size: int = 4096):
 
 
 def build_tiny_model(out_dir: str | os.PathLike, *, seed: int = 0, hidden_size: int = 64,
-                     num_layers: int = 2, max_positions: int = 4096) -> Path:
+                     num_layers: int = 2, max_positions: int = 4096, head_dim: int = 32) -> Path:
     """Write a random tiny ``Qwen2ForCausalLM`` and its tokenizer to ``out_dir`` (HF folder).
 
     Args:
@@ -107,6 +107,11 @@ def build_tiny_model(out_dir: str | os.PathLike, *, seed: int = 0, hidden_size: 
         seed: torch seed for the random weights.
         hidden_size, num_layers: model size (defaults: 64, 2 -> about 0.3M parameters).
         max_positions: ``max_position_embeddings`` (context length limit in tokens).
+        head_dim: size of one attention head (default 32: hidden 64 -> 2 query heads, 1 key/value
+            head). vLLM's CPU attention kernel takes head sizes 32, 64, 80, ... only (not 16).
+
+    Raises:
+        ValueError: ``head_dim`` does not divide ``hidden_size``.
 
     Returns:
         ``out_dir`` as a Path.
@@ -114,6 +119,8 @@ def build_tiny_model(out_dir: str | os.PathLike, *, seed: int = 0, hidden_size: 
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    if head_dim < 1 or hidden_size % head_dim:
+        raise ValueError(f"head_dim {head_dim} does not divide hidden_size {hidden_size}")
     out = Path(out_dir)
     tokenizer = build_tokenizer()
     config = Qwen2Config(
@@ -121,8 +128,8 @@ def build_tiny_model(out_dir: str | os.PathLike, *, seed: int = 0, hidden_size: 
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=hidden_size // head_dim,
+        num_key_value_heads=max(1, hidden_size // head_dim // 2),
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=None,

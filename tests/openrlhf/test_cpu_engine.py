@@ -118,7 +118,11 @@ def test_update_weight_receives_the_broadcast_parameter(mods, model_path):
         await eng.update_weight(name, dtype=param.dtype, shape=param.shape)
         t.join(timeout=60)
         assert torch.equal(dict(eng.model.named_parameters())[name], new)
-        assert torch.equal(eng.progpo_full_state()[name], new) and eng.weight_updates == 1
+        assert eng.weight_updates == 1
+        state = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
+        assert eng.progpo_weight_diff(state) == 0
+        state[name] = new + 0.5
+        assert eng.progpo_weight_diff(state) == pytest.approx(0.5)
         with pytest.raises(KeyError, match="no parameter"):
             await eng.update_weight("model.nope", dtype=param.dtype, shape=param.shape)
         with pytest.raises(ValueError, match="engine holds"):

