@@ -13,7 +13,9 @@ Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, uncha
 * ``--debug.*`` -- run checks (weight sync, dumps of the step batches and the rows the actor trained on).
 
 ``--help`` works without the GPU stack (vLLM, flash-attn). A bad value exits with status 2 and one
-line naming the flag, plus a hint. The launch code is :mod:`progpo.openrlhf.launch`; see ``docs/distributed.md``.
+line naming the flag, plus a hint. Every float flag, OpenRLHF's own included, takes a finite number, in the
+range ``train`` declares for the same setting where it has one (``--actor.adam.lr nan`` is refused).
+The launch code is :mod:`progpo.openrlhf.launch`; see ``docs/distributed.md``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import re
 import sys
 import typing
 
-from progpo.run.flags import as_flag_error, option_strings
+from progpo.bounds import Range
+from progpo.run.flags import as_flag_error, check_numbers, option_strings
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +92,24 @@ def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def declared_ranges() -> dict[str, Range]:
+    """``flag -> range`` of every float setting ``train`` declares (:mod:`progpo.bounds`) and of ``--progpo.*``:
+    the ranges OpenRLHF's own flags of the same name are held to (``--actor.adam.lr``: > 0)."""
+    from progpo.advantages import AdvantageConfig
+    from progpo.run.flags import iter_flags
+    from progpo.trainer.config import TrainConfig
+
+    found = [*iter_flags(TrainConfig), *iter_flags(AdvantageConfig, ("progpo",))]
+    return {f.option: f.bounds for f in found if f.bounds is not None}
+
+
 def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """:func:`progpo.openrlhf.launch.finalize`, a bad flag exiting through ``parser.error`` (status 2)."""
+    """Every float flag's value checked (:func:`progpo.run.flags.check_numbers`, :func:`declared_ranges`), then
+    :func:`progpo.openrlhf.launch.finalize`; a bad flag exits through ``parser.error`` (status 2)."""
     from progpo.openrlhf.launch import finalize as fold
 
     try:
+        check_numbers(parser, args, declared_ranges())
         return fold(args)
     except ValueError as exc:  # every check names its flag (FlagError, or a message starting with it)
         parser.error(f"argument {as_flag_error(exc)}")
