@@ -10,7 +10,8 @@ Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, uncha
 * ``--rollout.backend hf`` and ``--cpu.*`` -- the whole job on CPU (a local Ray head, OpenRLHF's own actors,
   DeepSpeed over gloo, a transformers engine; :mod:`progpo.openrlhf.cpu`), to debug a launch on a
   laptop before a cluster run;
-* ``--debug.*`` -- run checks (weight sync, dumps of the step batches and the rows the actor trained on).
+* ``--debug.*`` -- run checks (weight sync, dumps of the step batches and the rows the actor trained on), and
+  ``--debug.check_only``: every start-up check of the flags' values, then exit (the launch scripts' dry run).
 
 ``--help`` works without the GPU stack (vLLM, flash-attn). A bad value exits with status 2 and one
 line naming the flag, plus a hint. Every float flag, OpenRLHF's own included, takes a finite number, in the
@@ -118,11 +119,12 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, then run OpenRLHF's training with our trainer actor (blocks until done).
 
-    Returns 0 when training finished; a bad flag, or ``--rollout.backend vllm`` without vLLM / flash-attn
-    installed, exits with status 2 (one line naming the flag, plus a hint); a rollout batch whose
-    failed episodes crossed ``--env.max_failed_frac`` (or all failed) exits with status 3 and one
-    line naming the cause (``progpo.run.failures``), before anything more is trained or saved; a
-    generation engine that died exits with status 4 and one line naming the engine (``EngineDied``).
+    Returns 0 when training finished, or when ``--debug.check_only`` found every flag good (nothing started);
+    a bad flag, or ``--rollout.backend vllm`` without vLLM / flash-attn installed, exits with status 2 (one
+    line naming the flag, plus a hint); a rollout batch whose failed episodes crossed ``--env.max_failed_frac``
+    (or all failed) exits with status 3 and one line naming the cause (``progpo.run.failures``), before anything
+    more is trained or saved; a generation engine that died exits with status 4 and one line naming the engine
+    (``EngineDied``).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = build_parser()
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     from progpo.openrlhf.launch import init_ray, ray_run
 
     run = ray_run(args)
+    if run.settings.debug.check_only:  # the launch scripts' dry run: every check above passed, nothing started
+        return 0
     if run.device == "cpu":
         install()
     elif missing_gpu_packages():
