@@ -26,8 +26,9 @@ Numbers: every float field (``float``, ``float | None``, tuples of floats) takes
 declared range (:mod:`progpo.bounds`: ``lr: float = number(1e-6, "> 0")``; any finite number where none is
 declared). :func:`build` checks every such field on every CLI, so NaN, +-inf and out-of-range values are refused
 in one line naming the flag and the value (``--actor.adam.lr must be a finite number > 0, got inf``); a bench
-flag restated from a setting (:func:`restate`) is checked as argparse parses it. A negative number is read as a
-value, ``--actor.adam.lr -1e-5`` as ``--actor.adam.lr=-1e-5`` (:func:`accept_negative_numbers`).
+flag restated from a setting (:func:`restate`) refuses NaN and +-inf as argparse parses it (its range is the
+bench's). A negative number is read as a value, ``--actor.adam.lr -1e-5`` as ``--actor.adam.lr=-1e-5``
+(:func:`accept_negative_numbers`).
 
 Errors: a value the type rejects is argparse's error (exit 2, naming the flag); a value the
 dataclass's ``__post_init__`` rejects becomes :class:`FlagError` naming the flag (``--env.max_steps:
@@ -371,9 +372,9 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
 
     The flag's name, type, choices and help are the generator's (:func:`iter_flags`), so a bench that
     restates a training setting says it the way ``train`` does (``--rollout.n_samples_per_prompt``,
-    not ``--n``). A float setting's declared range (:mod:`progpo.bounds`) holds as argparse reads the value
-    (argparse's error, exit 2, naming the flag and the value); other range checks stay with the bench (it may
-    allow values ``train`` refuses, or the reverse).
+    not ``--n``). A float setting takes a finite number, checked as argparse reads the value (argparse's error,
+    exit 2, naming the flag and the value, as for a value that is no number); range checks stay with the bench
+    (it may allow values ``train`` refuses, or the reverse).
 
     Args:
         parser: the bench's parser (or an argument group). root: the settings dataclass that holds ``option``.
@@ -395,8 +396,8 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
     flag = {f.option: f for f in iter_flags(root, prefix)}[option]
     default = flag.default if default is MISSING else default
     kwargs = argparse_kwargs(flag)
-    if flag.bounds is not None:
-        kwargs["type"] = _in_range(kwargs["type"], flag.bounds)
+    if flag.bounds is not None:  # NaN and +-inf are no value of any setting; the range is the bench's
+        kwargs["type"] = _in_range(kwargs["type"], _bounds.ANY_FINITE)
     if isinstance(parser, argparse.ArgumentParser):
         accept_negative_numbers(parser)
     dest = dest or flag.dest
