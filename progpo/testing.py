@@ -14,11 +14,13 @@ import name, and fixtures cannot reach module-level test helpers.)
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from http.server import BaseHTTPRequestHandler
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -69,3 +71,20 @@ def wait_until(condition: Callable[[], T], what: str, timeout_s: float | None = 
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what}: not within {limit:g} s (raise {PATIENCE_ENV} on a slow machine)")
         time.sleep(interval_s)
+
+
+class JsonHandler(BaseHTTPRequestHandler):
+    """Request handler base of the tests' loopback stand-in servers (e.g. WebShop's session API): it logs
+    nothing, and :meth:`send_json` writes one JSON answer."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+        """Keep test output quiet."""
+
+    def send_json(self, code: int, body: Any) -> None:
+        """Answer HTTP status ``code`` with ``body`` as JSON."""
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)

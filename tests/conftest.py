@@ -108,3 +108,26 @@ def uncased_model(tmp_path, uncased_tokenizer) -> Path:
     uncased_tokenizer.save_pretrained(folder)
     shutil.copy(tiny_model_path() / "config.json", folder / "config.json")
     return folder
+
+
+PLAIN_TURN_END_TEMPLATE = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\n###\n' }}{% endfor %}"
+                           "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+"""A chat template that ends each turn with ``###`` in plain text: no token to stop an answer at."""
+
+
+@pytest.fixture
+def plain_turn_end_model(tmp_path) -> Path:
+    """A model folder (the tiny model's config.json) whose tokenizer (the tiny one) has
+    :data:`PLAIN_TURN_END_TEMPLATE`: it carries the answer format, but its turn end cannot be stopped at."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from progpo.run.tiny_model import tiny_model_path
+
+    folder = tmp_path / "plain-turn-end-model"
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_path()))
+    tok.chat_template = PLAIN_TURN_END_TEMPLATE
+    tok.save_pretrained(folder)
+    shutil.copy(tiny_model_path() / "config.json", folder / "config.json")
+    return folder

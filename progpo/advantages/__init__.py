@@ -1,4 +1,5 @@
-"""Pure step-level advantage estimators (numpy only): ProGPO and its baselines GRPO, GiGPO, RLOO, HGPO, G2PO.
+"""Pure step-level advantage estimators (numpy only): ProGPO and its baselines GRPO, GiGPO, RLOO, HGPO, G2PO,
+PGPO, CRBC, GRAFT.
 
 Public API: ``compute_advantages(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages``,
 dispatching through ``ESTIMATORS`` (:class:`Estimator` member -> function with that same signature; the

@@ -27,6 +27,9 @@ class Estimator(enum.StrEnum):
     RLOO = "rloo"
     HGPO = "hgpo"
     G2PO = "g2po"
+    PGPO = "pgpo"
+    CRBC = "crbc"
+    GRAFT = "graft"
 
 
 NormMode = Literal["mean_std_norm", "mean_norm"]
@@ -37,13 +40,13 @@ class AdvantageConfig:
     """Settings of every step-level advantage estimator (one flag each: ``--progpo.<field>``).
 
     Attributes:
-        estimator: which estimator runs: grpo | gigpo | progpo | rloo | hgpo | g2po.
-        gamma: discount of the return-to-go G (spec notation; unitless, in [0, 1]).
+        estimator: which estimator runs: grpo | gigpo | progpo | rloo | hgpo | g2po | pgpo | crbc | graft.
+        gamma: discount of the return-to-go G (spec notation; PGPO's eta, eq. 1) (unitless, in [0, 1]).
         eps: added to every standard deviation before dividing (reward units).
-        omega: weight of the step-level term (GiGPO A^S, HGPO, G2PO node + edge terms, ProGPO peer+credit), eq. (7).
-        beta_episode: weight of the episode term A^E in ProGPO, eq. (7) (GiGPO/HGPO/GRPO use 1).
+        omega: weight of the step-level term (GiGPO A^S, HGPO, G2PO node + edge terms, ProGPO peer+credit, eq. (7); CRBC's w_S, eq. 14).
+        beta_episode: weight of the episode term A^E in ProGPO, eq. (7), and CRBC's trajectory weight w_G, eq. 14 (GiGPO/HGPO/GRPO use 1).
         episode_norm: episode term (1): mean_std_norm divides by (std_u R + eps); mean_norm does not.
-        gigpo_mode: GiGPO/HGPO step-group normalisation, and G2PO's node and edge terms (the released code's one ``mode``): mean_std_norm or mean_norm.
+        gigpo_mode: GiGPO/HGPO step-group normalisation, G2PO's node and edge terms (the released code's one ``mode``), PGPO's A^S and A^phi (eqs. 3, 8) and GRAFT's node groups (eq. 11): mean_std_norm or mean_norm.
         prefix_mode: ProGPO peer key (2): prompt = hash of the exact context; history = (o_0, a_0, ..., o_t).
         kappa: peer reliability rho = (|P|-1)/(|P|-1+kappa), eq. (2); > 0.
         use_peer: ProGPO ablation: include the exact-prefix peer term (2) (False: rho = 0 everywhere).
@@ -55,7 +58,7 @@ class AdvantageConfig:
         m0: prior pseudo-samples shrinking each pool variance toward sigma2_u (3); > 0.
         sigma2_floor_coef: floor of sigma2_u as a fraction of the squared reward scale (3); > 0.
         sigma2_floor_ref: reward scale of that floor: batch = max |r| over the batch's steps (scale-invariant) or success_reward (the paper reading, fixed reward units).
-        success_reward: reward of a successful episode (reward units); only the variance floor with sigma2_floor_ref=success_reward reads it; > 0.
+        success_reward: reward of a successful episode (reward units); the variance floor with sigma2_floor_ref=success_reward reads it, and CRBC/GRAFT count a trajectory as a success when its last step terminated with at least this reward (their binary outcome); > 0.
         potential_pool: inclusive (own return in its pools) or loo (own trajectory left out) (3).
         fusion: across-depth fusion (5): ivw, ivw_bias, or none (unweighted mean of the depth estimates).
         eta: added to each depth variance in ivw fusion, w_d = 1/(e_d + eta) (5); > 0.
@@ -66,9 +69,17 @@ class AdvantageConfig:
         zero_signal: advantage exactly 0 where the episode returns R carry no signal, from every term, for every estimator: off; task = on every task whose trajectories all have the same R; batch = on the whole batch when every task does (e.g. every return -0.4); auto = task for progpo, off for the others (True/False mean task/off).
         zero_signal_return: which episode return decides that a task has no return signal (zero_signal, rms_cap): sum = R_i = sum_t r_{i,t}; discounted = G_{i,0} = sum_t gamma^t r_{i,t}, the return the exact advantage ranks by (Sutton & Barto 2018, eq. 3.8), so a task won by every episode at different lengths keeps its step credit (identical reward sequences, e.g. every return -0.4, are still zeroed); the kind of step the per-kind trace found ProGPO losing on fresh tasks (docs/fidelity.md, "ProGPO on fresh tasks, by kind of step"); auto = discounted for progpo (that trace's fix), sum for the others (their published behaviour).
         timing_scale: ProGPO only, with zero_signal_return=discounted (spread is refused elsewhere, where it would do nothing): a task whose R are equal but whose G_0 differ gets its advantages times min(1, sd_u(G_0) / sd_ref), sd_ref = root mean square of sd_v(G_0) over the batch's tasks with an R spread (1 when none); undoes the per-task unit normalisation that makes such a task weigh like a won-vs-lost one (the std-normalisation bias of Liu et al. 2025, Dr. GRPO, arXiv 2503.20783, sec. 3.1); unit = no factor.
-        state_key: anchor state for depth/graph/GiGPO/HGPO/G2PO keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo on a batch that carries state_extra, obs otherwise (``for_batch``).
+        state_key: anchor state for depth/graph/GiGPO/HGPO/G2PO/PGPO/CRBC/GRAFT keys: obs, obs_inventory (E3; needs state_extra), or auto = obs_inventory for progpo, crbc and graft on a batch that carries state_extra (CRBC's environment key and GRAFT's state string: the observation plus what the env reports the observation does not show), obs otherwise (PGPO's exact observation, GiGPO/HGPO/G2PO/GRPO/RLOO) (``for_batch``).
         hgpo_alpha: HGPO level weight exponent: level k (k history steps) weighs (k+1)**alpha.
-        g2po_edge: G2PO's edge (TD) error on its state graph (arXiv 2606.22995): td = r + gamma V(n') - V(n), the textbook TD error the paper's text names (default; a lone trajectory gets 0); progress = r + gamma V(n') - gamma V(n), the released code's V(next) - V(node) with both values discounted to the episode's outcome (a step toward the outcome gets positive credit even on a lone trajectory).
+        g2po_edge: with g2po_reading=text, G2PO's edge (TD) error on its state graph (arXiv 2606.22995): td = r + gamma V(n') - V(n), the textbook TD error the paper's text names (default; a lone trajectory gets 0); progress = r + gamma V(n') - gamma V(n), the released code's V(next) - V(node) with both values discounted to the episode's outcome (a step toward the outcome gets positive credit even on a lone trajectory).
+        g2po_reading: how G2PO's terms are computed: released = the released code's arithmetic (github Nala-YN/G2PO, g2po/core_g2po.py): node values from the episode's outcome without the invalid-action penalty, the penalty in the node term only, the edge term V(next) - V(node), the episode term standardised over the task's steps; text = the project's first reading of the abstract (node values from G with the penalty, the edge error of g2po_edge, the episode term over trajectories), the reading of every G2PO figure before issue 43.
+        pgpo_alpha: PGPO's task-weight exponent alpha, w = pgpo_beta * (1 - p_succ)^alpha (arXiv 2609.02236, eq. 10); >= 0.
+        pgpo_beta: PGPO's weight beta of the potential-guided advantage (eq. 10); >= 0.
+        pgpo_gamma: PGPO's potential-difference discount gamma, delta = gamma Phi(next) - Phi(current) (eq. 7); in [0, 1].
+        crbc_beta: CRBC's Bellman discount beta of the closure V = (I - beta M)^-1 b and of Q (arXiv 2609.35082, eqs. 7-9; the paper's 0.98, App. C.3); unitless, in [0, 1].
+        crbc_sigma_min: CRBC's floor sigma_min of the per-anchor credit scale, A^S = (Q - V) / max(sigma(s), sigma_min) (arXiv 2609.35082, eq. 13; units of V, a discounted success probability); > 0.
+        graft_gamma: GRAFT's value discount gamma of the Bellman iteration (eq. 5) and the TD error (eq. 8) (arXiv 2609.28963; the paper's 0.99, Sec. 4.1); unitless, in [0, 1].
+        graft_lambda: GRAFT's Graph GAE weight lambda (arXiv 2609.28963, eq. 9): 0 = the one-step TD advantage (eq. 8); the paper uses 0.95 on ALFWorld, 0.8 on WebShop; in [0, 1].
         max_steps: H, the env's step limit, horizon of the graph backward induction (E1); >= 1.
         diagnostics: full (every estimator also reports the batch's peer/depth-pool fragmentation) or basic.
     """
@@ -105,6 +116,14 @@ class AdvantageConfig:
     state_key: Literal["auto", "obs", "obs_inventory"] = "auto"
     hgpo_alpha: float = 1.0
     g2po_edge: Literal["td", "progress"] = "td"
+    g2po_reading: Literal["released", "text"] = "released"
+    pgpo_alpha: float = number(2.0, "[0, 1e6]")
+    pgpo_beta: float = number(1.0, "[0, 1e6]")
+    pgpo_gamma: float = number(1.0, "[0, 1]")
+    crbc_beta: float = number(0.98, "[0, 1]")
+    crbc_sigma_min: float = number(0.1, "(0, 1e6]")
+    graft_gamma: float = number(0.99, "[0, 1]")
+    graft_lambda: float = number(0.95, "[0, 1]")
     max_steps: int = 50
     diagnostics: Literal["full", "basic"] = "full"
 
@@ -139,12 +158,7 @@ class AdvantageConfig:
                     raise ValueError(f"AdvantageConfig.{f.name} must be an int, got {value!r}")
             elif f.type in ("bool", bool) and not isinstance(value, bool):
                 raise ValueError(f"AdvantageConfig.{f.name} must be a bool, got {value!r}")
-        ranges = {
-            "min_peers": (self.min_peers >= 1, ">= 1"),
-            "depths": (0 <= self.depths <= 64, "in [0, 64] (or -1 = auto)"),
-            "max_steps": (self.max_steps >= 1, ">= 1"),
-        }
-        for name, (ok, rule) in ranges.items():
+        for name, (ok, rule) in self._ranges().items():
             if not ok:
                 raise ValueError(f"AdvantageConfig.{name} must be {rule}, got {getattr(self, name)!r}")
         try:
@@ -172,17 +186,31 @@ class AdvantageConfig:
                 f"credit='transition', got credit={self.credit!r} (set credit_lambda=0 with credit='action')"
             )
 
+    def _ranges(self) -> dict[str, tuple[bool, str]]:
+        """``field -> (value is in range, the rule in words)`` for every int field with a range (a float field
+        declares its range beside its default: ``progpo.bounds``)."""
+        return {
+            "min_peers": (self.min_peers >= 1, ">= 1"),
+            "depths": (0 <= self.depths <= 64, "in [0, 64] (or -1 = auto)"),
+            "max_steps": (self.max_steps >= 1, ">= 1"),
+        }
+
     def for_batch(self, has_state_extra: bool) -> "AdvantageConfig":
         """This config with ``state_key='auto'`` resolved for one batch (other configs: ``self``).
 
-        ``auto`` keys ProGPO's anchor states on observation + state_extra (E3) when the
-        batch carries state_extra (both training backends record it from the real envs), and on the
-        observation alone otherwise; GiGPO/HGPO/GRPO/RLOO always get the observation (their published
-        keys). An explicit ``obs_inventory`` still requires state_extra.
+        ``auto`` keys the anchor states of ProGPO (E3), CRBC and GRAFT on observation + state_extra when the
+        batch carries state_extra (both training backends record it from the real envs: what the env's
+        ``info["state_extra"]`` reports the observation does not show, ALFWorld's inventory, WebShop's chosen
+        options), and on the observation alone otherwise. That is CRBC's environment key (arXiv 2609.35082,
+        App. C.2: the observation with the held item and location; the admissible-command list it also
+        appends is not in the batch) and GRAFT's exact state string (arXiv 2609.28963, Sec. 3.1). PGPO keys
+        on the exact observation (arXiv 2609.02236, Sec. 3.2), GiGPO/HGPO/G2PO/GRPO/RLOO on the observation
+        (their published keys); any of them takes ``obs_inventory`` explicitly. An explicit
+        ``obs_inventory`` still requires state_extra.
         """
         if self.state_key != "auto":
             return self
-        key = "obs_inventory" if self.estimator == "progpo" and has_state_extra else "obs"
+        key = "obs_inventory" if self.estimator in STATE_KEYED and has_state_extra else "obs"
         return replace(self, state_key=key)
 
     @staticmethod
@@ -222,6 +250,10 @@ ESTIMATOR_DEFAULTS: dict[str, dict[str, str | int]] = {
     "depths": {"progpo": 0, "*": 2},
 }
 
+#: The estimators whose ``state_key='auto'`` keys anchor states on observation + state_extra
+#: (:meth:`AdvantageConfig.for_batch`).
+STATE_KEYED: tuple[Estimator, ...] = (Estimator.PROGPO, Estimator.CRBC, Estimator.GRAFT)
+
 #: The ``auto`` value of the int fields of :data:`ESTIMATOR_DEFAULTS`.
 AUTO_INT = -1
 
@@ -251,7 +283,23 @@ PRESETS: dict[str, dict[str, object]] = {
     "default": {},
     "candidate": {"state_key": "obs_inventory", "credit_lambda": 0.8, "zero_signal": "task", "depths": 2,
                   "rms_cap": 0.0, "zero_signal_return": "sum"},
+    # the peers' papers, each with the settings its paper trains with (see PRESET_ESTIMATOR)
+    "pgpo": {"gamma": 0.95, "pgpo_alpha": 2.0, "pgpo_beta": 1.0, "pgpo_gamma": 1.0, "gigpo_mode": "mean_std_norm",
+             "eps": 1e-6, "state_key": "obs", "zero_signal": "off"},
+    "crbc": {"crbc_beta": 0.98, "beta_episode": 1.0, "omega": 5.0, "crbc_sigma_min": 0.1,
+             "episode_norm": "mean_std_norm", "eps": 1e-6, "state_key": "auto", "zero_signal": "off"},
+    "graft": {"graft_gamma": 0.99, "graft_lambda": 0.95, "gigpo_mode": "mean_std_norm", "eps": 1e-6, "state_key": "auto",
+              "zero_signal": "off"},
+    "graft_webshop": {"graft_gamma": 0.99, "graft_lambda": 0.8, "gigpo_mode": "mean_std_norm", "eps": 1e-6,
+                      "state_key": "auto", "zero_signal": "off"},
 }
+
+#: The estimator each paper's preset belongs to: PGPO (arXiv 2609.02236, Sec. 5.1: alpha 2, beta 1; Sec. 4.3:
+#: gamma 1; eta 0.95, GiGPO's), CRBC (arXiv 2609.35082, App. C.3: beta 0.98, w_G 1, w_S 5, sigma_min 0.1),
+#: GRAFT (arXiv 2609.28963, Sec. 4.1: gamma 0.99, lambda 0.95 on ALFWorld, 0.8 on WebShop: ``graft_webshop``).
+#: A preset of this table refuses any other estimator (its settings mean nothing there).
+PRESET_ESTIMATOR: dict[str, Estimator] = {"pgpo": Estimator.PGPO, "crbc": Estimator.CRBC, "graft": Estimator.GRAFT,
+                                          "graft_webshop": Estimator.GRAFT}
 
 
 def preset_fields(name: str) -> dict[str, object]:
@@ -265,11 +313,27 @@ def preset_fields(name: str) -> dict[str, object]:
     return dict(PRESETS[name])
 
 
+def preset_estimator_error(name: str, estimator: str) -> str | None:
+    """The one line refusing preset ``name`` with ``estimator`` (a paper's preset with another estimator), or None."""
+    owner = PRESET_ESTIMATOR.get(name)
+    if owner is None or estimator == owner:
+        return None
+    return (f"preset {name!r} is {owner.value.upper()}'s paper settings and needs estimator {owner.value!r} "
+            f"(--advantage_estimator {owner.value}), got {str(estimator)!r}")
+
+
 def config_from_preset(preset: str | None = None, **overrides: object) -> AdvantageConfig:
-    """``AdvantageConfig`` from a preset (None = the dataclass defaults) with ``overrides`` on top.
+    """``AdvantageConfig`` from a preset (None = the dataclass defaults) with ``overrides`` on top; a paper's
+    preset (:data:`PRESET_ESTIMATOR`) sets its estimator unless ``overrides`` names one.
 
     Raises:
-        ValueError: unknown preset, or an invalid field value (names the field).
+        ValueError: unknown preset, a paper's preset with another estimator, or an invalid field value
+            (names the field).
     """
     base = preset_fields(preset) if preset is not None else {}
+    if preset in PRESET_ESTIMATOR:
+        overrides.setdefault("estimator", PRESET_ESTIMATOR[preset])
+        error = preset_estimator_error(preset, overrides["estimator"])
+        if error:
+            raise ValueError(error)
     return AdvantageConfig(**{**base, **overrides})

@@ -5,14 +5,20 @@ different trajectories" into a state-transition graph, "group-aggregation state-
 actions as "transitions between state nodes", "globally standardizing Temporal Difference (TD) errors
 across the entire graph"; the paper's equations with their numbers were not reachable through the
 project's search, so none are cited by number) and the released code (``g2po/core_g2po.py``, read, not
-copied), which fixes what the abstract leaves open.
+copied), which fixes what the abstract leaves open and, since issue 43, is the default reading.
+
+Where both readings differ from the code: the code keys ALFWorld nodes on the observation plus the
+admissible-action list, which ``StepBatch`` does not carry (``state_key = obs_inventory`` is the nearest
+key there: the inventory decides which put/heat/cool actions are admissible; ``auto`` is the
+observation, the code's WebShop key); the code's ``mode`` maps to ``gigpo_mode`` (step terms) and
+``episode_norm`` (episode term).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from progpo.advantages._prep import episode_term, group_normalise, group_stats, prepare
+from progpo.advantages._prep import episode_term, group_normalise, group_stats, normalise, prepare, sample_std
 from progpo.advantages.batch import StepBatch
 from progpo.advantages.config import AdvantageConfig
 from progpo.advantages.result import StepAdvantages, finish
@@ -22,39 +28,26 @@ def g2po(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages
     """G2PO: ``A = A^E + omega * (A^node + A^edge)`` on a per-task graph of anchor states.
 
     Per task ``u``, a node ``n`` is an anchor state (``state_key``: the observation, or observation +
-    ``state_extra``); its value is the group-aggregated return ``V(n) = mean G`` over every visit of ``n``
-    (revisits in one trajectory count, as in the code). A step is an edge ``n_t -> n_{t+1}`` with value
-    ``Q_t = r_t + gamma V(n_{t+1})`` (``V = 0`` after a trajectory's last step, terminated or truncated).
+    ``state_extra``). A step is an edge ``n_t -> n_{t+1}``; after a trajectory's last step the edge goes to
+    its outcome. ``g2po_reading`` picks how the terms are computed:
 
-    * ``A^node``: ``Q`` normalised (``gigpo_mode``) over the visits of the step's node; 0 for a node
-      visited once (the code's first component, GiGPO's step group with ``Q`` in place of ``G``).
-    * ``A^edge``: the TD error ``delta_t`` normalised (``gigpo_mode``) over all steps of the task, i.e. over
-      the task's whole graph (the abstract's "globally standardizing TD errors"; the code's second
-      component). ``g2po_edge = td`` (default): ``delta = Q_t - V(n_t)``, the textbook TD error
-      ``r + gamma V(n') - V(n)`` that the paper's text names. ``progress``: ``delta = Q_t - gamma V(n_t)``,
-      the released code's ``V(next) - V(node)`` with node values discounted to the outcome
-      (``gamma^(T-t) R``, i.e. ``gamma V`` here; terminal success = the final reward): it also credits
-      each step of a lone trajectory for moving toward its outcome.
-    * ``A^E``: the project's episode term (1) (``episode_norm``; each trajectory counted once, 0 for a
-      one-trajectory task), as for GiGPO/HGPO.
+    * ``released`` (default): the released code's arithmetic (``g2po/core_g2po.py``, commit b8ffaf5), term by
+      term; see :func:`released_terms`.
+    * ``text``: the project's first reading of the abstract (the paper's equations were not reachable); see
+      :func:`text_terms`. It differs from the code in three places, measured on a hand-built group in
+      ``docs/estimators.md`` ("G2PO"): the penalty inside the node values and the edge term, the edge error
+      (``g2po_edge``), and an episode term over trajectories instead of over steps.
 
-    Where the code and this reading differ, and why:
-
-    * The code's invalid-action penalty (``- 0.1`` on the node term) is already in ``r_t`` here
-      (``StepBatch.reward``), so it enters both terms.
-    * The code's episode term counts every step of a trajectory in the task's mean/std and gives a
-      one-trajectory task ``R`` itself (mean 0, std 1); the project's (1) is used instead (every
-      estimator shares it). The code's ``mode`` maps to ``gigpo_mode`` (step terms) and ``episode_norm``.
-    * The code's anchor key on ALFWorld is the observation plus the admissible-action list, which
-      ``StepBatch`` does not carry; ``state_key = obs_inventory`` is the nearest key there (the inventory
-      decides which put/heat/cool actions are admissible). ``auto`` is the observation, as for the other
-      baselines (the code's WebShop key is the raw observation).
+    * ``A^node``: the step's edge value normalised (``gigpo_mode``) over the visits of its node; 0 for a node
+      visited once (GiGPO's step group with the edge value in place of ``G``).
+    * ``A^edge``: the step's value gain normalised (``gigpo_mode``) over all steps of the task, i.e. over the
+      task's whole graph (the abstract's "globally standardizing TD errors across the entire graph").
     * A one-step task's ``A^edge`` is 0 (``x - mean = 0`` exactly), where the code's ``torch.std`` of one
       value is NaN.
 
     Args:
-        batch: ``S`` steps. cfg: reads ``gamma, eps, omega, gigpo_mode, episode_norm, state_key, g2po_edge,
-            zero_signal``. encoder: unused.
+        batch: ``S`` steps. cfg: reads ``gamma, eps, omega, gigpo_mode, episode_norm, state_key, g2po_reading,
+            g2po_edge (text), success_reward (released), zero_signal``. encoder: unused.
     Returns:
         ``StepAdvantages``: ``[S]`` advantages in the batch's row order; diagnostics add
         ``adv/frac_anchor_ge2`` (share of steps whose node has >= 2 visits) and ``adv/g2po_nodes``.
@@ -63,15 +56,67 @@ def g2po(batch: StepBatch, cfg: AdvantageConfig, encoder=None) -> StepAdvantages
     """
     p = prepare(batch, cfg)
     node, k = p.depth_keys(0)[0]
+    terms = released_terms if cfg.g2po_reading == "released" else text_terms
+    episode, edge_value, gain = terms(p, node, k)
+    a_node, size = group_normalise(node, k, edge_value, cfg.gigpo_mode, cfg.eps)
+    a_node = np.where(size >= 2, a_node, 0.0)
+    a_edge, _ = group_normalise(p.task, p.n_tasks, gain, cfg.gigpo_mode, cfg.eps)
+    adv = episode + cfg.omega * (a_node + a_edge)
+    return finish(p, adv, {"adv/frac_anchor_ge2": float(np.mean(size >= 2)), "adv/g2po_nodes": float(k)})
+
+
+def text_terms(p, node: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``g2po_reading = text``: (episode term ``[S]``, edge value ``Q [S]``, gain ``delta [S]``).
+
+    ``V(n) = mean G`` over every visit of ``n`` (revisits in one trajectory count); ``Q_t = r_t + gamma
+    V(n_{t+1})`` (``V = 0`` after a trajectory's last step, terminated or truncated); ``delta`` per
+    ``g2po_edge``: ``td`` = ``Q_t - V(n_t)``, the textbook TD error the abstract names (a lone trajectory
+    gets 0); ``progress`` = ``Q_t - gamma V(n_t)``, the released code's ``V(next) - V(node)`` with node values
+    discounted to the outcome. The invalid-action penalty is in ``r_t`` (``StepBatch.reward``), so it enters
+    ``G``, both terms and ``R``. The episode term is the project's (1) (``episode_norm``), each trajectory
+    counted once, 0 for a one-trajectory task.
+    """
+    cfg = p.cfg
     _, v_node, _ = group_stats(node, k, p.G)
     v = v_node[node]
     v_next = np.zeros(p.S)
     v_next[:-1] = v[1:]
     v_next[p.last] = 0.0
     q = p.r + cfg.gamma * v_next
-    a_node, size = group_normalise(node, k, q, cfg.gigpo_mode, cfg.eps)
-    a_node = np.where(size >= 2, a_node, 0.0)
     delta = q - (v if cfg.g2po_edge == "td" else cfg.gamma * v)
-    a_edge, _ = group_normalise(p.task, p.n_tasks, delta, cfg.gigpo_mode, cfg.eps)
-    adv = episode_term(p, cfg.episode_norm) + cfg.omega * (a_node + a_edge)
-    return finish(p, adv, {"adv/frac_anchor_ge2": float(np.mean(size >= 2)), "adv/g2po_nodes": float(k)})
+    return episode_term(p, cfg.episode_norm), q, delta
+
+
+def released_terms(p, node: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``g2po_reading = released``: (episode term ``[S]``, edge value ``[S]``, gain ``[S]``), as the released code
+    computes them (``compute_group_aggregation_values``, ``compute_step_level_advantage``,
+    ``episode_norm_reward``), read, not copied.
+
+    * ``O_i``: the episode's env reward, the penalty left out (the batch's rewards minus the penalty: an
+      invalid step's env reward is 0, so ``O_i`` = sum of ``r`` over the valid steps).
+    * Node value ``V(n)`` = mean over the visits ``(i, t)`` of ``gamma^(T_i - t) O_i`` (``t`` from 0: the last
+      step's visit counts ``gamma O_i``).
+    * ``next_t`` = ``V(n_{t+1})``, or after the last step ``success_reward`` when ``O_i >= success_reward`` (the
+      code's ``episode_rewards == 10``) and 0 otherwise.
+    * Edge value ``next_t - pen_t`` (``pen_t`` = the step's invalid-action penalty, ``-r_t`` on an invalid
+      step, else 0); gain ``next_t - V(n_t)``, no penalty.
+    * Episode term: ``z = O_i - pen_t`` per *step*, standardised (``episode_norm``) over every step of the task
+      (longer trajectories weigh more; sample std); a task of one step gets mean 0 and std 1, as the code.
+    """
+    cfg = p.cfg
+    invalid = p.batch.invalid[p.order]
+    penalty = np.where(invalid, -p.r, 0.0)
+    outcome = np.bincount(p.traj, weights=np.where(invalid, 0.0, p.r), minlength=p.n_traj)
+    to_end = (p.traj_len[p.traj] - p.t).astype(np.float64)
+    _, v_node, _ = group_stats(node, k, cfg.gamma**to_end * outcome[p.traj])
+    v = v_node[node]
+    won = outcome >= cfg.success_reward * (1.0 - 1e-9)
+    nxt = np.empty(p.S)
+    nxt[:-1] = v[1:]
+    nxt[p.last] = np.where(won, cfg.success_reward, 0.0)
+    z = outcome[p.traj] - penalty
+    cnt, mean, ssd = group_stats(p.task, p.n_tasks, z)
+    std = sample_std(cnt, ssd)
+    mean, std = np.where(cnt > 1, mean, 0.0), np.where(cnt > 1, std, 1.0)
+    episode = normalise(z, mean[p.task], std[p.task], cfg.episode_norm, cfg.eps)
+    return episode, nxt - penalty, nxt - v

@@ -1,4 +1,5 @@
-"""Slow, readable per-step loop versions of ``progpo``, ``gigpo`` and ``g2po`` (test oracle only).
+"""Slow, readable per-step loop versions of ``progpo``, ``gigpo``, ``g2po``, ``pgpo``, ``crbc`` and ``graft`` (test
+oracle only).
 
 They follow the spec text line by line with Python lists and dicts, O(S^2) per task, and share no
 code with the vectorised estimators (except ``AdvantageConfig``). ``tests/advantages`` checks that the
@@ -141,28 +142,161 @@ def reference_gigpo(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
 
 
 def reference_g2po(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
-    """G2PO by loops (arXiv 2606.22995): node value V = mean G of the node's visits, edge value
-    Q = r + gamma V(next node) (0 after the last step), ``A = A^E + omega (A^node + A^edge)``: Q normalised
-    among the node's visits (singleton -> 0) plus the TD error (``g2po_edge``: Q - V or Q - gamma V)
-    normalised over the task's steps. ``[S]`` in row order."""
+    """G2PO by loops (arXiv 2606.22995), ``A = A^E + omega (A^node + A^edge)``. ``[S]`` in row order.
+
+    ``g2po_reading = text``: node value V = mean G of the node's visits, edge value Q = r + gamma V(next node)
+    (0 after the last step); A^node = Q normalised among the node's visits (singleton -> 0), A^edge = the TD
+    error (``g2po_edge``: Q - V or Q - gamma V) normalised over the task's steps, A^E the project's (1).
+    ``released`` (the released code): O = the episode's reward without penalties, V = mean of gamma^(T-t) O over
+    the node's visits, next = V(next node) or after the last step success_reward / 0; A^node on next - penalty,
+    A^edge on next - V, A^E on O - penalty normalised over the task's steps (one step: mean 0, std 1)."""
     b = _Batch(batch, cfg)
-    value, q, delta = {}, {}, {}
+    value, q, delta, episode = {}, {}, {}, {}
     for s in b.steps:
-        visits = [v["G"] for v in b.tasks[s["uid"]] if b.depth_key(v, 0) == b.depth_key(s, 0)]
+        traj = s["traj_steps"]
+        outcome = sum(x["reward"] for x in traj if not x["invalid"])
+        s["penalty"] = -s["reward"] if s["invalid"] else 0.0
+        s["own"] = (cfg.gamma ** (len(traj) - s["step_index"]) * outcome if cfg.g2po_reading == "released"
+                    else s["G"])
+        s["outcome"] = outcome
+    for s in b.steps:
+        visits = [v["own"] for v in b.tasks[s["uid"]] if b.depth_key(v, 0) == b.depth_key(s, 0)]
         value[s["row"]] = _mean(visits)
     for s in b.steps:
         traj = s["traj_steps"]
-        nxt = value[traj[s["step_index"] + 1]["row"]] if s["step_index"] + 1 < len(traj) else 0.0
-        q[s["row"]] = s["reward"] + cfg.gamma * nxt
-        own = value[s["row"]] if cfg.g2po_edge == "td" else cfg.gamma * value[s["row"]]
-        delta[s["row"]] = q[s["row"]] - own
+        later = s["step_index"] + 1 < len(traj)
+        if cfg.g2po_reading == "released":
+            won = s["outcome"] >= cfg.success_reward * (1 - 1e-9)
+            nxt = value[traj[s["step_index"] + 1]["row"]] if later else (cfg.success_reward if won else 0.0)
+            q[s["row"]] = nxt - s["penalty"]
+            delta[s["row"]] = nxt - value[s["row"]]
+            zs = [v["outcome"] - v["penalty"] for v in b.tasks[s["uid"]]]
+            z = s["outcome"] - s["penalty"]
+            if len(zs) == 1:
+                episode[s["row"]] = z if cfg.episode_norm == "mean_norm" else z / (1.0 + cfg.eps)
+            else:
+                episode[s["row"]] = _norm(z, zs, cfg.episode_norm, cfg.eps)
+        else:
+            nxt = value[traj[s["step_index"] + 1]["row"]] if later else 0.0
+            q[s["row"]] = s["reward"] + cfg.gamma * nxt
+            own = value[s["row"]] if cfg.g2po_edge == "td" else cfg.gamma * value[s["row"]]
+            delta[s["row"]] = q[s["row"]] - own
+            episode[s["row"]] = b.episode_term(s)
     out = np.zeros(len(b.steps))
     for s in b.steps:
         node = [q[v["row"]] for v in b.tasks[s["uid"]] if b.depth_key(v, 0) == b.depth_key(s, 0)]
         a_node = _norm(q[s["row"]], node, cfg.gigpo_mode, cfg.eps) if len(node) >= 2 else 0.0
         a_edge = _norm(delta[s["row"]], [delta[v["row"]] for v in b.tasks[s["uid"]]], cfg.gigpo_mode, cfg.eps)
-        out[s["row"]] = b.finish(s, b.episode_term(s) + cfg.omega * (a_node + a_edge))
+        out[s["row"]] = b.finish(s, episode[s["row"]] + cfg.omega * (a_node + a_edge))
     return out
+
+
+def reference_pgpo(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
+    """PGPO by loops (arXiv 2609.02236): ``A^S`` = G normalised among the anchor state's visits (eq. 3),
+    Phi = their mean G (eq. 6), delta = pgpo_gamma Phi(next) - Phi (the last step's reward after the last
+    step, eq. 7), ``A^phi`` = delta normalised among the same visits (eq. 8; singleton -> 0),
+    ``A = A^S + pgpo_beta (1 - p_succ)^pgpo_alpha A^phi`` (eqs. 9-11). ``[S]`` in row order."""
+    b = _Batch(batch, cfg)
+    visits = {s["row"]: [v for v in b.tasks[s["uid"]] if b.depth_key(v, 0) == b.depth_key(s, 0)] for s in b.steps}
+    phi = {s["row"]: _mean([v["G"] for v in visits[s["row"]]]) for s in b.steps}
+    delta = {}
+    for s in b.steps:
+        traj = s["traj_steps"]
+        nxt = phi[traj[s["step_index"] + 1]["row"]] if s["step_index"] + 1 < len(traj) else traj[-1]["reward"]
+        delta[s["row"]] = cfg.pgpo_gamma * nxt - phi[s["row"]]
+    out = np.zeros(len(b.steps))
+    for s in b.steps:
+        group = visits[s["row"]]
+        a_s = _norm(s["G"], [v["G"] for v in group], cfg.gigpo_mode, cfg.eps) if len(group) >= 2 else 0.0
+        a_phi = _norm(delta[s["row"]], [delta[v["row"]] for v in group], cfg.gigpo_mode, cfg.eps) if len(group) >= 2 else 0.0
+        won = [traj[-1]["reward"] > 0 for traj in b._task_trajs(s["uid"])]
+        w = cfg.pgpo_beta * (1.0 - sum(won) / len(won)) ** cfg.pgpo_alpha
+        out[s["row"]] = b.finish(s, a_s + w * a_phi)
+    return out
+
+
+def _task_graph(b: _Batch, uid, discount: float):
+    """One task's merged graph by loops: each step's successor (the next step's state, or "z+" / "z-" after the
+    last step: success = terminated with reward >= success_reward) and V by Bellman backups to convergence,
+    ``V(u) = sum_a mu(a|u) Q(u,a)``, ``Q(u,a) = gamma * mean V(successor)`` over the visits of (u, a)."""
+    steps = b.tasks[uid]
+    succ = {}
+    for s in steps:
+        traj = s["traj_steps"]
+        if s["step_index"] + 1 < len(traj):
+            succ[s["row"]] = b.state(traj[s["step_index"] + 1])
+        else:
+            won = traj[-1]["terminated"] and traj[-1]["reward"] >= b.cfg.success_reward * (1 - 1e-9)
+            succ[s["row"]] = "z+" if won else "z-"
+    value = {"z+": 1.0, "z-": 0.0}
+    value.update({b.state(s): 0.0 for s in steps})
+
+    def q(state, action):
+        hits = [value[succ[v["row"]]] for v in steps if b.state(v) == state and b.act(v) == action]
+        return discount * _mean(hits)
+
+    for _ in range(200_000):
+        new = {}
+        for state in {b.state(s) for s in steps}:
+            here = [v for v in steps if b.state(v) == state]
+            new[state] = sum(q(state, b.act(v)) for v in here) / len(here)  # mu(a|u) = visit share of a
+        change = max(abs(new[k] - value[k]) for k in new)
+        value.update(new)
+        if change < 1e-15:
+            break
+    return succ, value, q
+
+
+def reference_crbc(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
+    """CRBC by loops (arXiv 2609.35082): V and Q of the task's merged graph (Bellman backups instead of the
+    linear solve), credit (Q - V) / max(sigma, crbc_sigma_min) at anchors with >= 2 distinct actions (eq. 13),
+    ``A = beta_episode A^E + omega A^S`` (eq. 14). ``[S]`` in row order."""
+    b = _Batch(batch, cfg)
+    out = np.zeros(len(b.steps))
+    for uid in b.tasks:
+        _, value, q = _task_graph(b, uid, cfg.crbc_beta)
+        for s in b.tasks[uid]:
+            here = [v for v in b.tasks[uid] if b.state(v) == b.state(s)]
+            v0 = value[b.state(s)]
+            sigma = math.sqrt(sum((q(b.state(s), b.act(v)) - v0) ** 2 for v in here) / len(here))
+            two = len({b.act(v) for v in here}) >= 2
+            a_s = (q(b.state(s), b.act(s)) - v0) / max(sigma, cfg.crbc_sigma_min) if two else 0.0
+            out[s["row"]] = b.finish(s, cfg.beta_episode * b.episode_term(s) + cfg.omega * a_s)
+    return out
+
+
+def reference_graft(batch: StepBatch, cfg: AdvantageConfig) -> np.ndarray:
+    """GRAFT by loops (arXiv 2609.28963): TD = gamma V(next) - V (eq. 8), Graph GAE over the distinct edges
+    reachable in exactly k hops (eqs. 9-10), normalised among the node's visits, a node with one out-edge by
+    |A| per visit (eq. 11).
+    ``[S]`` in row order."""
+    b = _Batch(batch, cfg)
+    out = np.zeros(len(b.steps))
+    for uid in b.tasks:
+        succ, value, _ = _task_graph(b, uid, cfg.graft_gamma)
+        td = {s["row"]: cfg.graft_gamma * value[succ[s["row"]]] - value[b.state(s)] for s in b.tasks[uid]}
+        edges = {(b.state(s), b.act(s), succ[s["row"]]): td[s["row"]] for s in b.tasks[uid]}
+        gae = {}
+        for s in b.tasks[uid]:
+            total, frontier = td[s["row"]], {succ[s["row"]]}
+            for k in range(1, len(s["traj_steps"]) - s["step_index"]):
+                reached = [e for e in edges if e[0] in frontier]
+                if not reached:
+                    break
+                total += (cfg.graft_gamma * cfg.graft_lambda) ** k * _mean([edges[e] for e in reached])
+                frontier = {e[2] for e in reached}
+            gae[s["row"]] = total
+        for s in b.tasks[uid]:
+            group = [gae[v["row"]] for v in b.tasks[uid] if b.state(v) == b.state(s)]
+            out_edges = {e for e in edges if e[0] == b.state(s)}
+            x = gae[s["row"]]
+            if len(out_edges) >= 2:
+                a = _norm(x, group, cfg.gigpo_mode, cfg.eps)
+            else:
+                a = x if cfg.gigpo_mode == "mean_norm" else x / (abs(x) + cfg.eps)
+            out[s["row"]] = b.finish(s, a)
+    return out
+
 
 def _peer(b: _Batch, s):
     cfg = b.cfg

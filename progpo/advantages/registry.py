@@ -7,7 +7,10 @@ from collections.abc import Callable
 from progpo.advantages.baselines import gigpo, grpo, hgpo, rloo
 from progpo.advantages.batch import StepBatch
 from progpo.advantages.config import AdvantageConfig, Estimator
+from progpo.advantages.crbc import crbc
 from progpo.advantages.g2po import g2po
+from progpo.advantages.graft import graft
+from progpo.advantages.pgpo import pgpo
 from progpo.advantages.progpo import progpo
 from progpo.advantages.result import StepAdvantages
 from progpo.advantages.semantic import Encoder
@@ -22,6 +25,9 @@ ESTIMATORS: dict[Estimator, EstimatorFn] = {
     Estimator.RLOO: rloo,
     Estimator.HGPO: hgpo,
     Estimator.G2PO: g2po,
+    Estimator.PGPO: pgpo,
+    Estimator.CRBC: crbc,
+    Estimator.GRAFT: graft,
 }
 
 
@@ -33,7 +39,8 @@ def group_size_error(n_samples_per_prompt: int) -> str | None:
     """The one line that refuses a group size under which the group estimators learn nothing, or None.
 
     Every estimator of :data:`ESTIMATORS` compares the ``N`` rollouts of a task with each other (the
-    episode term of GRPO/GiGPO/HGPO/G2PO/ProGPO, RLOO's leave-one-out baseline): with ``N = 1`` there is no
+    episode term of GRPO/GiGPO/HGPO/G2PO/CRBC/ProGPO, RLOO's leave-one-out baseline, the anchor groups and
+    merged graphs of PGPO/CRBC/GRAFT): with ``N = 1`` there is no
     episode-level signal (GRPO, RLOO and ProGPO give every step exactly zero advantage). Both backends
     print this line (``train`` and ``train_ray``), so it names the flag.
 

@@ -7,6 +7,7 @@ skipped), each episode's steps in time order. ``training_steps(episodes)[k]`` is
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -101,3 +102,35 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         "rollout/truncated_response_frac": float(np.mean([s.finish_reason == "length" for s in steps])),
     })
     return out
+
+
+CUT_WARN_FRAC = 0.5
+"""Share of a batch's answers cut at the token limit above which :func:`cut_answer_warning` speaks."""
+
+_ACTION_CLOSED = re.compile(r"</action>", re.IGNORECASE)
+
+
+def cut_answer_warning(episodes: Sequence[Episode]) -> str | None:
+    """One warning line when more than :data:`CUT_WARN_FRAC` of a batch's answers hit the token limit, else None.
+
+    The line counts the cut answers (``finish_reason == "length"``, over the steps of the training episodes, as
+    ``rollout/truncated_response_frac``) and names the likely cause from what they hold: when most of them
+    close an ``<action>`` block, the model finished its answer and went on writing, so its end-of-turn token is
+    not in the stop set (the tokenizer's EOS and the chat template's turn end,
+    ``progpo.agents.stop_tokens.stop_token_ids``); else the answers were cut mid-answer, so
+    ``--rollout.max_new_tokens`` (the longest cut answer's length) is too small for them.
+    """
+    steps = training_steps(episodes)
+    cut = [s for s in steps if s.finish_reason == "length"]
+    if not steps or len(cut) <= CUT_WARN_FRAC * len(steps):
+        return None
+    limit = max(len(s.response_ids) for s in cut)
+    closed = sum(_ACTION_CLOSED.search(s.response_text) is not None for s in cut)
+    head = (f"{len(cut)} of {len(steps)} answers ({len(cut) / len(steps):.0%}) hit the token limit "
+            f"(--rollout.max_new_tokens {limit})")
+    if closed * 2 > len(cut):
+        return (f"{head}; {closed} of them closed their <action> block and went on, so the token the model ends its "
+                "answers with is likely not a stop token (the stop tokens are the tokenizer's EOS and its chat "
+                "template's turn end): check that the tokenizer's chat template is the one the model was trained with")
+    return (f"{head}; {len(cut) - closed} of them stopped mid-answer (no </action>), so --rollout.max_new_tokens "
+            f"{limit} is likely too small for the answers: raise it")

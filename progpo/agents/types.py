@@ -39,12 +39,17 @@ class SamplingParams:
         top_p: nucleus mass in (0, 1].
         max_new_tokens: response length limit in tokens (>= 1).
         seed: optional per-request seed for reproducible sampling.
+        stop_token_ids: token ids that end the response besides the generator's own stop set (vLLM's
+            ``stop_token_ids``; the stop token is kept in the response, as EOS is). The OpenRLHF executor sends
+            its tokenizer's stop set (``progpo.agents.stop_tokens.stop_token_ids``: EOS and the chat template's
+            turn end) here, since the engines stop at EOS only.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -53,6 +58,7 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     def vllm_kwargs(self) -> dict:
         """Keyword arguments for ``vllm.SamplingParams``: ours plus ``VLLM_NEUTRAL_SAMPLING``.
@@ -60,7 +66,7 @@ class SamplingParams:
         ``logprobs`` is not included (the caller asks for what it needs).
         """
         return {**VLLM_NEUTRAL_SAMPLING, "temperature": self.temperature, "top_p": self.top_p,
-                "max_tokens": self.max_new_tokens, "seed": self.seed}
+                "max_tokens": self.max_new_tokens, "seed": self.seed, "stop_token_ids": list(self.stop_token_ids)}
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class Generation:
         logprobs: ``[R]`` log-probability (nats) of each sampled token under the sampling policy.
         text: the engine's decoded response (informational: the episode loop records
             ``progpo.agents.templates.decode_response`` of ``token_ids``, the same rule on every backend).
-        finish_reason: why sampling stopped, in vLLM's words: ``"stop"`` (EOS or a stop string) or
+        finish_reason: why sampling stopped, in vLLM's words: ``"stop"`` (a stop token: EOS or the turn end) or
             ``"length"`` (cut at ``SamplingParams.max_new_tokens``).
     """
 

@@ -2,7 +2,8 @@
 
 Builds an ALFWorld-like batch (16 tasks x 8 trajectories x up to 50 steps, repeated observation texts,
 see ``progpo.advantages.synthetic.alfworld_like_batch``), then prints a markdown table of the median
-milliseconds over ``--runs`` calls of ``compute_advantages`` per estimator (diagnostics full and basic),
+milliseconds over ``--runs`` calls of ``compute_advantages`` per estimator (diagnostics full and basic, and
+the full time per task group: the batch's time over its ``--rollout.batch_size`` groups),
 ProGPO variants, and ProGPO's time split (grouping / potentials / embeddings / fusion). Targets:
 ProGPO without embeddings <= 1.5x GiGPO and <= 250 ms; embedding time is reported separately.
 """
@@ -16,6 +17,7 @@ import statistics
 import time
 
 from progpo.advantages import ESTIMATORS, AdvantageConfig, compute_advantages
+from progpo.advantages.config import PRESET_ESTIMATOR, preset_fields
 from progpo.advantages.progpo import progpo_estimate
 from progpo.advantages.synthetic import alfworld_like_batch
 from progpo.run import flags
@@ -70,13 +72,16 @@ def _split(batch, cfg, encoder, runs: int, clear=None) -> dict[str, float]:
 
 
 def bench_configs(max_steps: int) -> dict[str, AdvantageConfig]:
-    """The timed rows: every estimator with its own defaults, then ProGPO's variants.
+    """The timed rows: every estimator with its own defaults (PGPO, CRBC, GRAFT: their paper's preset, the
+    preset of the same name), then ProGPO's variants.
 
     Each estimator is built from scratch: ``dataclasses.replace`` on ProGPO's resolved config would hand
     GiGPO/HGPO/GRPO/RLOO ProGPO's estimator-dependent defaults (``depths`` 0, per-task zeroing).
     """
     base = AdvantageConfig(max_steps=max_steps)
-    configs = {name: AdvantageConfig(estimator=name, max_steps=max_steps) for name in ESTIMATORS}
+    configs = {name: AdvantageConfig(estimator=name, max_steps=max_steps,
+                                     **(preset_fields(name) if PRESET_ESTIMATOR.get(name) == name else {}))
+               for name in ESTIMATORS}
     configs.update({label: dataclasses.replace(base, **kw) for label, kw in VARIANTS.items()})
     return configs
 
@@ -113,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     med = _interleaved_median_ms(calls, args.runs)
     rows = [(label, med[(label, "full")], med[(label, "basic")]) for label in configs]
     gigpo = {r[0]: r for r in rows}["gigpo"]
-    print("| estimator (no embeddings) | median ms, diagnostics=full | x GiGPO | median ms, diagnostics=basic | x GiGPO |")
-    print("|---|---:|---:|---:|---:|")
+    print("| estimator (no embeddings) | median ms, diagnostics=full | ms per group | x GiGPO "
+          "| median ms, diagnostics=basic | x GiGPO |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, full_ms, basic_ms in rows:
-        print(f"| {name} | {full_ms:.1f} | {full_ms / gigpo[1]:.2f} | {basic_ms:.1f} | {basic_ms / gigpo[2]:.2f} |")
+        print(f"| {name} | {full_ms:.1f} | {full_ms / args.tasks:.2f} | {full_ms / gigpo[1]:.2f} | {basic_ms:.1f} "
+              f"| {basic_ms / gigpo[2]:.2f} |")
     split = _split(batch, base, None, args.runs)
     print("\nProGPO time split, no embeddings (median ms per stage):\n")
     print("| grouping | potentials | embeddings | fusion |")

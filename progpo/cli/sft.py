@@ -57,17 +57,22 @@ def run(args: SFTArgs) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse flags and run; exit code 2 on bad flags or missing data/model."""
+    """Parse flags and run; exit code 2 on bad flags or missing data/model, 5 when the cloned weights are no longer
+    finite (one line naming the epoch and ``--sft.lr``; nothing written from them)."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from progpo.run.process import prepare_process
     from progpo.envs.base import EnvFailure
+    from progpo.run.divergence import EXIT_NONFINITE, NonFiniteUpdate
 
     prepare_process()
     try:
         args = parse(argv)
         with logging_redirect_tqdm():
             summary = run(args)
+    except NonFiniteUpdate as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_NONFINITE
     except (ValueError, FileNotFoundError, EnvFailure) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

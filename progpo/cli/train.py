@@ -12,12 +12,15 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, run the trainer, print metrics per iteration. Exit code 2 on a bad flag value, 3 when a
-    batch's failed episodes crossed ``--env.max_failed_frac`` (one line naming the cause)."""
+    batch's failed episodes crossed ``--env.max_failed_frac`` (one line naming the cause), 5 when
+    ``--train.max_nonfinite_skips`` consecutive optimizer steps were skipped for non-finite numbers (one line
+    naming the iteration and the flag to lower; :mod:`progpo.run.divergence`)."""
     from progpo.run.process import prepare_process
 
     prepare_process()
     from progpo.trainer.config import config_from_args
     from progpo.envs.base import EnvFailure
+    from progpo.run.divergence import EXIT_NONFINITE, NonFiniteUpdate
     from progpo.run.failures import EXIT_ROLLOUT_FAILED, RolloutFailed
     from progpo.trainer.loop import Trainer
 
@@ -43,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except RolloutFailed as exc:
         sys.stderr.write(f"error: {exc}\n")
         return EXIT_ROLLOUT_FAILED
+    except NonFiniteUpdate as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_NONFINITE
     except (ValueError, FileNotFoundError, EnvFailure) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     line naming the flag, plus a hint); a rollout batch whose failed episodes crossed ``--env.max_failed_frac``
     (or all failed) exits with status 3 and one line naming the cause (``progpo.run.failures``), before anything
     more is trained or saved; a generation engine that died exits with status 4 and one line naming the engine
-    (``EngineDied``).
+    (``EngineDied``); ``--train.max_nonfinite_skips`` optimizer steps in a row skipped for a non-finite gradient
+    norm exit with status 5 and one line naming the iteration and the flag to lower (``progpo.run.divergence``).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = build_parser()
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(f"argument {exc}")
     from progpo.openrlhf.trainer import run_openrlhf_main
+    from progpo.run.divergence import EXIT_NONFINITE, NonFiniteUpdate
     from progpo.run.failures import EXIT_ENGINE_DIED, EXIT_ROLLOUT_FAILED, EngineDied, RolloutFailed
 
     os.environ["PROGPO_AGENT_CONFIG"] = run.agent.to_json()
@@ -154,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     failure, status = None, 0
     try:
         run_openrlhf_main(args)
-    except (RolloutFailed, EngineDied) as exc:  # raised in OpenRLHF's trainer actor; ray.get re-raises a subclass
-        failure = " ".join(str(getattr(exc, "cause", None) or exc).split())
-        status = EXIT_ENGINE_DIED if isinstance(exc, EngineDied) else EXIT_ROLLOUT_FAILED
+    except (RolloutFailed, EngineDied, NonFiniteUpdate) as exc:  # raised in OpenRLHF's trainer actor; ray.get
+        failure = " ".join(str(getattr(exc, "cause", None) or exc).split())  # re-raises a subclass
+        status = (EXIT_ENGINE_DIED if isinstance(exc, EngineDied) else EXIT_NONFINITE if isinstance(exc, NonFiniteUpdate)
+                  else EXIT_ROLLOUT_FAILED)
     finally:
         if started:
             import ray

@@ -3,7 +3,8 @@
 * :class:`StepActorPPOTrainer` -- OpenRLHF's ``ActorPPOTrainer`` (the policy's PPO step) whose
   training metrics leave out the padding rows of rank-equal step batches
   (``progpo.openrlhf.balance``): the loss and the gradients are OpenRLHF's, unchanged (padding rows
-  have no action tokens, so they add nothing to either).
+  have no action tokens, so they add nothing to either); a non-finite loss is backpropagated as NaN and the
+  optimizer steps DeepSpeed skips for it are counted (``progpo.run.divergence``).
 * :class:`ProGPOPolicyModelActor` -- OpenRLHF's ``PolicyModelActor`` with that trainer, plus the
   ``--debug.*`` aids (full weights for the sync check, replay-buffer dumps, per-rank counts of
   forward passes, micro-batches and optimizer steps).
@@ -24,7 +25,10 @@ from openrlhf.utils.distributed_util import torch_dist_barrier_and_cuda_sync
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import _write_json
 from progpo.openrlhf.launch import ray_run
+from progpo.openrlhf.patching import patched
 from progpo.openrlhf.version import OPENRLHF_VERSION
+from progpo.run.divergence import SkipStreak, guard_optimizer, poison_nonfinite_loss
+from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.models import disable_dropout
 
 EMPTY_WEIGHT = 1e-30
@@ -33,6 +37,9 @@ divides summed metrics by the counts summed over ranks; when every rank's micro-
 that sum would be 0 (a ``ZeroDivisionError``). The metric values of such a micro-batch are 0, so
 this weight adds exactly 0 to every sum, and ``1e-30`` is lost against any real count (>= 1) even
 in float32."""
+
+SKIP_STREAK_KEY = "_progpo_skip_streak"
+"""Key of the policy's ``fit`` status: optimizer steps skipped in a row (``SkipStreak.streak``); not a metric."""
 
 
 def pad_free_status(status: dict[str, Any], real: torch.Tensor) -> dict[str, Any]:
@@ -68,16 +75,42 @@ class StepActorPPOTrainer(ActorPPOTrainer):
 
     Attributes:
         progpo_micro_batches: ``training_step`` calls since the last :meth:`progpo_take_counts`.
+        progpo_skips: the optimizer steps DeepSpeed skipped for a non-finite gradient norm (its ZeRO and bf16
+            optimizers' overflow check; ``engine.skipped_steps``), as a :class:`~progpo.run.divergence.SkipStreak`
+            (``limit``: ``--train.max_nonfinite_skips``); None until the first :meth:`training_step`.
     """
 
     progpo_micro_batches = 0
+    progpo_skips: SkipStreak | None = None
 
     def training_step(self, experience: Any, kl_ctl: float, step: int, loss_batch_info: dict | None = None) -> dict:
-        """OpenRLHF's ``training_step`` (loss, backward, optimizer step), then :func:`pad_free_status`."""
-        status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+        """OpenRLHF's ``training_step`` (loss, backward, optimizer step) with a non-finite loss backpropagated as
+        NaN (:func:`~progpo.run.divergence.poison_nonfinite_loss`: DeepSpeed then skips the step), each optimizer
+        step counted as applied or skipped in :attr:`progpo_skips`, then :func:`pad_free_status`."""
+        engine = self.actor.model  # the DeepSpeed engine
+        before = (getattr(engine, "global_steps", None), getattr(engine, "skipped_steps", None))
+        client = getattr(engine, "basic_optimizer", None)  # inside a ZeRO/bf16 wrapper: its lr check is ours
+        if getattr(client, "overflow", None) is not None:
+            client.overflow = False  # a wrapper that skips the step itself never calls the client's step
+        backward = self.strategy.backward
+        with patched(self.strategy, "backward", lambda loss, *a, **k: backward(poison_nonfinite_loss(loss), *a, **k)):
+            status = super().training_step(experience, kl_ctl, step, loss_batch_info)
+        if self.progpo_skips is None:
+            self.progpo_skips = SkipStreak(ray_run(self.strategy.args).settings.train.max_nonfinite_skips)
+        if before[0] is not None and engine.global_steps != before[0]:  # an optimizer step, applied or skipped
+            applied = engine.skipped_steps == before[1] and not getattr(client, "overflow", False)
+            self.progpo_skips.record(applied=applied)
         self.progpo_micro_batches += 1
         real = real_rows(experience)
         return status if bool(real.all()) else pad_free_status(status, real)
+
+
+def guard_engine(engine: Any) -> list[str]:
+    """:func:`~progpo.run.divergence.guard_optimizer` on a DeepSpeed engine's ``optimizer`` (on ZeRO-0 fp32 the bare
+    optimizer, stepped unchecked) and ``basic_optimizer`` (inside a ZeRO/bf16 wrapper, which checks the gradient norm
+    but not the lr). Returns the attributes guarded."""
+    return [name for name in ("optimizer", "basic_optimizer")
+            if getattr(engine, name, None) is not None and guard_optimizer(getattr(engine, name))]
 
 
 def broadcast_merged_to_engines(trainer: Any) -> None:
@@ -172,8 +205,10 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
     """
 
     def init_model_from_pretrained(self, *args: Any, **kwargs: Any) -> None:
-        """OpenRLHF's; then every dropout of the trained model (and of its EMA copy) is off, and its
-        ``ActorPPOTrainer`` becomes a :class:`StepActorPPOTrainer`.
+        """OpenRLHF's; then every dropout of the trained model (and of its EMA copy) is off, its
+        ``ActorPPOTrainer`` becomes a :class:`StepActorPPOTrainer`, and the bare optimizer (DeepSpeed's on ZeRO-0
+        fp32, which it steps unchecked, or the one inside its ZeRO/bf16 wrapper, whose lr it does not check) skips
+        non-finite steps (:func:`~progpo.run.divergence.guard_optimizer`).
 
         The trainer is built by OpenRLHF's own constructor; only its class is switched to the
         subclass (which adds methods, no state). Patching the name ``ActorPPOTrainer`` in OpenRLHF's
@@ -191,6 +226,7 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
             raise RuntimeError(f"OpenRLHF built a {type(self.trainer).__name__} as the policy trainer, not "
                                f"ActorPPOTrainer (openrlhf {OPENRLHF_VERSION} is the supported version)")
         self.trainer.__class__ = StepActorPPOTrainer
+        guard_engine(self.actor.model)
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """OpenRLHF's forward (log-probs of a rollout chunk), counted."""
@@ -236,7 +272,9 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         super().append(experience)
 
     def fit(self, kl_ctl: float = 0) -> dict:
-        """OpenRLHF's ``fit``, after writing the replay buffer to ``--debug.dump_dir`` when set.
+        """OpenRLHF's ``fit``, after writing the replay buffer to ``--debug.dump_dir`` when set; its status gains
+        ``loss/update_skipped_nonfinite`` (optimizer steps of this fit DeepSpeed skipped for a non-finite gradient
+        norm) and :data:`SKIP_STREAK_KEY` (consecutive skipped steps, read and removed by the trainer actor).
 
         Dump rows: ``index`` (position in the rollout batch), ``sequences`` ``[T]``, ``action_mask``
         ``[A]``, ``advantages`` ``[A]`` (``A = T - 1``), ``response_length``.
@@ -249,6 +287,10 @@ class ProGPOPolicyModelActor(PolicyModelActor.__ray_actor_class__):
         counts = self.__dict__.setdefault("_progpo_fit_counts", {"optimizer_steps": 0, "micro_steps": 0})
         counts["optimizer_steps"] += engine.global_steps - before[0]
         counts["micro_steps"] += engine.micro_steps - before[1]
+        skips = self.trainer.progpo_skips  # None: no training_step ran
+        if skips is not None:
+            status[SKIPPED_KEY] = float(skips.take_skipped())
+            status[SKIP_STREAK_KEY] = float(skips.streak)
         return status
 
     def progpo_counts(self) -> dict[str, int]:

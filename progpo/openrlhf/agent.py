@@ -35,6 +35,7 @@ from typing import Any
 
 from openrlhf.utils.agent import AgentExecutorBase
 
+from progpo.agents.stop_tokens import stop_token_ids
 from progpo.agents.types import Episode, Generation, SamplingParams
 from progpo.envs.base import EnvRejected
 from progpo.run.settings import EnvSettings, RolloutSettings
@@ -136,8 +137,8 @@ class EngineGenerate:
     ``{token_id: Logprob}`` dict per sampled token), ``.finish_reason`` (``"stop"``/``"length"``,
     copied into :attr:`Generation.finish_reason`). Our :class:`SamplingParams` are copied onto a
     deep copy of OpenRLHF's vLLM sampling params with ``SamplingParams.vllm_kwargs`` (temperature,
-    top_p, max_tokens, seed, and every other distribution-changing field switched off: OpenRLHF's
-    template carries ``top_k`` and ``min_tokens=1``), plus ``logprobs=1``.
+    top_p, max_tokens, seed, ``stop_token_ids``, and every other distribution-changing field switched off:
+    OpenRLHF's template carries ``top_k`` and ``min_tokens=1``), plus ``logprobs=1``.
 
     Raises:
         EngineError: the engine raised on the request (``engine_rejected``), returned no per-token
@@ -228,6 +229,18 @@ class AgentExecutor(AgentExecutorBase):
         self._pool = env_pool
         self._pool_lock = asyncio.Lock()
         self._traj_counter = 0
+        self._stops: tuple[Any, tuple[int, ...]] | None = None
+
+    def stop_ids(self, tokenizer: Any) -> tuple[int, ...]:
+        """``tokenizer``'s stop set (``progpo.agents.stop_tokens.stop_token_ids``: its EOS and its chat template's
+        turn end), derived once per tokenizer object. vLLM stops at EOS only, so every request carries it.
+
+        Raises:
+            ValueError: the turn end cannot be derived (``train_ray``'s start-up check refuses such a tokenizer).
+        """
+        if self._stops is None or self._stops[0] is not tokenizer:
+            self._stops = (tokenizer, tuple(stop_token_ids(tokenizer)))
+        return self._stops[1]
 
     async def _env_pool(self) -> Any:
         async with self._pool_lock:
@@ -245,7 +258,8 @@ class AgentExecutor(AgentExecutorBase):
             label: the dataset label (logged only).
             sampling_params: OpenRLHF's vLLM sampling params (temperature, top_p, max_tokens).
             max_length: ``--data.max_len``; each step prompt is guarded to ``max_length - max_new_tokens``.
-            hf_tokenizer: the policy's tokenizer (chat template used to build prompts).
+            hf_tokenizer: the policy's tokenizer (chat template used to build prompts; its stop set,
+                :meth:`stop_ids`, goes on every request's ``stop_token_ids``).
             llm_engine: the vLLM engine actor (only its ``generate`` is used).
             images: must be None (text environments).
         """
@@ -263,6 +277,8 @@ class AgentExecutor(AgentExecutorBase):
             top_p=float(sampling_params.top_p),
             max_new_tokens=int(max_new),
             seed=getattr(sampling_params, "seed", None),
+            stop_token_ids=tuple(sorted(set(self.stop_ids(hf_tokenizer))
+                                        | set(getattr(sampling_params, "stop_token_ids", None) or ()))),
         )
         self._traj_counter += 1
         try:

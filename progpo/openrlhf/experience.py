@@ -2,7 +2,7 @@
 
 OpenRLHF has no estimator registry: ``RemoteExperienceMaker.compute_advantages_and_returns`` is an
 if/elif over its own names. :class:`StepExperienceMaker` overrides that one method: for our
-estimators (``progpo``, ``gigpo``, ``grpo``, ``rloo``, ``hgpo``) it rebuilds the rollout's
+estimators (every name of ``progpo.advantages.ESTIMATORS``) it rebuilds the rollout's
 :class:`progpo.advantages.StepBatch` from the per-step ``Experience.info`` entries written by
 :class:`progpo.openrlhf.samples.StepSamplesGenerator`, calls
 ``progpo.advantages.compute_advantages`` once on the whole batch, and puts step ``(i,t)``'s

@@ -85,8 +85,8 @@ class RayArgs:
                                                                              max_new_tokens=512), metadata={
         "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
-    # the run's length: train's field (OpenRLHF's parser holds the other --train.* flags)
-    train: TrainSettings = field(default_factory=TrainSettings, metadata={"flags": ("num_iterations",)})
+    # the run's length and its stop on diverging updates: train's fields (OpenRLHF's parser holds the other --train.* flags)
+    train: TrainSettings = field(default_factory=TrainSettings, metadata={"flags": ("num_iterations", "max_nonfinite_skips")})
     cpu: CPUSettings = field(default_factory=CPUSettings)
     debug: DebugSettings = field(default_factory=DebugSettings)
 

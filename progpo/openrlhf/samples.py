@@ -27,7 +27,7 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, batch_vllm_engine_call
 
 from progpo.advantages.batch import StepBatch
-from progpo.agents.batching import episodes_to_step_batch, rollout_metrics
+from progpo.agents.batching import cut_answer_warning, episodes_to_step_batch, rollout_metrics
 from progpo.agents.types import Episode
 from progpo.openrlhf.agent import RESPONSE_EPISODE_KEY
 from progpo.openrlhf.balance import balance_for_ranks, data_parallel_ranks, rollout_multiple
@@ -333,6 +333,9 @@ class StepSamplesGenerator(SamplesGenerator):
         self.last_episodes = episodes
         self.last_stats = {**rollout_metrics(episodes), **failure_metrics(episodes)}
         check_failures(episodes, self.max_failed_frac, self._batch_counter)
+        cut = cut_answer_warning(episodes)
+        if cut:
+            logger.warning("rollout batch %d: %s", self._batch_counter, cut)
         failed = sum(ep.failed for ep in episodes)
         if failed:
             logger.warning("dropped %d failed episodes of %d: %s", failed, len(samples), failure_cause(episodes))

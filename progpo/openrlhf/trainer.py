@@ -32,14 +32,16 @@ from openrlhf.trainer.ppo_trainer import PPOTrainer
 from openrlhf.trainer.ray import launcher as _launcher_module
 from openrlhf.trainer.ray import ppo_actor as _ppo_actor_module
 
-from progpo.openrlhf.actors import ProGPOPolicyModelActor, ProGPOReferenceModelActor
+from progpo.openrlhf.actors import SKIP_STREAK_KEY, ProGPOPolicyModelActor, ProGPOReferenceModelActor
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import StepExperienceMaker, _write_json
 from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.patching import patched
 from progpo.openrlhf.samples import StepSamplesGenerator
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
+from progpo.run.divergence import NonFiniteUpdate, SkipStreak
 from progpo.run.failures import EngineDied, engine_died_message
+from progpo.run.metrics import SKIPPED_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,8 @@ def max_weight_diff(actor_state: dict[str, torch.Tensor], engine_state: dict[str
 
 class _ProGPOTrainerMixin:
     """What :class:`ProGPOPPOTrainer` adds to OpenRLHF's trainer (kept apart for CPU tests)."""
+
+    _progpo_skip_streak = 0
 
     def _install_progpo_stages(self, strategy: Any, vllm_engines: Any, advantage_config: Any) -> None:
         self.samples_generator = StepSamplesGenerator(
@@ -133,12 +137,37 @@ class _ProGPOTrainerMixin:
         with ``--debug.check_weight_sync``, weight-sync (``sync/``) metrics. With
         ``--debug.dump_dir``, every rank's counts of the step are written there (:meth:`_dump_rank_counts`)."""
         status, global_step = super().train_step(rollout_samples, global_step)
+        self._progpo_skip_streak = int(status.pop(SKIP_STREAK_KEY, 0))
         status.update(self.samples_generator.last_stats)
         status.update(self.experience_maker.last_diagnostics)
         status.update(getattr(self, "_sync_stats", {}))
         if ray_run(self.strategy.args).dump_dir:
             self._dump_rank_counts(global_step)
         return status, global_step
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict: dict | None = None,
+                                  client_states: dict | None = None) -> None:
+        """OpenRLHF's logging and checkpoint, but no checkpoint after a step whose update skipped optimizer steps
+        for a non-finite gradient norm (``loss/update_skipped_nonfinite`` > 0: OpenRLHF's rotation would drop a good
+        checkpoint for it), and, once ``--train.max_nonfinite_skips`` steps in a row were skipped, the run stops
+        after the step is logged.
+
+        Raises:
+            NonFiniteUpdate: the streak reached the limit (one line naming the step and ``--actor.adam.lr``).
+        """
+        logs = logs_dict or {}
+        if logs.get(SKIPPED_KEY, 0) > 0:
+            logger.warning("global step %d: no checkpoint (its update skipped optimizer steps for a non-finite "
+                           "gradient norm, %s)", global_step, SKIPPED_KEY)
+            with patched(self.args.ckpt, "save_steps", float("inf")):  # OpenRLHF saves when step % save_steps == 0
+                super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+        else:
+            super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+        streak = SkipStreak(ray_run(self.args).settings.train.max_nonfinite_skips, streak=self._progpo_skip_streak)
+        if streak.tripped:
+            marker = Path(self.args.ckpt.path) / "_actor" / "latest"
+            raise NonFiniteUpdate(streak.message(global_step, self.args.actor.adam.lr,
+                                                 marker.read_text().strip() if marker.is_file() else None))
 
     def _compute_rollout_stats(self, experiences: Any) -> dict:
         """OpenRLHF's rollout statistics (``rollout/reward_mean`` ... ``rollout/num_samples``) over the

@@ -14,7 +14,10 @@ one line that names the flag, the model and what to change:
   answer would start after it and never have the answer's form;
 * an answer does not decode back to itself, written either with the tokenizer's own tokens (tags as
   registered tokens) or as plain text: a tokenizer that lower-cases, splits with spaces (WordPiece) or maps
-  ``<`` to its unknown token cannot write the tags.
+  ``<`` to its unknown token cannot write the tags;
+* the end of an assistant turn cannot be derived from the chat template as one registered token
+  (``progpo.agents.stop_tokens.turn_end_id``): generation would have no turn end to stop at, and every answer
+  whose turn end is not EOS would run to ``--rollout.max_new_tokens``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from progpo.agents.parsing import ANSWER_TAG, ANSWER_TAGS
+from progpo.agents.stop_tokens import turn_end_id
 from progpo.agents.templates import (build_messages, decode_response, encode_messages, encode_text, get_template,
                                      render_user_message)
 
@@ -63,6 +67,10 @@ def check_answer_format(tokenizer: Any, env_name: str, *, flag: str = "--actor.m
                          "so every answer would start after it and none could have the form "
                          "<think>...</think><action>...</action>. Set tokenizer.chat_template to one whose generation "
                          f"prompt ends where the assistant's answer starts {_SAVE}")
+    try:
+        turn_end_id(tokenizer)
+    except ValueError as exc:
+        raise ValueError(f"{where} {exc}") from exc
     eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     for how, ids in (("with its own tokens", tokenizer(PROBE_ANSWER, add_special_tokens=False)["input_ids"]),
                      ("as plain text", encode_text(tokenizer, PROBE_ANSWER))):

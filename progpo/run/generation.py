@@ -22,6 +22,10 @@ value is ``None`` cannot be pinned against that back-fill. Here nothing stands b
 and the sample but our ``SamplingParams``, so the recorded log-probs are exactly
 those ``sequence_logprobs`` recomputes. Of the checkpoint's generation config only ``eos_token_id``
 is read (as extra stop tokens); settings that would have changed sampling are logged once as ignored.
+
+A response stops at the first token of the stop set (``progpo.agents.stop_tokens.stop_token_ids``: the
+tokenizer's and the generation config's EOS, and the end-of-turn token the chat template writes, which can
+differ from EOS) or of its request's ``SamplingParams.stop_token_ids``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from progpo.agents.stop_tokens import stop_token_ids
 from progpo.agents.templates import decode_response
 from progpo.agents.types import Generation, SamplingParams
 from progpo.run.precision import FP32, Precision
@@ -262,7 +267,8 @@ class HFGenerator:
 
     Args:
         model: a ``PreTrainedModel`` (the actor's module; read-only here).
-        tokenizer: its tokenizer (pad and eos ids are taken from it).
+        tokenizer: its tokenizer (pad id and the stop set, ``eos_ids``: its EOS, the model's
+            ``generation_config.eos_token_id`` and its chat template's turn end, are taken from it).
         max_batch_size: most requests per ``generate`` call.
         seed: iteration seed used for requests that carry no ``sampling.seed`` (see ``set_seed``).
         share_prefill: prefill identical prompts of one batch once (the N rollouts of a task start from
@@ -278,6 +284,10 @@ class HFGenerator:
     positions (up to float rounding of the differently shaped matmuls).
 
     Call ``await gen(prompt_ids, sampling)`` from any number of concurrent coroutines.
+
+    Raises:
+        ValueError: ``max_batch_size`` < 1, or the chat template's turn end cannot be derived
+            (``progpo.agents.stop_tokens.turn_end_id``; one line saying what to change).
     """
 
     def __init__(self, model, tokenizer, *, max_batch_size: int = 32, seed: int = 0, share_prefill: bool = True,
@@ -291,11 +301,7 @@ class HFGenerator:
         self.precision = FP32 if precision is None else precision
         self.reuse_prefix = reuse_prefix
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        eos = model.generation_config.eos_token_id
-        eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
-        if tokenizer.eos_token_id is not None:
-            eos.append(tokenizer.eos_token_id)
-        self.eos_ids = sorted(set(eos))
+        self.eos_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         ignored = ignored_generation_settings(getattr(model, "generation_config", None))
         if ignored:
             logger.info("sampling follows SamplingParams only; the checkpoint's generation settings %s are "
@@ -351,25 +357,26 @@ class HFGenerator:
             prompts: ``n`` token-id lists (``[P_k]`` each). samplings, seeds: one per prompt.
 
         Returns:
-            ``n`` ``Generation``s; each stops at its first EOS (kept; ``finish_reason`` "stop") or at
-            its ``max_new_tokens`` (``finish_reason`` "length").
+            ``n`` ``Generation``s; each stops at its first stop token (``eos_ids`` or its sampling's
+            ``stop_token_ids``; kept, ``finish_reason`` "stop") or at its ``max_new_tokens`` (``finish_reason``
+            "length").
         """
         t0 = time.perf_counter()
         sampler = _GumbelSampler([s.temperature for s in samplings], [s.top_p for s in samplings], seeds)
         limits = [s.max_new_tokens for s in samplings]
+        stops = [set(self.eos_ids) | set(s.stop_token_ids) for s in samplings]
         was_training = self.model.training
         self.model.eval()
         try:
             with self.precision.context():
-                tokens = self._decode(prompts, sampler, limits)
+                tokens = self._decode(prompts, sampler, limits, stops)
         finally:
             self.model.train(was_training)
         results = []
-        eos = set(self.eos_ids)
         for k, row in enumerate(tokens):
             toks, reason = row[: limits[k]], "length"
             for j, t in enumerate(toks):
-                if t in eos:
+                if t in stops[k]:
                     toks, reason = toks[: j + 1], "stop"
                     break
             text = decode_response(self.tokenizer, toks)
@@ -460,11 +467,13 @@ class HFGenerator:
         st["prefill_passes"] += 1
         return out.logits[:, -1, :], out.past_key_values, attn
 
-    def _decode(self, prompts: list[list[int]], sampler: _GumbelSampler, limits: list[int]) -> list[list[int]]:
+    def _decode(self, prompts: list[list[int]], sampler: _GumbelSampler, limits: list[int],
+                stops: list[set[int]]) -> list[list[int]]:
         """Token-by-token decode: the model's forward pass, our sampler, nothing else (``[n][<= max(limits)]``).
 
         Every row is sampled at every step (its generator advances the same however the batch is
-        made up); rows past their EOS or limit are fed the pad token and later cut. The prefill
+        made up); rows past one of their ``stops`` (token ids per row) or their limit are fed the pad
+        token and later cut. The prefill
         (:meth:`_prefill`) computes what prompts share once.
 
         Raises:
@@ -479,7 +488,8 @@ class HFGenerator:
         c1 = _cpu_s()
         st["prefill_cpu_s"] += c1 - c0
         pos = attn.sum(-1, keepdim=True) - 1  # position of each row's last prompt token
-        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        width = max(len(s) for s in stops)
+        stop = torch.tensor([sorted(s) + [-1] * (width - len(s)) for s in stops], dtype=torch.long, device=device)
         limit = torch.tensor(limits, device=device)
         done = torch.zeros(n, dtype=torch.bool, device=device)
         steps: list[torch.Tensor] = []
@@ -489,7 +499,7 @@ class HFGenerator:
             choice = sampler(logits)
             choice = torch.where(done, torch.full_like(choice, self.pad_id), choice)
             steps.append(choice)
-            done = done | torch.isin(choice, eos) | (limit <= t + 1)
+            done = done | (choice[:, None] == stop).any(-1) | (limit <= t + 1)
             if bool(done.all()):
                 break
             attn = torch.cat([attn, torch.ones((n, 1), dtype=attn.dtype, device=device)], dim=1)

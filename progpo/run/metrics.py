@@ -12,9 +12,15 @@ import math
 import os
 from pathlib import Path
 
+from progpo.run.atomic import append_line, atomic_write_text, complete_lines, drop_torn_tail
+
 logger = logging.getLogger(__name__)
 
 NAMESPACES = ("rollout", "env", "adv", "loss", "perf", "eval")
+
+SKIPPED_KEY = "loss/update_skipped_nonfinite"
+"""Metric: optimizer steps of the iteration skipped for a non-finite loss, gradient norm or learning rate
+(:mod:`progpo.run.divergence`)."""
 
 SUMMARY_KEYS = (
     ("env/success_rate", "success", "{:.3f}"),
@@ -45,7 +51,7 @@ def format_metrics(it: int, metrics: dict[str, float]) -> str:
     rollouts all got the same return); ``dropped`` / ``extra`` are dynamic sampling's dropped share
     and extra groups. When every task is flat the batch carries no learning signal, and the line
     says so (with the advantages' spread, which should then be zero); a skipped update
-    (``loss/update_skipped``) is said too.
+    (``loss/update_skipped``) and optimizer steps skipped for non-finite numbers (:data:`SKIPPED_KEY`) are said too.
     """
     parts = [f"iter {it}"]
     for key, label, fmt in SUMMARY_KEYS:
@@ -59,6 +65,9 @@ def format_metrics(it: int, metrics: dict[str, float]) -> str:
         line += (" | update skipped: every advantage is 0 and the policy equals the reference or the KL term is off"
                  if metrics.get("rollout/num_steps", 1.0) > 0 and "adv/std" in metrics else
                  " | update skipped: no group with a return signal")
+    if metrics.get(SKIPPED_KEY, 0.0) > 0:
+        line += (f" | {metrics[SKIPPED_KEY]:.0f} optimizer step(s) skipped: non-finite loss or gradient norm "
+                 "(no checkpoint this iteration)")
     return line
 
 
@@ -74,6 +83,8 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
+        if drop_torn_tail(self.path):  # a record cut by a kill: never complete, so never a record
+            logger.warning("%s: dropped an unfinished last line (a write cut short)", self.path)
         self._tb = None
         if tensorboard not in (None, False):
             from torch.utils.tensorboard import SummaryWriter
@@ -82,7 +93,8 @@ class MetricsLogger:
             self._tb = SummaryWriter(log_dir=str(self.run_dir / folder))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Write one record ``{"iteration": step, ...metrics}``.
+        """Write one record ``{"iteration": step, ...metrics}``: one line appended in one write and fsynced
+        (:func:`progpo.run.atomic.append_line`), so a kill leaves at most an unfinished last line, which readers skip.
 
         Raises:
             ValueError: a metric name outside the known namespaces.
@@ -91,8 +103,7 @@ class MetricsLogger:
             if name.split("/", 1)[0] not in NAMESPACES:
                 raise ValueError(f"metric {name!r} is not namespaced ({', '.join(NAMESPACES)})")
         record = {"iteration": step, **{k: (float(v) if math.isfinite(float(v)) else None) for k, v in metrics.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.path, json.dumps(record))
         if self._tb is not None:
             for k, v in metrics.items():
                 if math.isfinite(float(v)):
@@ -103,10 +114,8 @@ class MetricsLogger:
         """Drop records with ``iteration > step`` (a resumed run re-logs the iterations it repeats)."""
         if not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["iteration"] <= step]
-        tmp = self.path.with_name(".tmp-metrics.jsonl")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, self.path)
+        keep = [line for line in complete_lines(self.path) if json.loads(line)["iteration"] <= step]
+        atomic_write_text(self.path, "".join(line + "\n" for line in keep))
 
     def close(self) -> None:
         """Flush and close TensorBoard."""
@@ -115,7 +124,8 @@ class MetricsLogger:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The records of ``<run_dir>/metrics.jsonl`` in order.
+    """The records of ``<run_dir>/metrics.jsonl`` in order; an unfinished last line (a write cut by a kill, no
+    newline) is skipped.
 
     Raises:
         FileNotFoundError: the run has no metrics file.
@@ -123,4 +133,4 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"no metrics.jsonl in {run_dir} (is it a run folder written by progpo.cli.train?)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in complete_lines(path)]

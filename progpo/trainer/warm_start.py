@@ -176,7 +176,7 @@ def run_sft(args: SFTArgs, save: Path | None = None, handle=None, out=None) -> d
         raise ValueError(f"--env.name {env.name} has no expert to clone (its env spec names none)")
     sft = args.sft
     save = Path(save) if save is not None else args.save_path
-    ckpt = CheckpointManager(save, args.ckpt.max_num)
+    ckpt = CheckpointManager(save, args.ckpt.max_num, lr_flag="--sft.lr")
     check_sft_dir(save)  # before the model and the expert episodes, not after them
     actor_cfg = _actor_config(args, resolve_pretrain(args.actor.model_name_or_path))
     t0 = time.perf_counter()

@@ -38,10 +38,13 @@ def _batch(trajs, uid_of=None, extra=None, unique_prefix=False):
 @pytest.mark.parametrize("name", ALL)
 def test_one_trajectory_group(name):
     batch = _batch({0: [("a", "x", 0.0), ("b", "y", 1.0), ("c", "z", 10.0)]})
-    out = compute_advantages(batch, AdvantageConfig(estimator=name))
+    # G2PO's released reading credits a lone trajectory's steps for moving toward its outcome (tested below)
+    out = compute_advantages(batch, AdvantageConfig(estimator=name, **({"g2po_reading": "text"} if name == "g2po"
+                                                                       else {})))
     assert isinstance(out, StepAdvantages) and out.advantages.dtype == np.float64
     # no other trajectory: A^E = 0 (R - mean = 0), RLOO has no baseline (0), every pool is the step
-    # itself so Phi = G and the transition credit is exactly 0
+    # itself so Phi = G and the transition credit is exactly 0; PGPO's delta and CRBC's Q - V are 0 at
+    # one-visit states, GRAFT's TD error is 0 on a chain of one-visit nodes
     np.testing.assert_array_equal(out.advantages, np.zeros(3))
 
 
@@ -133,7 +136,7 @@ def test_g2po_obs_inventory_splits_its_graph_nodes():
     #      A^node = [2.5, 0, -2.5]; delta = [10 - 7.5, 0 - 0, 5 - 7.5] = [2.5, 0, -2.5] (mean 0)  ->  [10, -5, -5]
     trajs = {0: [("at drawer", "open", 10.0)], 1: [("at drawer", "open", 0.0)], 2: [("at drawer", "open", 5.0)]}
     batch = _batch(trajs, extra=["holding apple", "holding nothing", "holding apple"])
-    kw = dict(estimator="g2po", gigpo_mode="mean_norm", episode_norm="mean_norm")
+    kw = dict(estimator="g2po", gigpo_mode="mean_norm", episode_norm="mean_norm", g2po_reading="text")
     np.testing.assert_allclose(compute_advantages(batch, AdvantageConfig(**kw)).advantages, [15.0, -15.0, 0.0])
     inv = compute_advantages(batch, AdvantageConfig(**kw, state_key="obs_inventory")).advantages
     np.testing.assert_allclose(inv, [10.0, -5.0, -5.0])
@@ -142,19 +145,29 @@ def test_g2po_obs_inventory_splits_its_graph_nodes():
 def test_g2po_one_trajectory_task_td_is_zero_and_progress_is_the_released_code():
     # td: every node has one visit, so V = G and Q = r + gamma G_{t+1} = G: delta = 0 exactly, and A^E = 0
     batch = _batch({0: [("a", "x", 0.0), ("b", "y", 1.0), ("c", "z", 10.0)]})
-    td = compute_advantages(batch, AdvantageConfig(estimator="g2po")).advantages
+    td = compute_advantages(batch, AdvantageConfig(estimator="g2po", g2po_reading="text")).advantages
     np.testing.assert_array_equal(td, np.zeros(3))
     # progress (the released code's V(next) - V(node) on values discounted to the outcome):
     # G = [0.95 * 10.5, 1 + 0.95 * 10, 10] = [9.975, 10.5, 10], delta = Q - gamma V = (1 - 0.95) G,
     # normalised over the task's three steps: the progress credit a lone trajectory gets in the released code
     delta = [0.05 * 9.975, 0.05 * 10.5, 0.05 * 10.0]
     want = [(d - statistics.mean(delta)) / (statistics.stdev(delta) + 1e-6) for d in delta]
-    progress = compute_advantages(batch, AdvantageConfig(estimator="g2po", g2po_edge="progress")).advantages
+    progress = compute_advantages(batch, AdvantageConfig(estimator="g2po", g2po_reading="text",
+                                                         g2po_edge="progress")).advantages
     np.testing.assert_allclose(progress, want, rtol=1e-9)
     assert np.abs(progress).max() > 0.5
     # the project's zero-signal option removes it (a one-trajectory task has no return spread)
-    zeroed = compute_advantages(batch, AdvantageConfig(estimator="g2po", g2po_edge="progress", zero_signal="task"))
+    zeroed = compute_advantages(batch, AdvantageConfig(estimator="g2po", g2po_reading="text", g2po_edge="progress",
+                                                       zero_signal="task"))
     np.testing.assert_array_equal(zeroed.advantages, np.zeros(3))
+    # the released reading (the default): outcome O = 1 + 10 = 11 >= 10, a success; node values 0.95^(3 - t) 11,
+    # next = the following node's value, then 10; the gains next - V normalised over the three steps;
+    # one-visit nodes give no node term; the episode term is 0 (every step's O is 11)
+    v = [0.95**3 * 11, 0.95**2 * 11, 0.95 * 11]
+    gain = [v[1] - v[0], v[2] - v[1], 10.0 - v[2]]
+    want = [(g - statistics.mean(gain)) / (statistics.stdev(gain) + 1e-6) for g in gain]
+    released = compute_advantages(batch, AdvantageConfig(estimator="g2po")).advantages
+    np.testing.assert_allclose(released, want, rtol=1e-9)
 
 
 def test_graph_horizon_shorter_than_a_trajectory_names_max_steps():
@@ -170,7 +183,8 @@ BAD_VALUES = {
     "eta": 0.0, "potential_estimator": "td", "credit": "value", "state_key": "inventory",
     "hgpo_alpha": float("nan"), "max_steps": 0, "diagnostics": "none", "sigma2_floor_ref": "reward",
     "credit_lambda": 1.5, "zero_signal": "on", "rms_cap": -1.0, "g2po_edge": "released",
-    "zero_signal_return": "mean", "timing_scale": "half",
+    "zero_signal_return": "mean", "timing_scale": "half", "pgpo_alpha": -1.0, "pgpo_beta": -0.5,
+    "pgpo_gamma": 1.01, "g2po_reading": "code", "crbc_beta": 1.5, "graft_gamma": -0.5, "crbc_sigma_min": 0.0, "graft_lambda": -0.1,
 }
 
 

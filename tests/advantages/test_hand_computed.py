@@ -223,7 +223,7 @@ def _g2po_want(edge: str, mode: str = "mean_std_norm", omega: float = 1.0, episo
 
 
 def test_g2po_hand_computed():
-    got = _run(estimator="g2po")
+    got = _run(estimator="g2po", g2po_reading="text")
     _check(got, _g2po_want("td"))
     # spot-check one row written out in full: b2t0 (hall -> hall, Q = 3.125, delta = -3.125)
     want_b2t0 = (_ae("b2t0") + _z(3.125, [10.0, 3.125, 10.0, 0.0])
@@ -237,14 +237,77 @@ def test_g2po_hand_computed():
 
 
 def test_g2po_progress_edge_mean_norm_and_omega():
-    _check(_run(estimator="g2po", g2po_edge="progress"), _g2po_want("progress"))
-    got = _run(estimator="g2po", g2po_edge="progress", gigpo_mode="mean_norm", episode_norm="mean_norm", omega=0.5)
+    _check(_run(estimator="g2po", g2po_reading="text", g2po_edge="progress"), _g2po_want("progress"))
+    got = _run(estimator="g2po", g2po_reading="text", g2po_edge="progress", gigpo_mode="mean_norm",
+               episode_norm="mean_norm", omega=0.5)
     want = _g2po_want("progress", mode="mean_norm", omega=0.5,
                       episode=lambda n: R[n[:2]] - mean(TASK_R[n[0].upper()]))
     # mean_norm drops every division: a1t2 = (10 - 3.3) + 0.5 * (0 + (5 - mean of task A's progress deltas))
     deltas_a = [0.425, 5 - 5 / 6, 5.0, -0.025 - 2.45 / 6, -0.1, 5 / 6 + 0.025, -5 / 6, 0.425, -5 / 6]
     assert want["a1t2"] == pytest.approx((10 - 3.3) + 0.5 * (5.0 - mean(deltas_a)))
     _check(got, want)
+
+# G2PO, the released code's reading (g2po_reading = released), gamma = 0.95 as the code hard-codes:
+# episode outcomes without the penalty O = a1 10, a2 0, a3 0, b1 10, b2 10, b3 0; node values = mean over visits
+# of 0.95^(T - t) O: room (a1t0 0.95^3 10 = 8.57375, a2t0 0, a3t0 0) -> 8.57375/3; desk (a1t1 0.95^2 10 = 9.025,
+# a2t3 0, a3t1 0) -> 9.025/3; holding pen 9.5; bed 0; hall (9.5, 9.025, 9.5, 0) -> 7.00625; kitchen 0.
+V_REL = {"room": 8.57375 / 3, "desk": 9.025 / 3, "holding pen": 9.5, "bed": 0.0, "hall": 28.025 / 4, "kitchen": 0.0}
+NODE_OF = {"a1t0": "room", "a1t1": "desk", "a1t2": "holding pen", "a2t0": "room", "a2t1": "bed", "a2t2": "bed",
+           "a2t3": "desk", "a3t0": "room", "a3t1": "desk", "b1t0": "hall", "b2t0": "hall", "b2t1": "hall",
+           "b3t0": "hall", "b3t1": "kitchen"}
+# next node's value, or after the last step 10 for a success (a1, b1, b2) and 0 otherwise (a2 cut, a3, b3)
+NEXT_REL = {"a1t0": V_REL["desk"], "a1t1": 9.5, "a1t2": 10.0, "a2t0": 0.0, "a2t1": 0.0, "a2t2": V_REL["desk"],
+            "a2t3": 0.0, "a3t0": V_REL["desk"], "a3t1": 0.0, "b1t0": 10.0, "b2t0": V_REL["hall"], "b2t1": 10.0,
+            "b3t0": 0.0, "b3t1": 0.0}
+PEN = {n: (0.1 if n == "a2t1" else 0.0) for n in NAMES}  # the one invalid step
+OUTCOME = {"a1": 10.0, "a2": 0.0, "a3": 0.0, "b1": 10.0, "b2": 10.0, "b3": 0.0}
+# The released code's output on this group (github Nala-YN/G2PO b8ffaf5, g2po/core_g2po.py, its functions run
+# unchanged on this batch, mean_std_norm, step_advantage_w 1; 2026-12-05): a cross-check of the derivation.
+RELEASED_CODE = {"a1t0": 1.908068, "a1t1": 4.522404, "a1t2": 1.443014, "a2t0": -2.786973, "a2t1": -1.441303,
+                 "a2t2": 0.959236, "a2t3": -2.257941, "a3t0": -0.088563, "a3t1": -2.257941, "b1t0": 2.201360,
+                 "b2t0": 0.834146, "b2t1": 2.201360, "b3t0": -4.191278, "b3t1": -1.045588}
+
+
+def _g2po_released_want(mode: str = "mean_std_norm") -> dict[str, float]:
+    """A = A^E + A^node + A^edge, the released code's terms:
+    A^node: (next - penalty) normalised among the node's visits (singletons 0);
+    A^edge: (next - V(node)) normalised over the task's steps, no penalty;
+    A^E: (O - penalty) per step, normalised over the task's *steps* (a1's three steps weigh three times)."""
+    norm = (lambda x, g: x - mean(g)) if mode == "mean_norm" else _z
+    out = {}
+    for task in "ab":
+        members = [n for n in NAMES if n[0] == task]
+        z = {n: OUTCOME[n[:2]] - PEN[n] for n in members}
+        gain = {n: NEXT_REL[n] - V_REL[NODE_OF[n]] for n in members}
+        for n in members:
+            peers = [m for m in members if NODE_OF[m] == NODE_OF[n]]
+            a_node = norm(NEXT_REL[n] - PEN[n], [NEXT_REL[m] - PEN[m] for m in peers]) if len(peers) > 1 else 0.0
+            out[n] = norm(z[n], list(z.values())) + a_node + norm(gain[n], list(gain.values()))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["mean_std_norm", "mean_norm"])
+def test_g2po_released_reading_hand_computed(mode):
+    got = compute_advantages(_batch(), AdvantageConfig(estimator="g2po", gamma=0.95, eps=EPS, gigpo_mode=mode,
+                                                       episode_norm=mode))
+    got = dict(zip(NAMES, got.advantages.tolist()))
+    _check(got, _g2po_released_want(mode))
+    # one row in full: b1t0 = A^E (10 - 6) / stdev(10, 10, 10, 0, 0) + node (10 in hall's [10, 7.00625, 10, 0])
+    #   + edge (10 - 7.00625 among the gains [2.99375, 0, 2.99375, -7.00625, 0])
+    b1 = (_z(10.0, [10.0, 10.0, 10.0, 0.0, 0.0]) + _z(10.0, [10.0, 28.025 / 4, 10.0, 0.0])
+          + _z(10.0 - 28.025 / 4, [10.0 - 28.025 / 4, 0.0, 10.0 - 28.025 / 4, -28.025 / 4, 0.0]))
+    if mode == "mean_std_norm":
+        assert got["b1t0"] == pytest.approx(b1, rel=1e-9)
+        for name, value in RELEASED_CODE.items():  # the released code's float32 arithmetic: 1e-5
+            assert got[name] == pytest.approx(value, abs=1e-5), name
+
+
+def test_g2po_text_reading_is_not_the_released_code():
+    # the project's first reading differs from the code on this group: penalty inside G, td edge error,
+    # episode term over trajectories (a1t0: 1.742 there against the code's 1.908)
+    text = compute_advantages(_batch(), AdvantageConfig(estimator="g2po", gamma=0.95, g2po_reading="text")).advantages
+    assert abs(text[0] - RELEASED_CODE["a1t0"]) > 0.1
+
 
 def _pool(pool: list[float], sigma2: float, m0: float = 2.0) -> tuple[float, float]:
     """Spec (3) for one pool: (mu_d, e_d) with s2~ = ((n-1) s2 + m0 sigma2_u)/(n-1+m0), e = s2~/n."""

@@ -35,6 +35,7 @@ CONFIGS = [
     ("grpo mean_norm", dict(estimator="grpo", episode_norm="mean_norm"), 1),
     ("gigpo mean_norm", dict(estimator="gigpo", episode_norm="mean_norm", gigpo_mode="mean_norm"), 1),
     ("progpo", dict(estimator="progpo"), 0),
+    ("pgpo", dict(config_from_preset("pgpo").__dict__), 0),
     ("progpo candidate", dict(config_from_preset("candidate").__dict__), 0),
     ("progpo loo", dict(estimator="progpo", potential_pool="loo"), 0),
     ("progpo ivw_bias depths=3", dict(estimator="progpo", fusion="ivw_bias", depths=3), 0),

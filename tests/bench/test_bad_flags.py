@@ -37,3 +37,6 @@ def test_speed_bench_rows_are_the_published_estimators():
         assert rows[name] == AdvantageConfig(estimator=name, max_steps=50), name
         assert rows[name].zero_signal == "off"
     assert rows["hgpo"].depths == 2 and rows["progpo"].depths == 0
+    # the peers' rows time their paper's settings
+    assert (rows["crbc"].crbc_beta, rows["crbc"].omega, rows["graft"].graft_gamma, rows["pgpo"].estimator) == (
+        0.98, 5.0, 0.99, "pgpo")

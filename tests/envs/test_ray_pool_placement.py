@@ -5,13 +5,17 @@ bundle of ``{GPU: 1, CPU: 1}`` (colocated with the policy and reference actors, 
 Our executor builds the env pool inside that engine, so the env actors must escape the group.
 Here a 1-CPU bundle holds an "engine" actor of 0.6 CPU: inside the group only one 0.25-CPU env
 actor would fit; outside it (3 CPUs in the cluster) all four do. Also: actors that cannot be placed
-fail their episodes within the start timeout, the env's own failure kinds cross the actor boundary.
+fail their episodes within the start timeout, the env's own failure kinds cross the actor boundary, and one
+actor's death fails every episode it hosts and starts exactly one replacement.
 Cost: one local Ray cluster (~6 s) and a few actor processes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -21,8 +25,8 @@ from ray.util.placement_group import placement_group, remove_placement_group  # 
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 from progpo.envs.base import EnvDataMissing, EnvNotStarted, EnvUnreachable  # noqa: E402
-from progpo.envs.ray_pool import RayEnvPool  # noqa: E402
-from progpo.testing import PATIENCE_S  # noqa: E402
+from progpo.envs.ray_pool import ActorDied, RayEnvPool  # noqa: E402
+from progpo.testing import PATIENCE_S, JsonHandler  # noqa: E402
 
 CLOSED_URL = "http://127.0.0.1:9"  # discard port: nothing listens there
 
@@ -101,3 +105,65 @@ def test_the_envs_own_failure_kinds_cross_the_actor_boundary(cluster, tmp_path):
 def test_every_call_has_a_finite_timeout(kwargs):
     with pytest.raises(ValueError, match="finite number of seconds"):
         RayEnvPool("webshop", {"base_url": CLOSED_URL}, num_actors=1, **kwargs)
+
+
+VIEW = {"session_id": "s" * 24, "goal_index": 0, "instruction": "buy tea", "observation": "WebShop",
+        "available_actions": {"has_search_bar": True, "clickables": ["search"]}, "url": "/x",
+        "page": "index", "done": False, "reward": 0.0, "steps": 0, "valid": True, "message": ""}
+
+
+@pytest.fixture
+def step_hangs() -> Iterator[tuple[str, threading.Event]]:
+    """A WebShop stand-in: a reset is answered at once, a step is held until the test ends.
+    Yields its URL and an event set when the first step arrived."""
+    arrived, release = threading.Event(), threading.Event()
+
+    class Handler(JsonHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            if self.path.endswith("/step"):
+                arrived.set()
+                release.wait(PATIENCE_S)
+            self.send_json(200, VIEW)
+
+        def do_DELETE(self):
+            self.send_json(200, {})
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", arrived
+    finally:
+        release.set()
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_an_actor_hosting_two_episodes_dies_once_and_is_replaced_once(cluster, step_hangs):
+    """One actor hosts two episodes; it is killed while both step (one step in its env, the other queued on
+    the actor behind it): both fail as died (``ActorDied``, kind ``env_actor_died``) and exactly one
+    replacement starts (its slot's generation 1; a replacement per episode would start generation 2)."""
+    url, arrived = step_hangs
+
+    async def run():
+        pool = RayEnvPool("webshop", {"base_url": url}, num_actors=1, episodes_per_actor=2)
+        try:
+            for e in ("a", "b"):
+                await asyncio.wait_for(pool.reset(e, split="test", index=0), PATIENCE_S)
+            host = pool.actor_handle("a")
+            assert pool.actor_handle("b")._actor_id == host._actor_id  # noqa: SLF001 - one actor hosts both
+            steps = [asyncio.ensure_future(pool.step(e, "search[tea]")) for e in ("a", "b")]
+            assert await asyncio.to_thread(arrived.wait, PATIENCE_S)  # both sent; a's is in the env
+            ray.kill(host, no_restart=True)
+            failed = await asyncio.wait_for(asyncio.gather(*steps, return_exceptions=True), PATIENCE_S)
+            prefix = pool.actor_name(0, 0)[: -len("g0")]
+            names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                     if a["name"].startswith(prefix)}
+            return failed, pool.actors_replaced, names, prefix
+        finally:
+            await pool.close()
+
+    failed, replaced, names, prefix = asyncio.run(run())
+    assert [type(f) for f in failed] == [ActorDied, ActorDied], failed
+    assert all(f.kind == "env_actor_died" and "died" in str(f) for f in failed)
+    assert replaced == 1 and names == {prefix + "g1"}

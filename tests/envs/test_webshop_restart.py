@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import socket
 import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from progpo.envs.base import EnvFailure, EnvUnreachable
 from progpo.envs.http_pool import AsyncWebShopPool
 from progpo.envs.webshop import WebShopEnv
-from progpo.testing import PATIENCE_S
+from progpo.testing import PATIENCE_S, JsonHandler
 
 WAITING_S = 0.5  # a reset that gave up at once would have raised within this
 
@@ -59,36 +58,25 @@ class SessionServer:
         sessions: set[str] = set()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output quiet
-                pass
-
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JsonHandler):
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path == "/api/sessions":
                     sid = uuid.uuid4().hex
                     sessions.add(sid)
-                    return self._send(201, _view(sid))
+                    return self.send_json(201, _view(sid))
                 sid = self.path.split("/")[3]
                 if outer.die_mid_step:  # what a server killed while serving the request leaves the client
                     outer.steps_cut += 1
                     self.close_connection = True
                     return None
                 if sid not in sessions:  # what the real server answers (envs/webshop_server/app.py)
-                    return self._send(404, {"error": f"unknown or expired session id {sid!r}"})
-                self._send(200, _view(sid))
+                    return self.send_json(404, {"error": f"unknown or expired session id {sid!r}"})
+                self.send_json(200, _view(sid))
 
             def do_DELETE(self):
                 sessions.discard(self.path.split("/")[3])
-                self._send(200, {})
+                self.send_json(200, {})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

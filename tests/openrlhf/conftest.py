@@ -16,3 +16,39 @@ def cpu_compat():
     from progpo.openrlhf import cpu as cpu_compat
 
     return cpu_compat
+
+
+@pytest.fixture
+def train_ray_stopped_by(cpu_compat, monkeypatch, tmp_path):
+    """``run(cause, *flags) -> exit status``: ``python -m progpo.cli.train_ray``'s ``main`` on a small CPU job
+    whose trainer actor raised ``cause``, as the driver sees it (``ray.get`` re-raises a ``RayTaskError`` that is
+    also an instance of the cause's class); no Ray head, no CPU stand-ins, no training."""
+    import ray.exceptions
+
+    from progpo.openrlhf import cpu, launch
+
+    with cpu_compat.import_shims():
+        from progpo.cli import train_ray
+        from progpo.openrlhf import trainer
+
+    def run(cause: BaseException, *flags: str) -> int:
+        remote = ray.exceptions.RayTaskError("fit", "Traceback (most recent call last):\n  ...\n", cause)
+        remote = remote.as_instanceof_cause()
+        assert isinstance(remote, type(cause))
+
+        def fit(args):
+            raise remote
+
+        monkeypatch.setattr(trainer, "run_openrlhf_main", fit)
+        monkeypatch.setattr(cpu, "install", lambda: None)
+        monkeypatch.setattr(launch, "init_ray", lambda args: False)
+        argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--env.name", "webshop",
+                "--env.url", "http://127.0.0.1:9", "--env.num_tasks", "2", "--rollout.batch_size", "2",
+                "--rollout.n_samples_per_prompt", "4", "--rollout.micro_batch_size", "4", "--train.batch_size", "8",
+                "--train.micro_batch_size", "2", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+                "--vllm.num_engines", "1", "--ckpt.path", str(tmp_path / "ckpt"), *flags]
+        with pytest.raises(SystemExit) as exc:
+            train_ray.main(argv)
+        return exc.value.code
+
+    return run

@@ -199,3 +199,104 @@ def test_openrlhf_cpu_engine_parser_sees_what_the_model_wrote(cpu_compat, script
 
     response = asyncio.run(main())
     _check_steps(response[agent.RESPONSE_EPISODE_KEY].steps, tok)
+
+
+# ----- answers stop at the chat template's turn end, where it differs from EOS (issue 44, item 4) -----------
+TURN_ENDS = {  # name: (eos_token, the template's turn end, answer tags registered as special tokens or not)
+    "eos im_end, turn end endoftext": ("<|im_end|>", "<|endoftext|>", False),
+    "eos endoftext, turn end im_end": ("<|endoftext|>", "<|im_end|>", False),
+    "tags special with whitespace": ("<|im_end|>", "<|endoftext|>", True),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(TURN_ENDS))
+def turn_end_folder(request, answer_tokenizers, tmp_path_factory):
+    """The tiny model with a tokenizer whose eos and chat-template turn end differ (the checkpoint's
+    ``generation_config`` eos is the tokenizer's), in one direction or the other; in the third, the answer tags
+    are special tokens that take the whitespace around them (``lstrip``/``rstrip``)."""
+    import copy
+
+    from tokenizers import AddedToken
+    from transformers import AutoModelForCausalLM
+
+    from progpo.agents.parsing import ANSWER_TAGS
+    from progpo.run.tiny_model import CHATML_TEMPLATE, save_model_folder, tiny_model_path
+
+    eos, turn_end, special_tags = TURN_ENDS[request.param]
+    tok = copy.deepcopy(answer_tokenizers["tiny"])
+    if special_tags:
+        tok.add_special_tokens({"additional_special_tokens": [AddedToken(t, lstrip=True, rstrip=True, special=True)
+                                                              for t in ANSWER_TAGS]})
+    tok.eos_token = eos
+    tok.chat_template = CHATML_TEMPLATE.replace("<|im_end|>", turn_end)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
+    model.resize_token_embeddings(len(tok))
+    model.config.eos_token_id = model.generation_config.eos_token_id = tok.eos_token_id
+    return save_model_folder(model, tok, tmp_path_factory.mktemp("turn-end") / request.param.replace(" ", "-"))
+
+
+def _turn_end_script(tok) -> tuple[list[int], list[int]]:
+    """``(script, answer)``: the scripted answer, the template's turn end, then text the model would go on
+    writing (another turn); ``answer`` is what a response must be: the answer and its turn end."""
+    text_ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    turn_end = tok.convert_tokens_to_ids(({"<|im_end|>", "<|endoftext|>"} - {tok.eos_token}).pop())
+    answer = text_ids(SCRIPTED_ANSWER) + [turn_end]
+    return answer + text_ids("\n<|im_start|>user\ngo on, look again and again"), answer
+
+
+def _check_stopped_at_turn_end(steps, tok, answer) -> None:
+    assert [s.finish_reason for s in steps] == ["stop"] * 3  # before: "length", every answer ran to the limit
+    assert [s.response_ids for s in steps] == [answer] * 3
+    assert [s.response_text for s in steps] == [SCRIPTED_ANSWER] * 3
+    assert [s.action for s in steps] == ["look"] * 3 and not any(s.format_invalid for s in steps)
+
+
+def test_local_backend_stops_at_the_template_turn_end(turn_end_folder):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from progpo.run.generation import HFGenerator
+
+    tok = AutoTokenizer.from_pretrained(str(turn_end_folder))
+    script, answer = _turn_end_script(tok)
+    gen = HFGenerator(ScriptedLM(AutoModelForCausalLM.from_pretrained(str(turn_end_folder)), script), tok, seed=0)
+    cfg = EpisodeConfig(env=EnvSettings(name="alfworld", max_steps=3), rollout=RolloutSettings(max_prompt_tokens=1024 - 64),
+                        sampling=SamplingParams(max_new_tokens=64))
+    (ep,) = asyncio.run(run_episodes([("train", 0)], cfg, env_pool=LocalEnvPool(RoomEnv, max_envs=1), generate=gen,
+                                     tokenizer=tok))
+    _check_stopped_at_turn_end(ep.steps, tok, answer)
+
+
+def test_openrlhf_requests_carry_the_turn_end_and_the_cpu_engine_stops_there(cpu_compat, turn_end_folder):
+    """The executor sends the tokenizer's stop set as ``stop_token_ids`` on every vLLM request (vLLM stops at EOS
+    only), and the CPU engine honours a request's ``stop_token_ids``: here its own stop set is EOS alone."""
+    from transformers import AutoTokenizer
+
+    with cpu_compat.import_shims():
+        from progpo.openrlhf import agent
+        from progpo.openrlhf.cpu import engine as cpu_engine
+
+        params = cpu_compat.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=64, logprobs=1)
+    tok = AutoTokenizer.from_pretrained(str(turn_end_folder))
+    script, answer = _turn_end_script(tok)
+    sent = []
+
+    async def main():
+        cls = cpu_engine.CPURolloutActor.__ray_actor_class__
+        eng = cls.__new__(cls)
+        await eng.__init__(str(turn_end_folder), seed=3, dtype="fp32", max_model_len=1024)
+        eng.generator.model = ScriptedLM(eng.model, script)
+        eng.generator.eos_ids = [tok.eos_token_id]  # the engine alone would not stop at the turn end
+        generate = eng.generate
+
+        async def recording(prompt_token_ids, sampling_params, multi_modal_data=None):
+            sent.append(list(sampling_params.stop_token_ids))
+            return await generate(prompt_token_ids, sampling_params, multi_modal_data)
+
+        eng.generate = recording
+        executor = agent.AgentExecutor(agent.AgentConfig(env=EnvSettings(name="alfworld", pool="local", max_steps=3)),
+                                       env_pool=LocalEnvPool(RoomEnv, max_envs=1))
+        return await executor.execute(json.dumps({"split": "train", "index": 0}), "train:0", params, 1024, tok, eng)
+
+    response = asyncio.run(main())
+    assert sent == [sorted({tok.eos_token_id, answer[-1]})] * 3
+    _check_stopped_at_turn_end(response[agent.RESPONSE_EPISODE_KEY].steps, tok, answer)

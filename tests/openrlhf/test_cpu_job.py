@@ -288,6 +288,7 @@ def test_losses_finite_and_metrics_reach_tensorboard(progpo_job, start_model):
     for tag in ("train/env/success_rate", "train/rollout/num_steps", "train/adv/step_advantage",
                 "train/timing/broadcast", "train/rollout/truncated_response_frac", "train/response_clip_ratio"):
         assert len(tb[tag]) == 2, tag
+    assert list(tb["train/loss/update_skipped_nonfinite"]) == [0.0, 0.0]  # every step applied (progpo.run.divergence)
     # share of responses cut at the token limit: every row whose response does not end in EOS
     from transformers import AutoTokenizer
 

@@ -32,7 +32,7 @@ def _episode(uid: str, traj: int, rewards: list[float], index: int) -> Episode:
     return ep
 
 
-def _args(rounds, batch_size=2, n=2):
+def _args(rounds, batch_size=2, n=2, advantage=None):
     return SimpleNamespace(
         rollout=SimpleNamespace(batch_size=batch_size, n_samples_per_prompt=n, vllm_generate_batch_size=None,
                                 micro_batch_size=1),
@@ -42,13 +42,15 @@ def _args(rounds, batch_size=2, n=2):
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1), ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
         ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
         vllm=SimpleNamespace(enable_sleep=False), progpo=RayRun(settings=RayArgs(rollout=RolloutSettings(
-            dynamic_sampling=rounds is not None, dynamic_sampling_max_rounds=2 if rounds is None else rounds))),
+            dynamic_sampling=rounds is not None, dynamic_sampling_max_rounds=2 if rounds is None else rounds)),
+            advantage=advantage),
     )
 
 
-def _generator(mods, args, signal: set[int], prompts: int, failed: bool = False):
+def _generator(mods, args, signal: set[int], prompts: int, failed: bool = False, rewards=None):
     """A generator whose engines play prompt ``k`` twice: returns (1, 0) if ``k`` in ``signal``, else (0, 0);
-    with ``failed`` every episode failed (env unreachable) instead."""
+    with ``failed`` every episode failed (env unreachable) instead. ``rewards``: the step rewards of every
+    episode of a prompt instead (one list per episode)."""
     gen = mods.samples.StepSamplesGenerator(
         strategy=SimpleNamespace(args=args), prompts_dataloader=[[k] for k in range(prompts)], eval_dataloader=None,
         tokenizer=SimpleNamespace(eos_token_id=EOS, pad_token_id=0), vllm_engines=[])
@@ -64,8 +66,9 @@ def _generator(mods, args, signal: set[int], prompts: int, failed: bool = False)
                 exhausted = True
                 break
             consumed += 1
-            for j, r in enumerate((1.0, 0.0) if k in signal else (0.0, 0.0)):
-                ep = _episode(f"train:{k}", 2 * k + j, [0.0, r], k)
+            played = rewards or [[0.0, r] for r in ((1.0, 0.0) if k in signal else (0.0, 0.0))]
+            for j, steps in enumerate(played):
+                ep = _episode(f"train:{k}", len(played) * k + j, steps, k)
                 if failed:
                     ep.steps.clear()
                     ep.failed, ep.failure_kind, ep.failure_message = True, "env_unreachable", "refused"
@@ -122,6 +125,46 @@ def test_off_keeps_every_group(mods):
     rows, _, consumed, _ = gen.generate_samples(max_len=64)
     assert len(rows) == 8 and asked == [2] and consumed == 2
     assert not any(k.startswith("rollout/dynamic_") for k in gen.last_stats)
+
+
+# Every episode returns R = -0.1; the penalty falls at step 0 in two of them and at step 1 in the other two, so
+# with gamma 0.95 their discounted returns differ: G_0 = -0.1 and 0.95 x -0.1 = -0.095 (hand values).
+TIMING_ONLY = [[-0.1, 0.0], [0.0, -0.1], [-0.1, 0.0], [0.0, -0.1]]
+
+
+def test_signal_blocks_judge_a_group_on_its_discounted_return(mods):
+    """``_signal_blocks`` with gamma 0.95 keeps a group whose returns differ only in timing (4 kept, 0 dropped);
+    on the episode return (gamma None, OpenRLHF's own estimators) the same group is flat and dropped."""
+    from progpo.run.dynamic_sampling import DynamicSamplingStats, signal_return
+
+    gen, _ = _generator(mods, _args(rounds=1, batch_size=1, n=4), signal=set(), prompts=1, rewards=TIMING_ONLY)
+    block, _, _ = gen._generate_vllm(iter(gen.prompts_dataloader), 1, False)
+    episodes = [getattr(e, mods.samples.EPISODE_ATTR) for e in block]
+    assert [signal_return(ep) for ep in episodes] == pytest.approx([-0.1] * 4)
+    assert [signal_return(ep, 0.95) for ep in episodes] == pytest.approx([-0.1, -0.095, -0.1, -0.095], abs=1e-12)
+    stats = DynamicSamplingStats()
+    kept = mods.samples.StepSamplesGenerator._signal_blocks(block, 4, stats, 0.95)
+    assert kept == block and (stats.drawn_groups, stats.dropped_groups) == (1, 0)
+    flat = DynamicSamplingStats()
+    assert mods.samples.StepSamplesGenerator._signal_blocks(block, 4, flat, None) == []
+    assert (flat.drawn_groups, flat.dropped_groups) == (1, 1)
+
+
+def test_a_progpo_run_keeps_a_group_whose_returns_differ_only_in_timing(mods):
+    """The generator takes gamma from the run's ProGPO settings (``signal_discount``: the discounted return is
+    the one ProGPO's default judges "no return signal" on): the timing-only group is kept, nothing redrawn."""
+    from progpo.advantages import AdvantageConfig
+
+    args = _args(rounds=2, batch_size=1, n=4, advantage=AdvantageConfig(estimator="progpo", max_steps=2))
+    gen, asked = _generator(mods, args, signal=set(), prompts=10, rewards=TIMING_ONLY)
+    rows, _, consumed, _ = gen.generate_samples(max_len=64)
+    assert asked == [1] and consumed == 1 and _prompts(rows) == ["p0"] * 8  # 4 episodes x 2 steps
+    s = gen.last_stats
+    assert (s["rollout/dynamic_kept_groups"], s["rollout/dynamic_dropped_groups"], s["rollout/dynamic_rounds"]) == (
+        1.0, 0.0, 0.0)
+    gen, asked = _generator(mods, _args(rounds=2, batch_size=1, n=4, advantage=AdvantageConfig(
+        estimator="grpo", max_steps=2)), signal=set(), prompts=10, rewards=TIMING_ONLY)
+    assert gen.generate_samples(max_len=64)[0] == [] and asked == [1, 1, 1]  # GRPO judges on R: flat, redrawn
 
 
 # ---- the flag on train_ray ---------------------------------------------------------------------------

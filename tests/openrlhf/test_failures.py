@@ -148,32 +148,12 @@ def test_generator_counts_failures_by_kind_and_stops_on_the_threshold(mods):
         gen.expand(samples(["", "", "env_data_missing", "env_data_missing"]), n_samples_per_prompt=4, max_len=64)
 
 
-def test_train_ray_turns_the_failure_into_one_line_and_exit_3(mods, monkeypatch, capsys, tmp_path):
+def test_train_ray_turns_the_failure_into_one_line_and_exit_3(mods, train_ray_stopped_by, capsys):
     """What ``ray.get`` raises in the driver when the trainer actor raised RolloutFailed: a RayTaskError
     that is also a RolloutFailed; ``main`` prints one line and exits 3, nothing else runs."""
-    import ray.exceptions
-
-    from progpo.openrlhf import cpu, launch
-
     cause = mods.failures.RolloutFailed("rollout batch 1: 8 of 8 episodes failed (--env.max_failed_frac 0.5); "
                                         "cause: env_unreachable (8 of 8 failed): WebShop server at http://127.0.0.1:9 "
                                         "unreachable")
-    remote = ray.exceptions.RayTaskError("fit", "Traceback (most recent call last):\n  ...\n", cause).as_instanceof_cause()
-    assert isinstance(remote, mods.failures.RolloutFailed)
-
-    def fit(args):
-        raise remote
-
-    monkeypatch.setattr(mods.trainer, "run_openrlhf_main", fit)
-    monkeypatch.setattr(cpu, "install", lambda: None)
-    monkeypatch.setattr(launch, "init_ray", lambda args: False)
-    argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--env.name", "webshop", "--env.url",
-            "http://127.0.0.1:9", "--env.num_tasks", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt",
-            "4", "--rollout.micro_batch_size", "4", "--train.batch_size", "8", "--train.micro_batch_size", "2",
-            "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
-            "--ckpt.path", str(tmp_path / "ckpt")]
-    with pytest.raises(SystemExit) as exc:
-        mods.train_ray.main(argv)
-    assert exc.value.code == mods.failures.EXIT_ROLLOUT_FAILED == 3
+    assert train_ray_stopped_by(cause) == mods.failures.EXIT_ROLLOUT_FAILED == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"python -m progpo.cli.train_ray: error: {cause}"]

@@ -91,17 +91,24 @@ def test_cpu_values_refused_before_ray_starts(cli, capsys, tmp_path, argv, says)
     assert blocker.read_text() == "keep me"
 
 
-def test_a_tokenizer_that_breaks_the_answer_format_exits_before_ray(cli, capsys, tmp_path, uncased_model, monkeypatch):
+@pytest.mark.parametrize("model, says, fix", [
+    ("uncased_model", "the answer '<think>", "tokenizer.add_tokens"),
+    # issue 44: a turn end in plain text leaves the stop set no token to stop an answer at
+    ("plain_turn_end_model", "the chat template ends an assistant turn with '###'", "tokenizer.add_special_tokens"),
+])
+def test_a_tokenizer_that_breaks_the_answer_format_exits_before_ray(cli, capsys, tmp_path, monkeypatch, request, model,
+                                                                    says, fix):
     """The start-up check of both backends (``progpo.run.answer_format``, tests/run/test_answer_format.py) runs
     in ``train_ray`` before Ray starts: exit 2, one line naming the flag, the model and what to change."""
     from progpo.openrlhf import cpu
 
     def never(*_args):
-        raise AssertionError("Ray started with a tokenizer that cannot write the answer tags")
+        raise AssertionError("Ray started with a tokenizer that breaks the answer format")
 
+    folder = request.getfixturevalue(model)
     monkeypatch.setattr(cpu, "install", lambda: None)  # its torch changes are for Ray workers
     monkeypatch.setattr(cli.launch, "init_ray", never)
-    argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", str(uncased_model), "--env.name", "alfworld_like",
+    argv = ["--rollout.backend", "hf", "--actor.model_name_or_path", str(folder), "--env.name", "alfworld_like",
             "--env.num_tasks", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
             "--rollout.micro_batch_size", "4", "--train.batch_size", "8", "--train.micro_batch_size", "2",
             "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
@@ -111,5 +118,5 @@ def test_a_tokenizer_that_breaks_the_answer_format_exits_before_ray(cli, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2
     assert err[0].startswith(f"python -m progpo.cli.train_ray: error: argument --actor.model_name_or_path "
-                             f"{uncased_model}: the answer '<think>")
-    assert "tokenizer.add_tokens" in err[0] and err[1].startswith("  hint: ")
+                             f"{folder}: {says}")
+    assert fix in err[0] and err[1].startswith("  hint: ")

@@ -77,11 +77,10 @@ def test_openrlhf_template_field_does_not_reach_the_request(agent_mod, cpu_compa
     assert g.logprobs == [-0.5, -0.1]
 
 
-def test_local_vllm_generator_pins_fields_and_ignores_checkpoint_defaults(monkeypatch):
-    """``--rollout.backend vllm``: every request carries the neutral fields; the engine ignores
-    ``generation_config.json`` and reports temperature-scaled (processed) log-probs."""
-    from progpo.trainer.rollout_backend import VLLMGenerator
-
+@pytest.fixture
+def fake_vllm(monkeypatch) -> dict:
+    """A recording ``vllm`` module: ``calls["engine"]`` the ``LLM`` keyword arguments, ``calls["params"]`` the
+    last ``generate``'s sampling parameters (dicts); every answer runs to its ``max_tokens``."""
     calls = {}
 
     class LLM:
@@ -106,13 +105,40 @@ def test_local_vllm_generator_pins_fields_and_ignores_checkpoint_defaults(monkey
     fake_inputs.TokensPrompt = dict
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setitem(sys.modules, "vllm.inputs", fake_inputs)
+    return calls
 
-    gen = VLLMGenerator("/no/model", seed=3)
+
+def test_local_vllm_generator_pins_fields_and_ignores_checkpoint_defaults(fake_vllm):
+    """``--rollout.backend vllm``: every request carries the neutral fields; the engine ignores
+    ``generation_config.json`` and reports temperature-scaled (processed) log-probs."""
+    from progpo.trainer.rollout_backend import VLLMGenerator
+
+    calls = fake_vllm
+    gen = VLLMGenerator("/no/model", seed=3, stop_token_ids=(7, 5))
     assert calls["engine"]["generation_config"] == "vllm"
     assert calls["engine"]["logprobs_mode"] == "processed_logprobs"
-    g = asyncio.run(gen([1, 2], SamplingParams(temperature=0.8, max_new_tokens=5)))
+    g = asyncio.run(gen([1, 2], SamplingParams(temperature=0.8, max_new_tokens=5, stop_token_ids=(6,))))
     (sent,) = calls["params"]
     for name, value in VLLM_NEUTRAL_SAMPLING.items():
         assert sent[name] == value, name
     assert (sent["temperature"], sent["max_tokens"], sent["seed"], sent["logprobs"]) == (0.8, 5, 3, 0)
+    assert sent["stop_token_ids"] == [5, 6, 7]  # the generator's stop set and the request's own
     assert g.finish_reason == "length" and g.logprobs == [-1.0] * 5
+
+
+def test_local_vllm_backend_stops_at_the_chat_template_turn_end(fake_vllm, answer_tokenizers):
+    """Issue 44: the engine stops at the tokenizer's EOS only (and ignores ``generation_config.json``), so
+    ``make_generator`` hands it the actor's stop set: EOS, the checkpoint's EOS and the template's turn end."""
+    import copy
+
+    from progpo.run.tiny_model import CHATML_TEMPLATE
+    from progpo.trainer.rollout_backend import make_generator
+
+    tok = copy.deepcopy(answer_tokenizers["tiny"])
+    tok.chat_template = CHATML_TEMPLATE.replace("<|im_end|>", "<|endoftext|>")  # eos stays <|im_end|>
+    im_start, im_end, endoftext = (tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+    actor = SimpleNamespace(cfg=SimpleNamespace(actor=SimpleNamespace(model_name_or_path="/no/model")), tokenizer=tok,
+                            model=SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[im_start])))
+    gen = make_generator(SimpleNamespace(backend="vllm"), actor, seed=1)
+    asyncio.run(gen([1, 2], SamplingParams(max_new_tokens=3)))
+    assert fake_vllm["params"][0]["stop_token_ids"] == sorted({im_end, endoftext, im_start})

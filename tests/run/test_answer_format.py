@@ -70,13 +70,29 @@ def test_the_model_folder_is_loaded_and_checked(tmp_path, answer_tokenizers, unc
         check_model_answer_format(str(tmp_path / "none"), "webshop")
 
 
-def test_local_train_refuses_it_at_start_up_in_one_line(tmp_path, uncased_model, capsys):
+@pytest.mark.parametrize("model, says", [("uncased_model", "the answer "),
+                                         ("plain_turn_end_model", "the chat template ends an assistant turn with '###'")])
+def test_local_train_refuses_it_at_start_up_in_one_line(tmp_path, capsys, request, model, says):
     """``python -m progpo.cli.train``: exit 2 before any env, service or model starts."""
     from progpo.cli.train import main
 
-    rc = main(["--actor.model_name_or_path", str(uncased_model), "--env.name", "alfworld_like",
+    folder = request.getfixturevalue(model)
+    rc = main(["--actor.model_name_or_path", str(folder), "--env.name", "alfworld_like",
                "--ckpt.path", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
-    assert len(err) == 1 and err[0].startswith(f"error: {FLAG} {uncased_model}: the answer ")
+    assert len(err) == 1 and err[0].startswith(f"error: {FLAG} {folder}: {says}")
     assert not (tmp_path / "run" / "config.json").exists()  # the actor was never built
+
+
+def test_a_chat_template_whose_turn_end_cannot_be_stopped_at_is_refused(plain_turn_end_model):
+    """Issue 44: the stop set holds the template's turn end (``progpo.agents.stop_tokens``); a turn end in plain
+    text (no registered token) has none to stop at, so every answer would run to the token limit."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(plain_turn_end_model))
+    with pytest.raises(ValueError) as err:
+        check_answer_format(tok, "alfworld", model="m")
+    msg = str(err.value)
+    assert msg.startswith(f"{FLAG} m: the chat template ends an assistant turn with '###'") and "\n" not in msg
+    assert "Set tokenizer.chat_template" in msg and "tokenizer.add_special_tokens" in msg

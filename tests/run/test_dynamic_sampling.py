@@ -180,6 +180,44 @@ def test_local_loop_draws_new_groups_until_the_batch_is_full(tmp_path):
     assert m["rollout/flat_group_frac"] == 0.5 and m["rollout/num_episodes"] == 8
 
 
+def _timing_only_play(calls: list):
+    """``Trainer._play`` stand-in: two-step episodes that all return -0.1, the penalty at step 0 in a task's
+    first episode and at step 1 in its second (G_0 = -0.1 and -0.095 with gamma 0.95)."""
+
+    def play(tasks, sampling, traj_id_start, loop):
+        calls.append([t.index for t in tasks])
+        out = []
+        for t in tasks:
+            for j, path in enumerate(([("s", "x", -0.1), ("v", "y", 0.0)], [("s", "w", 0.0), ("v", "y", -0.1)])):
+                ep = _episode(t.group_uid, traj_id_start + len(out), path)
+                ep.task_index = t.index
+                out.append(ep)
+        return out
+
+    return play
+
+
+def test_local_loop_keeps_groups_whose_returns_differ_only_in_timing(tmp_path):
+    """ProGPO (the default estimator) judges signal on G_0: both groups are kept, 4 episodes, 0 dropped, no
+    extra draw. GRPO judges on R = -0.1 for all: both groups are flat, dropped and drawn again."""
+    trainer = _trainer(tmp_path, "--rollout.dynamic_sampling", "true", "--rollout.dynamic_sampling_max_rounds", "2")
+    assert signal_discount(trainer.cfg.progpo) == 0.95
+    calls: list = []
+    trainer._play = _timing_only_play(calls)
+    roll = trainer.rollout(1, loop=None)
+    assert len(calls) == 1 and len(roll.training) == 4 and roll.training == roll.episodes
+    assert [signal_return(ep, 0.95) for ep in roll.training] == pytest.approx([-0.1, -0.095] * 2, abs=1e-12)
+    m = roll.metrics
+    assert (m["rollout/dynamic_kept_groups"], m["rollout/dynamic_dropped_groups"], m["rollout/dynamic_rounds"]) == (
+        2.0, 0.0, 0.0)
+    grpo = _trainer(tmp_path / "grpo", "--rollout.dynamic_sampling", "true", "--rollout.dynamic_sampling_max_rounds",
+                    "2", "--advantage_estimator", "grpo")
+    calls = []
+    grpo._play = _timing_only_play(calls)
+    roll = grpo.rollout(1, loop=None)
+    assert len(calls) == 3 and roll.training == [] and roll.metrics["rollout/dynamic_dropped_groups"] == 6.0
+
+
 def test_local_loop_stops_at_the_round_cap_and_off_by_default(tmp_path):
     trainer = _trainer(tmp_path, "--rollout.dynamic_sampling", "true", "--rollout.dynamic_sampling_max_rounds", "1")
     calls: list = []

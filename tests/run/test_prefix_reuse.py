@@ -144,6 +144,28 @@ def test_random_prompt_sets_sample_the_same_with_and_without_reuse(model_and_tok
     _both(model, tok, [[t * 50 for t in p] for p in _build(spec)], max_new_tokens=4)
 
 
+def test_the_same_suffix_after_two_task_prefixes_continues_its_own_prefix(model_and_tok):
+    """Two tasks' rollouts whose last turns end alike: ``[7]`` and ``[8, 9]`` follow both ``x`` and ``y``. The
+    plan cuts every row after its task text (12 tokens) and then at its end, so the second pass holds the
+    segment ``[7]`` twice, once after each prefix: each row must continue the cache of its own prefix.
+    Each row's samples and log-probs equal those of its own full prefill, alone in its batch, within 1e-6
+    (a row continuing the other task's cache is off by about 0.1)."""
+    model, tok = model_and_tok
+    x, y = list(range(200, 210)), list(range(300, 310))
+    prompts = [[1, 2] + x + [7], [1, 2] + x + [8, 9], [1, 2] + y + [7], [1, 2] + y + [8, 9]]
+    assert prefix_plan(prompts) == [[12] * 4, [13, 14, 13, 14]]
+    sp = [SamplingParams(max_new_tokens=6, seed=700 + k) for k in range(4)]
+    reuse = HFGenerator(model, tok)
+    got = reuse.generate_batch(prompts, sp, [s.seed for s in sp])
+    for p, s, g in zip(prompts, sp, got):
+        (alone,) = HFGenerator(model, tok, share_prefill=False, reuse_prefix=False).generate_batch([p], [s], [s.seed])
+        assert g.token_ids == alone.token_ids
+        # 1e-6 relative: one float32 ulp of these ~-8.5 log-probs is 9.5e-7 (measured: 0 or 1 ulp apart)
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(alone.logprobs), rtol=1e-6, atol=1e-6)
+    # x and y once each (12 tokens), then [7] and [8, 9] once after each of them
+    assert reuse.stats["prefill_passes"] == 2 and reuse.stats["prompt_tokens"] == 2 * 12 + 2 * (1 + 2)
+
+
 def test_work_counters_count_a_shared_prefix_once(model_and_tok):
     model, tok = model_and_tok
     prompts = [HEAD + [30, 31], HEAD + [40], HEAD + [50, 51, 52]]

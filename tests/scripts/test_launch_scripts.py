@@ -64,15 +64,42 @@ def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
+#: Where a paper's own protocol differs from GiGPO's: PGPO App. B.3 (WebShop 30 steps, 4096 prompt tokens),
+#: CRBC App. C.3 / Table 5 (150 updates, WebShop 5120 prompt tokens); with the paper's preset.
+PAPER_PROTOCOLS = {
+    ("pgpo", "alfworld"): {"--progpo.preset": "pgpo", "--rollout.max_prompt_tokens": "4096"},
+    ("pgpo", "webshop"): {"--progpo.preset": "pgpo", "--env.max_steps": "30", "--rollout.max_prompt_tokens": "4096"},
+    ("crbc", "alfworld"): {"--progpo.preset": "crbc", "--train.num_iterations": "150"},
+    ("crbc", "webshop"): {"--progpo.preset": "crbc", "--train.num_iterations": "150",
+                          "--rollout.max_prompt_tokens": "5120"},
+    ("graft", "alfworld"): {"--progpo.preset": "graft"},
+    ("graft", "webshop"): {"--progpo.preset": "graft_webshop"},
+}
+
+
+def test_every_paper_estimator_has_its_protocol_scripts():
+    from progpo.advantages.config import PRESET_ESTIMATOR
+
+    names = {p.name for p in TRAIN}
+    for est in set(PRESET_ESTIMATOR.values()):
+        for env in ("webshop", "alfworld"):
+            assert f"train_{est}_{env}.sh" in names and (est.value, env) in PAPER_PROTOCOLS
+
+
 @pytest.mark.parametrize("script", GPU_TRAIN, ids=lambda p: p.name)
 def test_train_scripts_pass_the_gigpo_protocol(script):
     argv = _dry_run(script)
     assert argv[:3] == ["python3", "-m", "progpo.cli.train_ray"]
     est, env = script.stem.split("_")[1:3]
+    paper = PAPER_PROTOCOLS.get((est, env), {})
     assert _flag(argv, "--advantage_estimator") == est and _flag(argv, "--env.name") == env
     assert _flag(argv, "--rollout.batch_size") == "16" and _flag(argv, "--rollout.n_samples_per_prompt") == "8"
     assert _flag(argv, "--env.history_length") == "2"
-    assert _flag(argv, "--env.max_steps") == {"webshop": "15", "alfworld": "50"}[env]
+    gigpo = {"--env.max_steps": {"webshop": "15", "alfworld": "50"}[env], "--train.num_iterations": "160",
+             "--rollout.max_prompt_tokens": "2048"}
+    for name, value in {**gigpo, **paper}.items():
+        assert _flag(argv, name) == value, name
+    assert ("--progpo.preset" in argv) == bool(paper)
     assert _flag(argv, "--actor.adam.lr") == "1e-6" and _flag(argv, "--algo.kl.init_coef") == "0.01"
     assert "--algo.kl.use_loss" in argv and _flag(argv, "--ds.zero_stage") == "3"
     model = _flag(argv, "--actor.model_name_or_path")
@@ -314,6 +341,19 @@ def test_a_tp_the_gpus_cannot_take_stops_the_script_in_one_line(tp):
     assert res.returncode == 2 and res.stdout == ""
     (line,) = res.stderr.splitlines()
     assert line.startswith(f"progpo: VLLM_TP={tp}" if tp.isdigit() and tp != "0" else f"progpo: VLLM_TP='{tp}'")
+
+
+def test_an_engine_s_tp_may_span_nodes(openrlhf_main, tmp_path):
+    """``NUM_NODES=2 GPUS_PER_NODE=2 VLLM_TP=4``: 1 engine x TP 4 over both nodes' GPUs. VLLM_TP must divide
+    all the GPUs the engines share (2 x 2 = 4), not a node's (4 does not divide 2); the command passes
+    train_ray's and OpenRLHF's start-up checks."""
+    for script in (SCRIPTS / "train_progpo_webshop.sh", SLURM):
+        argv = _dry_run(script, NUM_NODES="2", GPUS_PER_NODE="2", VLLM_TP="4", OUTPUT_DIR=str(tmp_path / script.stem),
+                        PROGPO_REPO=str(REPO))
+        assert (_flag(argv, "--vllm.num_engines"), _flag(argv, "--vllm.tensor_parallel_size")) == ("1", "4")
+        args = _checked(openrlhf_main, argv)
+        assert (args.actor.num_nodes, args.actor.num_gpus_per_node, args.vllm.num_engines) == (2, 2, 1), script.name
+        assert args.vllm.tensor_parallel_size == 4 and args.train.colocate_all, script.name
 
 
 @pytest.mark.parametrize("dry", ["1", "0"])

@@ -133,6 +133,26 @@ def test_preset_then_flags():
     assert config_from_args(["--progpo.preset", "default"]).progpo == config_from_args([]).progpo
 
 
+def test_peer_paper_presets_on_the_cli(capsys):
+    from progpo.cli.train import main
+
+    crbc = config_from_args(["--advantage_estimator", "crbc", "--progpo.preset", "crbc"]).progpo
+    assert (crbc.crbc_beta, crbc.omega, crbc.beta_episode, crbc.crbc_sigma_min) == (0.98, 5.0, 1.0, 0.1)
+    graft = config_from_args(["--advantage_estimator", "graft", "--progpo.preset", "graft_webshop"]).progpo
+    assert (graft.graft_gamma, graft.graft_lambda) == (0.99, 0.8)
+    pgpo = config_from_args(["--advantage_estimator", "pgpo", "--progpo.preset", "pgpo"]).progpo
+    assert (pgpo.gamma, pgpo.pgpo_alpha, pgpo.pgpo_beta, pgpo.pgpo_gamma) == (0.95, 2.0, 1.0, 1.0)
+    # CRBC and GRAFT key anchor states on observation + state_extra (their environment key / state string),
+    # PGPO on the exact observation; ProGPO's state key stays an option of the baselines (above)
+    assert [config_from_args(["--advantage_estimator", e]).progpo.for_batch(True).state_key
+            for e in ("crbc", "graft", "pgpo")] == ["obs_inventory", "obs_inventory", "obs"]
+    assert config_from_args(["--advantage_estimator", "crbc", "--progpo.state_key", "obs"]).progpo.state_key == "obs"
+    # a paper's preset means nothing for another estimator: one line naming the flag
+    assert main(["--advantage_estimator", "gigpo", "--progpo.preset", "crbc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--progpo.preset: preset 'crbc'" in err[0] and "--advantage_estimator crbc" in err[0]
+
+
 def test_bad_preset_is_one_line_naming_the_flag(capsys):
     from progpo.cli.train import main
 
@@ -144,7 +164,7 @@ def test_bad_preset_is_one_line_naming_the_flag(capsys):
 def test_progpo_default_and_baselines_on_the_cli():
     prog = config_from_args([]).progpo
     assert (prog.estimator, prog.state_key, prog.credit_lambda, prog.zero_signal) == ("progpo", "auto", 0.8, "task")
-    for est in ("gigpo", "hgpo", "grpo", "rloo", "g2po"):
+    for est in ("gigpo", "hgpo", "grpo", "rloo", "g2po", "pgpo"):
         cfg = config_from_args(["--advantage_estimator", est]).progpo
         assert cfg.zero_signal == "off" and cfg.for_batch(True).state_key == "obs"  # as published
         opt = config_from_args(["--advantage_estimator", est, "--progpo.state_key", "obs_inventory",

@@ -91,6 +91,22 @@ def test_stops_at_first_eos_inclusive(model_and_tok):
     assert cut.finish_reason == "stop"
 
 
+def test_a_request_s_stop_token_ids_stop_that_row_only(model_and_tok):
+    """``SamplingParams.stop_token_ids`` (vLLM's; the CPU engine passes a request's on) join the generator's stop
+    set for their own request: the other row of the batch, and the samples before the stop, are unchanged."""
+    model, tok = model_and_tok
+    gen = HFGenerator(model, tok)
+    p = _prompt(tok, "take apple")
+    free = gen.generate_batch([p], [SamplingParams(max_new_tokens=12)], [9])[0].token_ids
+    assert len(free) == 12 and not set(free) & set(gen.eos_ids)
+    stop = free[4]
+    k = free.index(stop)
+    cut, other = gen.generate_batch([p, p], [SamplingParams(max_new_tokens=12, stop_token_ids=(stop,)),
+                                             SamplingParams(max_new_tokens=12)], [9, 9])
+    assert (cut.token_ids, cut.finish_reason) == (free[: k + 1], "stop")
+    assert (other.token_ids, other.finish_reason) == (free, "length")
+
+
 def test_rows_stop_at_their_own_limit(model_and_tok):
     model, tok = model_and_tok
     gen = HFGenerator(model, tok)

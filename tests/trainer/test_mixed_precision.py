@@ -76,3 +76,30 @@ def test_generator_and_trainer_log_probs_agree_under_mixed_precision(tiny_model)
     # left-padded KV-cached decode vs right-padded full pass, both with bf16 matmuls and an fp32 head
     assert m["rollout/ratio_dev_p50"] < 0.02 and m["rollout/ratio_dev_max"] < 0.1, m
     assert m["rollout/ratio_dev_max"] > 0  # bf16 did run (fp32 would agree to ~1e-6)
+
+
+def _autocast_seen(model) -> list[tuple[bool, torch.dtype]]:
+    """``(autocast on, its dtype)`` on CPU at every forward pass of ``model`` (read in the thread that runs it)."""
+    seen: list[tuple[bool, torch.dtype]] = []
+    model.register_forward_pre_hook(lambda *_: seen.append((torch.is_autocast_enabled("cpu"),
+                                                             torch.get_autocast_dtype("cpu"))))
+    return seen
+
+
+@pytest.mark.parametrize("mixed, want", [("bf16", (True, torch.bfloat16)), ("off", (False, None))])
+def test_the_run_s_generator_samples_in_the_actor_s_precision(tiny_model, mixed, want):
+    """``make_generator`` (the generator a run builds) hands the actor's precision to generation: under
+    ``--ds.mixed_precision bf16`` every prefill and decode pass runs under bf16 autocast, as the actor's own
+    forward passes do, not in fp32; with it off, none does."""
+    import asyncio
+
+    from progpo.run.settings import RolloutSettings
+    from progpo.trainer.rollout_backend import make_generator
+
+    actor = _actor(tiny_model, mixed)
+    gen = make_generator(RolloutSettings(), actor)
+    assert gen.precision is actor.precision
+    seen = _autocast_seen(actor.model)
+    out = asyncio.run(gen([5, 6, 7, 8], SamplingParams(temperature=1.0, max_new_tokens=4, seed=3)))
+    assert len(seen) >= len(out.token_ids)  # one prefill, a decode pass per further token
+    assert {(on, dtype if on else None) for on, dtype in seen} == {want}

@@ -13,8 +13,10 @@
 # not a whole number >= 1 stops the script in one line naming it); any extra flag given to a launch script
 # is appended last and wins (argparse keeps the last value).
 #
-# Inputs: ESTIMATOR (progpo|gigpo|grpo|rloo|hgpo), ENV_NAME (a registered env: webshop, alfworld, ...),
-# WEBSHOP_URL (an env with a server: webshop).
+# Inputs: ESTIMATOR (an --advantage_estimator name: progpo, gigpo, grpo, rloo, hgpo, g2po, pgpo, crbc,
+# graft), ENV_NAME (a registered env: webshop, alfworld, ...), WEBSHOP_URL (an env with a server: webshop),
+# PRESET (an AdvantageConfig preset passed as --progpo.preset: a paper's own estimator settings, e.g. crbc;
+# train_{pgpo,crbc,graft}_*.sh set their paper's, with that paper's protocol where it differs from GiGPO's).
 #
 # Batch arithmetic, derived from the ranks (NUM_NODES x GPUS_PER_NODE) so that OpenRLHF's start-up
 # check (tasks x rollouts / rollout micro batch >= ranks) and ProGPO's rank-equal per-step batches
@@ -137,6 +139,9 @@ progpo_train_args() {
   else
     PROGPO_ARGS+=(--actor.gradient_checkpointing_enable --vllm.gpu_memory_utilization "${VLLM_GPU_MEM:-0.5}"
       --vllm.enable_sleep --ds.enable_sleep --train.colocate_all)
+  fi
+  if [ -n "${PRESET:-}" ]; then  # the estimator's settings of a paper (progpo.advantages.config.PRESETS)
+    PROGPO_ARGS+=(--progpo.preset "$PRESET")
   fi
   if [ -n "${TRAIN_SPLIT_SIZE:-}" ]; then  # e.g. 393 train goals of the 87-product WebShop subset
     PROGPO_ARGS+=(--env.split_size "$TRAIN_SPLIT_SIZE")

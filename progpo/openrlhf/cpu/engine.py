@@ -129,7 +129,9 @@ class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
         """One response for ``prompt_token_ids`` under vLLM-style ``sampling_params``.
 
         ``max_tokens=None`` means ``max_model_len - len(prompt)`` (vLLM's default); temperature 0
-        is greedy (a temperature of 1e-6); logprobs are returned when ``sampling_params.logprobs``
+        is greedy (a temperature of 1e-6); a response stops at the generator's stop set (EOS and the chat
+        template's turn end) or at one of ``sampling_params.stop_token_ids`` (kept in the response, as vLLM
+        does); logprobs are returned when ``sampling_params.logprobs``
         is set: ``log softmax(logits / T)`` of each sampled token (the local backend's; equal to
         vLLM's ``processed_logprobs`` at ``top_p = 1``, not renormalised over a smaller nucleus).
 
@@ -149,7 +151,8 @@ class CPURolloutActor(RolloutRayActor.__ray_actor_class__):
             raise ValueError(f"prompt of {len(prompt)} tokens leaves no room in max_model_len={self.max_model_len}")
         sampling = SamplingParams(temperature=max(float(sampling_params.temperature), 1e-6),
                                   top_p=float(sampling_params.top_p), max_new_tokens=int(budget),
-                                  seed=getattr(sampling_params, "seed", None))
+                                  seed=getattr(sampling_params, "seed", None),
+                                  stop_token_ids=tuple(getattr(sampling_params, "stop_token_ids", None) or ()))
         self._in_flight += 1
         try:
             gen = await self.generator(prompt, sampling)

@@ -75,6 +75,7 @@ class SamplingParams:
     allowed_token_ids: list | None = None
     bad_words: list | None = None
     ignore_eos: bool = False
+    stop_token_ids: list | None = None
     skip_special_tokens: bool = True
     logprobs: int | None = None
     seed: int | None = None
