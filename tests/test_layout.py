@@ -15,6 +15,7 @@ from progpo.paths import REPO_ROOT
 
 #: layer of each sub-package: a module may import its own package and lower layers only.
 LAYERS = {
+    "progpo.bounds": -1,  # the declared ranges of number settings: imports nothing, any layer declares them
     "progpo.paths": 0, "progpo.testing": 0, "progpo.advantages": 0,
     "progpo.envs": 1, "progpo.agents": 2, "progpo.run": 3,
     "progpo.trainer": 4, "progpo.openrlhf": 4,

@@ -46,6 +46,12 @@ node_args() {  # explicit free ports (other Ray clusters may run on this machine
     --dashboard-agent-grpc-port "${p[3]}" --runtime-env-agent-port "${p[4]}" --metrics-export-port "${p[5]}" \
     --num-cpus "$CPUS" --num-gpus "$SLOTS" --object-store-memory 300000000
 }
+export ESTIMATOR=${ESTIMATOR:-progpo} ENV_NAME=alfworld DEVICE=cpu COLOCATE=1
+export NUM_NODES=2 GPUS_PER_NODE=$SLOTS ENV_ACTORS_PER_ENGINE=${ENV_ACTORS_PER_ENGINE:-2}
+export RUN_NAME=${RUN_NAME:-dry_run_cluster_cpu}
+progpo_train_args || exit 2
+progpo_check_args "$@" || exit 2  # train_ray's own checks, before the nodes start
+
 mapfile -t PORTS < <(progpo_free_ports 3)
 # shellcheck disable=SC2046
 progpo_ray_start_head "$IP" "${PORTS[0]}" "${PORTS[1]}" "$RAY_TMP" --include-dashboard false \
@@ -56,9 +62,5 @@ progpo_ray_start_worker "$IP:${PORTS[0]}" $(node_args)
 progpo_ray_wait_nodes "$IP:${PORTS[0]}" 2 "${RAY_START_TIMEOUT:-300}"
 
 export RAY_ADDRESS="$IP:${PORTS[0]}"
-export ESTIMATOR=${ESTIMATOR:-progpo} ENV_NAME=alfworld DEVICE=cpu COLOCATE=1
-export NUM_NODES=2 GPUS_PER_NODE=$SLOTS ENV_ACTORS_PER_ENGINE=${ENV_ACTORS_PER_ENGINE:-2}
-export RUN_NAME=${RUN_NAME:-dry_run_cluster_cpu}
-progpo_train_args
 progpo_log "running: python3 -m progpo.cli.train_ray ${PROGPO_ARGS[*]} $*"
 python3 -m progpo.cli.train_ray "${PROGPO_ARGS[@]}" "$@"

@@ -13,6 +13,8 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
+from progpo.bounds import check_fields, number
+
 
 class Estimator(enum.StrEnum):
     """The estimator names, written once (verl's ``AdvantageEstimator`` enum): the registry
@@ -84,32 +86,32 @@ class AdvantageConfig:
     """
 
     estimator: Estimator = Estimator.PROGPO
-    gamma: float = 0.95
-    eps: float = 1e-6
-    omega: float = 1.0
-    beta_episode: float = 1.0
+    gamma: float = number(0.95, "[0, 1]")
+    eps: float = number(1e-6, "> 0")
+    omega: float = number(1.0, "[0, 1e6]")  # advantages are O(1) before weighting: beyond 1e6 only overflows
+    beta_episode: float = number(1.0, "[0, 1e6]")
     episode_norm: NormMode = "mean_std_norm"
     gigpo_mode: NormMode = "mean_std_norm"
     prefix_mode: Literal["prompt", "history"] = "prompt"
-    kappa: float = 8.0
+    kappa: float = number(8.0, "> 0")
     use_peer: bool = True
     use_potential: bool = True
     semantic_expansion: bool = True
     min_peers: int = 2
-    tau: float = 0.90
+    tau: float = number(0.90, "(0, 1]")
     depths: int = -1
-    m0: float = 2.0
-    sigma2_floor_coef: float = 1e-2
+    m0: float = number(2.0, "> 0")
+    sigma2_floor_coef: float = number(1e-2, "> 0")
     sigma2_floor_ref: Literal["batch", "success_reward"] = "batch"
-    success_reward: float = 10.0
+    success_reward: float = number(10.0, "> 0")
     potential_pool: Literal["inclusive", "loo"] = "inclusive"
     fusion: Literal["ivw", "ivw_bias", "none"] = "ivw"
-    eta: float = 1e-6
+    eta: float = number(1e-6, "> 0")
     potential_estimator: Literal["mc", "graph"] = "mc"
     potential_target: Literal["return", "closure"] = "return"
     credit: Literal["transition", "action"] = "transition"
-    credit_lambda: float = 0.8
-    rms_cap: float = 1.0
+    credit_lambda: float = number(0.8, "[0, 1]")
+    rms_cap: float = number(1.0, "[0, 1e6]")  # 0 = off
     zero_signal: Literal["auto", "off", "task", "batch"] = "auto"
     zero_signal_return: Literal["auto", "sum", "discounted"] = "auto"
     timing_scale: Literal["unit", "spread"] = "unit"
@@ -117,13 +119,13 @@ class AdvantageConfig:
     hgpo_alpha: float = 1.0
     g2po_edge: Literal["td", "progress"] = "td"
     g2po_reading: Literal["released", "text"] = "released"
-    pgpo_alpha: float = 2.0
-    pgpo_beta: float = 1.0
-    pgpo_gamma: float = 1.0
-    crbc_beta: float = 0.98
-    crbc_sigma_min: float = 0.1
-    graft_gamma: float = 0.99
-    graft_lambda: float = 0.95
+    pgpo_alpha: float = number(2.0, "[0, 1e6]")
+    pgpo_beta: float = number(1.0, "[0, 1e6]")
+    pgpo_gamma: float = number(1.0, "[0, 1]")
+    crbc_beta: float = number(0.98, "[0, 1]")
+    crbc_sigma_min: float = number(0.1, "(0, 1e6]")
+    graft_gamma: float = number(0.99, "[0, 1]")
+    graft_lambda: float = number(0.95, "[0, 1]")
     max_steps: int = 50
     diagnostics: Literal["full", "basic"] = "full"
 
@@ -150,12 +152,10 @@ class AdvantageConfig:
             value = getattr(self, name)
             if value not in choices:
                 raise ValueError(f"AdvantageConfig.{name} must be one of {list(choices)}, got {value!r}")
+        check_fields(self, lambda name: f"AdvantageConfig.{name}")  # every float: finite, in its declared range
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in ("float", float):
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                    raise ValueError(f"AdvantageConfig.{f.name} must be a finite number, got {value!r}")
-            elif f.type in ("int", int):
+            if f.type in ("int", int):
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise ValueError(f"AdvantageConfig.{f.name} must be an int, got {value!r}")
             elif f.type in ("bool", bool) and not isinstance(value, bool):
@@ -195,30 +195,11 @@ class AdvantageConfig:
             )
 
     def _ranges(self) -> dict[str, tuple[bool, str]]:
-        """``field -> (value is in range, the rule in words)`` for every numeric field with a range."""
+        """``field -> (value is in range, the rule in words)`` for every int field with a range (a float field
+        declares its range beside its default: ``progpo.bounds``)."""
         return {
-            "gamma": (0.0 <= self.gamma <= 1.0, "in [0, 1]"),
-            "credit_lambda": (0.0 <= self.credit_lambda <= 1.0, "in [0, 1]"),
-            "pgpo_alpha": (0 <= self.pgpo_alpha <= 1e6, "in [0, 1e6]"),
-            "pgpo_beta": (0 <= self.pgpo_beta <= 1e6, "in [0, 1e6]"),
-            "pgpo_gamma": (0.0 <= self.pgpo_gamma <= 1.0, "in [0, 1]"),
-            "crbc_beta": (0.0 <= self.crbc_beta <= 1.0, "in [0, 1]"),
-            "crbc_sigma_min": (0 < self.crbc_sigma_min <= 1e6, "in (0, 1e6]"),
-            "graft_gamma": (0.0 <= self.graft_gamma <= 1.0, "in [0, 1]"),
-            "graft_lambda": (0.0 <= self.graft_lambda <= 1.0, "in [0, 1]"),
-            "eps": (self.eps > 0, "> 0"),
-            # advantages are O(1) before weighting; a weight beyond 1e6 can only overflow
-            "omega": (0 <= self.omega <= 1e6, "in [0, 1e6]"),
-            "beta_episode": (0 <= self.beta_episode <= 1e6, "in [0, 1e6]"),
-            "rms_cap": (0 <= self.rms_cap <= 1e6, "in [0, 1e6] (0 = off)"),
-            "kappa": (self.kappa > 0, "> 0"),
             "min_peers": (self.min_peers >= 1, ">= 1"),
-            "tau": (0.0 < self.tau <= 1.0, "in (0, 1]"),
             "depths": (0 <= self.depths <= 64, "in [0, 64] (or -1 = auto)"),
-            "m0": (self.m0 > 0, "> 0"),
-            "sigma2_floor_coef": (self.sigma2_floor_coef > 0, "> 0"),
-            "success_reward": (self.success_reward > 0, "> 0"),
-            "eta": (self.eta > 0, "> 0"),
             "max_steps": (self.max_steps >= 1, ">= 1"),
         }
 

@@ -10,10 +10,13 @@ Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, uncha
 * ``--rollout.backend hf`` and ``--cpu.*`` -- the whole job on CPU (a local Ray head, OpenRLHF's own actors,
   DeepSpeed over gloo, a transformers engine; :mod:`progpo.openrlhf.cpu`), to debug a launch on a
   laptop before a cluster run;
-* ``--debug.*`` -- run checks (weight sync, dumps of the step batches and the rows the actor trained on).
+* ``--debug.*`` -- run checks (weight sync, dumps of the step batches and the rows the actor trained on), and
+  ``--debug.check_only``: every start-up check of the flags' values, then exit (the launch scripts' dry run).
 
 ``--help`` works without the GPU stack (vLLM, flash-attn). A bad value exits with status 2 and one
-line naming the flag, plus a hint. The launch code is :mod:`progpo.openrlhf.launch`; see ``docs/distributed.md``.
+line naming the flag, plus a hint. Every float flag, OpenRLHF's own included, takes a finite number, in the
+range ``train`` declares for the same setting where it has one (``--actor.adam.lr nan`` is refused).
+The launch code is :mod:`progpo.openrlhf.launch`; see ``docs/distributed.md``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import re
 import sys
 import typing
 
-from progpo.run.flags import as_flag_error, option_strings
+from progpo.bounds import Range
+from progpo.run.flags import as_flag_error, check_numbers, option_strings
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +93,24 @@ def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def declared_ranges() -> dict[str, Range]:
+    """``flag -> range`` of every float setting ``train`` declares (:mod:`progpo.bounds`) and of ``--progpo.*``:
+    the ranges OpenRLHF's own flags of the same name are held to (``--actor.adam.lr``: > 0)."""
+    from progpo.advantages import AdvantageConfig
+    from progpo.run.flags import iter_flags
+    from progpo.trainer.config import TrainConfig
+
+    found = [*iter_flags(TrainConfig), *iter_flags(AdvantageConfig, ("progpo",))]
+    return {f.option: f.bounds for f in found if f.bounds is not None}
+
+
 def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """:func:`progpo.openrlhf.launch.finalize`, a bad flag exiting through ``parser.error`` (status 2)."""
+    """Every float flag's value checked (:func:`progpo.run.flags.check_numbers`, :func:`declared_ranges`), then
+    :func:`progpo.openrlhf.launch.finalize`; a bad flag exits through ``parser.error`` (status 2)."""
     from progpo.openrlhf.launch import finalize as fold
 
     try:
+        check_numbers(parser, args, declared_ranges())
         return fold(args)
     except ValueError as exc:  # every check names its flag (FlagError, or a message starting with it)
         parser.error(f"argument {as_flag_error(exc)}")
@@ -102,13 +119,13 @@ def finalize(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argpa
 def main(argv: list[str] | None = None) -> int:
     """Parse, check, then run OpenRLHF's training with our trainer actor (blocks until done).
 
-    Returns 0 when training finished; a bad flag, or ``--rollout.backend vllm`` without vLLM / flash-attn
-    installed, exits with status 2 (one line naming the flag, plus a hint); a rollout batch whose
-    failed episodes crossed ``--env.max_failed_frac`` (or all failed) exits with status 3 and one
-    line naming the cause (``progpo.run.failures``), before anything more is trained or saved; a
-    generation engine that died exits with status 4 and one line naming the engine (``EngineDied``);
-    ``--train.max_nonfinite_skips`` optimizer steps in a row skipped for a non-finite gradient norm exit with
-    status 5 and one line naming the iteration and the flag to lower (``progpo.run.divergence``).
+    Returns 0 when training finished, or when ``--debug.check_only`` found every flag good (nothing started);
+    a bad flag, or ``--rollout.backend vllm`` without vLLM / flash-attn installed, exits with status 2 (one
+    line naming the flag, plus a hint); a rollout batch whose failed episodes crossed ``--env.max_failed_frac``
+    (or all failed) exits with status 3 and one line naming the cause (``progpo.run.failures``), before anything
+    more is trained or saved; a generation engine that died exits with status 4 and one line naming the engine
+    (``EngineDied``); ``--train.max_nonfinite_skips`` optimizer steps in a row skipped for a non-finite gradient
+    norm exit with status 5 and one line naming the iteration and the flag to lower (``progpo.run.divergence``).
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = build_parser()
@@ -117,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     from progpo.openrlhf.launch import init_ray, ray_run
 
     run = ray_run(args)
+    if run.settings.debug.check_only:  # the launch scripts' dry run: every check above passed, nothing started
+        return 0
     if run.device == "cpu":
         install()
     elif missing_gpu_packages():

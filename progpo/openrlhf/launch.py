@@ -75,6 +75,8 @@ class DebugSettings:
     """write each iteration's step batch (experience maker) and the rows the actor trains on (its replay buffer) there as JSON"""
     check_weight_sync: bool = False
     """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); --rollout.backend hf only"""
+    check_only: bool = False
+    """parse and run every start-up check of the flags' values, then exit: 0, or 2 with the error line; starts no Ray, server or engine, writes no task list and converts no model (the launch scripts' dry run runs it on their final command line). The model's tokenizer and the GPU packages are checked where the job runs"""
 
 
 @dataclass(frozen=True)
@@ -233,10 +235,11 @@ def train_task_count(o: Any, env: EnvSettings, length: TrainSettings) -> int | N
     return num_tasks
 
 
-def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int, num_tasks: int | None = None) -> dict[str, Any]:
+def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int, num_tasks: int | None = None, *,
+                  write: bool = True) -> dict[str, Any]:
     """Write the training (``num_tasks`` tasks; None: ``--env.num_tasks``) and evaluation task lists, unless
     ``--data.prompt_dataset`` / ``--eval.dataset`` are given; return OpenRLHF's dataset flags that point at
-    them (``o``: :func:`openrlhf_view`).
+    them (``o``: :func:`openrlhf_view`). ``write=False`` (``--debug.check_only``): check their folder only.
 
     Training task ``i`` is index ``--env.task_offset + i mod --env.num_tasks`` of the train split (each of
     the ``--env.num_tasks`` tasks once per pass, as ``train`` draws them), wrapped modulo ``--env.split_size``
@@ -248,16 +251,17 @@ def task_datasets(o: Any, env: EnvSettings, num_eval_tasks: int, num_tasks: int 
     if o.data.prompt_dataset is None or (num_eval_tasks and o.eval.dataset is None):
         _folder("--env.task_dir" if env.task_dir else "--ckpt.path", task_dir)
     fill: dict[str, Any] = {}
+    put = write_tasks if write else (lambda path, split, indices: path)
     if o.data.prompt_dataset is None:
         if num_tasks is None:
             raise FlagError("--env.num_tasks", "or --train.num_iterations is required when --data.prompt_dataset "
                                                "is not given")
         start, size, span = env.task_offset, env.split_size, env.num_tasks or num_tasks
         indices = [(start + i % span) % size if size else start + i % span for i in range(num_tasks)]
-        fill.update({"data.prompt_dataset": str(write_tasks(task_dir / "train.jsonl", env.train_split, indices)),
+        fill.update({"data.prompt_dataset": str(put(task_dir / "train.jsonl", env.train_split, indices)),
                      "data.input_key": "task", "data.label_key": "label"})
     if num_eval_tasks and o.eval.dataset is None:
-        fill["eval.dataset"] = str(write_tasks(task_dir / "eval.jsonl", env.eval_split, range(num_eval_tasks)))
+        fill["eval.dataset"] = str(put(task_dir / "eval.jsonl", env.eval_split, range(num_eval_tasks)))
     return fill
 
 
@@ -324,7 +328,7 @@ def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]
     for flag in ("actor.num_nodes", "actor.num_gpus_per_node"):  # on CPU: the policy's processes
         if attrgetter(flag)(o) < 1:
             raise FlagError(f"--{flag}", f"must be >= 1, got {attrgetter(flag)(o)}")
-    if o.actor.model_name_or_path in MODEL_ALIASES:
+    if o.actor.model_name_or_path in MODEL_ALIASES and not args.debug.check_only:  # a conversion, not a check
         from progpo.run.models import resolve_pretrain
 
         fill["actor.model_name_or_path"] = resolve_pretrain(o.actor.model_name_or_path)
@@ -499,7 +503,8 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         fill["train.agent_func_path"] = agent_path()
     elif not Path(o.train.agent_func_path).is_file():
         raise FlagError("--train.agent_func_path", f"no such file: {o.train.agent_func_path}")
-    fill.update(task_datasets(o, env, rargs.eval.num_tasks or 0, train_task_count(o, env, rargs.train)))
+    fill.update(task_datasets(o, env, rargs.eval.num_tasks or 0, train_task_count(o, env, rargs.train),
+                              write=not rargs.debug.check_only))
     if rargs.debug.dump_dir:
         _folder("--debug.dump_dir", Path(rargs.debug.dump_dir))
     if rargs.rollout.dynamic_sampling and not ours:

@@ -22,6 +22,14 @@ Section fields may carry ``metadata={"flags": (...)}`` (expose only these fields
 ``metadata={"skip": (...)}``; a leaf field may carry ``metadata={"choices": values or a function
 returning them}`` (e.g. the env registry's ids) and ``metadata={"flag": False}`` (no flag).
 
+Numbers: every float field (``float``, ``float | None``, tuples of floats) takes a finite number in its
+declared range (:mod:`progpo.bounds`: ``lr: float = number(1e-6, "> 0")``; any finite number where none is
+declared). :func:`build` checks every such field on every CLI, so NaN, +-inf and out-of-range values are refused
+in one line naming the flag and the value (``--actor.adam.lr must be a finite number > 0, got inf``); a bench
+flag restated from a setting (:func:`restate`) refuses NaN and +-inf as argparse parses it (its range is the
+bench's). A negative number is read as a value, ``--actor.adam.lr -1e-5`` as ``--actor.adam.lr=-1e-5``
+(:func:`accept_negative_numbers`).
+
 Errors: a value the type rejects is argparse's error (exit 2, naming the flag); a value the
 dataclass's ``__post_init__`` rejects becomes :class:`FlagError` naming the flag (``--env.max_steps:
 must be >= 1, got 0``).
@@ -35,6 +43,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import math
 import re
 import sys
 import textwrap
@@ -42,6 +51,8 @@ import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from progpo import bounds as _bounds
 
 MISSING = dataclasses.MISSING
 
@@ -141,6 +152,8 @@ class Flag:
         hint: the field's resolved type.
         default: its default (from the section instance that holds it).
         help: its help text.
+        choices: the values it takes, where the field lists them.
+        bounds: the declared range of a float field (:mod:`progpo.bounds`); None for other fields.
     """
 
     path: tuple[str, ...]
@@ -149,6 +162,13 @@ class Flag:
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    bounds: _bounds.Range | None = None
+
+    def refusal(self, value: Any) -> FlagError | None:
+        """The error of ``value`` (parsed) outside :attr:`bounds`: ``--actor.adam.lr must be > 0, got -1e-05``;
+        None when it lies inside (or the field holds no float)."""
+        words = None if self.bounds is None else _bounds.refusal(value, self.bounds)
+        return None if words is None else FlagError(self.option, words, text=f"{self.option} {words}")
 
     @property
     def dest(self) -> str:
@@ -201,7 +221,7 @@ def iter_flags(cls: type, prefix: Sequence[str] = (), defaults: Any = None, *, o
             if callable(choices):
                 choices = choices()
             yield Flag(path, "--" + ".".join(path), hint, default, helps.get(f.name, ""),
-                       tuple(choices) if choices is not None else None)
+                       tuple(choices) if choices is not None else None, _bounds.declared(f, hint))
 
 
 # ---- argparse -----------------------------------------------------------------------------------
@@ -314,6 +334,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
     Returns:
         The flags of ``cls`` (including the ``taken`` ones).
     """
+    if isinstance(parser, argparse.ArgumentParser):
+        accept_negative_numbers(parser)
     target = parser.add_argument_group(title) if title else parser
     flags = list(iter_flags(cls, prefix, defaults, only=only, skip=skip))
     by_option = {f.option: f for f in flags}
@@ -350,7 +372,9 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
 
     The flag's name, type, choices and help are the generator's (:func:`iter_flags`), so a bench that
     restates a training setting says it the way ``train`` does (``--rollout.n_samples_per_prompt``,
-    not ``--n``). Range checks stay with the bench (it may allow values ``train`` refuses, or the reverse).
+    not ``--n``). A float setting takes a finite number, checked as argparse reads the value (argparse's error,
+    exit 2, naming the flag and the value, as for a value that is no number); range checks stay with the bench
+    (it may allow values ``train`` refuses, or the reverse).
 
     Args:
         parser: the bench's parser (or an argument group). root: the settings dataclass that holds ``option``.
@@ -372,6 +396,10 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
     flag = {f.option: f for f in iter_flags(root, prefix)}[option]
     default = flag.default if default is MISSING else default
     kwargs = argparse_kwargs(flag)
+    if flag.bounds is not None:  # NaN and +-inf are no value of any setting; the range is the bench's
+        kwargs["type"] = _in_range(kwargs["type"], _bounds.ANY_FINITE)
+    if isinstance(parser, argparse.ArgumentParser):
+        accept_negative_numbers(parser)
     dest = dest or flag.dest
     own = flag.help if words is None else words
     text = f"{own}; {note}" if note else own
@@ -385,6 +413,63 @@ def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: typ
 
 
 Deprecated = _Deprecated  # the action of an old flag name, for parsers written by hand
+
+
+#: what argparse reads as a value, not an option, after a flag: a negative number in any form ``float`` takes.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d|\.\d|inf$|infinity$|nan$)", re.IGNORECASE)
+
+
+def accept_negative_numbers(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` read ``--flag -1e-5`` (and ``-inf``, ``-.5``) as the flag's value.
+
+    argparse takes only ``-1`` and ``-1.5`` for numbers; ``-1e-5`` looked like an unknown option, and the flag
+    got argparse's "expected one argument" instead of a line about its value. A parser that has options
+    spelled like negative numbers is left as it is.
+    """
+    if not parser._has_negative_number_optionals:  # noqa: SLF001
+        parser._negative_number_matcher = _NEGATIVE_NUMBER  # noqa: SLF001
+    return parser
+
+
+def _in_range(parse: Any, rng: _bounds.Range) -> Any:
+    """``parse`` (argparse ``type``) that also refuses a number outside ``rng`` (argparse's error names the flag)."""
+
+    def fn(text: str) -> Any:
+        value = parse(text)
+        words = _bounds.refusal(value, rng)
+        if words is not None:
+            raise argparse.ArgumentTypeError(words)
+        return value
+
+    fn.__name__ = getattr(parse, "__name__", "value")
+    return fn
+
+
+def check_numbers(parser: argparse.ArgumentParser, values: argparse.Namespace,
+                  declared: Mapping[str, _bounds.Range]) -> None:
+    """Refuse NaN, +-inf and out-of-range values of the float flags of a parser written by hand (OpenRLHF's).
+
+    Every flag whose argparse ``type`` is ``float`` and whose parsed value is not its default is checked: against
+    ``declared[option]`` when given (the range of the same setting on ``train``), else as any finite number;
+    +-inf passes where the flag's own default is infinite (its "no limit", OpenRLHF's ``--ckpt.max_mem``).
+
+    Raises:
+        FlagError: the first such value, naming the flag and the value.
+    """
+    given = _given(values)
+    for action in parser._actions:  # noqa: SLF001
+        value = given.get(action.dest)
+        if action.type is not float or not action.option_strings or value is None or value == action.default:
+            continue
+        option = action.option_strings[0]
+        rng = declared.get(option, _bounds.ANY_FINITE)
+        items = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+        defaults = action.default if isinstance(action.default, (list, tuple)) else (action.default,)
+        no_limit = option not in declared and any(isinstance(d, float) and math.isinf(d) for d in defaults)
+        bad = next((v for v in items if v not in rng and not (no_limit and math.isinf(v))), None)
+        if bad is not None:
+            words = f"{rng.rule(bad)}, got {' '.join(map(str, items))}"
+            raise FlagError(option, words, text=f"{option} {words}")
 
 
 # ---- building the settings ----------------------------------------------------------------------
@@ -409,6 +494,14 @@ def _flag_error(exc: Exception, cls: type, path: Sequence[str]) -> FlagError:
     return FlagError("--" + ".".join(path) + ".*" if path else "--*", text)
 
 
+def _check_number(f: dataclasses.Field, hint: Any, path: Sequence[str], value: Any) -> None:
+    """Refuse ``value`` of a float field outside its declared range (:meth:`Flag.refusal`); any other field: nothing."""
+    rng = _bounds.declared(f, hint)
+    error = rng and Flag(tuple(path), "--" + ".".join(path), hint, MISSING, "", bounds=rng).refusal(value)
+    if error:
+        raise error
+
+
 def build(cls: type, values: Mapping[str, Any] | argparse.Namespace, *, prefix: Sequence[str] = (),
           defaults: Any = None, convert: bool = True) -> Any:
     """An instance of ``cls`` from parsed flag values (dotted dests); ungiven fields keep their defaults.
@@ -419,7 +512,8 @@ def build(cls: type, values: Mapping[str, Any] | argparse.Namespace, *, prefix: 
         convert: turn enum and tuple values into the field's type.
 
     Raises:
-        FlagError: a value the dataclass rejects (names the flag).
+        FlagError: a value the dataclass rejects (names the flag), or a float field's value outside its declared
+            range (NaN and +-inf included; :mod:`progpo.bounds`), naming the flag and the value.
     """
     given = _given(values)
     hints = _hints(cls)
@@ -447,6 +541,7 @@ def build(cls: type, values: Mapping[str, Any] | argparse.Namespace, *, prefix: 
             kwargs[f.name] = value
         elif default is not MISSING:
             kwargs[f.name] = default
+        _check_number(f, hint, path, kwargs.get(f.name))
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:

@@ -10,11 +10,11 @@ Every check raises ``ValueError`` starting with the flag it names.
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from progpo.advantages import AdvantageConfig
+from progpo.bounds import check_fields, number
 from progpo.run import flags
 
 from progpo.envs.spec import POOLS, EnvSpec, env_ids, spec
@@ -32,7 +32,7 @@ class EnvSettings:
     """decisions per episode (None: the env spec's: WebShop 15, ALFWorld 50)"""
     history_length: int = 2
     """K, earlier (observation, action) pairs shown in each step prompt"""
-    invalid_penalty: float = 0.1
+    invalid_penalty: float = number(0.1, ">= 0")
     """reward subtracted from a step whose answer breaks the <think>/<action> format"""
     data_dir: str | None = None
     """data folder holding the env's data (None: $PROGPO_DATA, ../shared/data, ~/.cache/progpo/data)"""
@@ -44,15 +44,15 @@ class EnvSettings:
     """local/http pools: envs alive at once per process (0: one per concurrent episode on train, 256 per engine on train_ray)"""
     num_env_actors: int = 16
     """ray pool: env actors per process (train) or per engine (train_ray)"""
-    num_cpus_per_actor: float = 0.25
+    num_cpus_per_actor: float = number(0.25, "> 0")
     """ray pool: CPUs reserved per env actor"""
     episodes_per_actor: int = 1
     """ray pool: episodes one env actor hosts at once"""
-    call_timeout_s: float = 300.0
+    call_timeout_s: float = number(300.0, "> 0")
     """ray pool: seconds one env actor call (reset/step) may take before the actor counts as dead"""
-    start_timeout_s: float = 600.0
+    start_timeout_s: float = number(600.0, "> 0")
     """ray pool: seconds an env actor may take to be placed and started before its episodes fail"""
-    max_failed_frac: float = 0.5
+    max_failed_frac: float = number(0.5, "[0, 1]")
     """stop the job (exit 3, one line naming the cause) when more than this share of a batch's episodes failed; a batch where all failed always stops it"""
     train_split: str | None = None
     """split the training tasks come from (None: the env spec's first split, 'train')"""
@@ -81,15 +81,7 @@ class EnvSettings:
         for name, (value, low) in ints.items():
             if value is not None and value < low:
                 raise ValueError(f"--env.{name} must be >= {low}, got {value}")
-        if not (math.isfinite(self.invalid_penalty) and self.invalid_penalty >= 0):
-            raise ValueError(f"--env.invalid_penalty must be a finite number >= 0, got {self.invalid_penalty}")
-        if not (math.isfinite(self.num_cpus_per_actor) and self.num_cpus_per_actor > 0):
-            raise ValueError(f"--env.num_cpus_per_actor must be a finite number > 0, got {self.num_cpus_per_actor}")
-        for name in ("call_timeout_s", "start_timeout_s"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
-                raise ValueError(f"--env.{name} must be a finite number of seconds > 0, got {getattr(self, name)}")
-        if not 0 <= self.max_failed_frac <= 1:
-            raise ValueError(f"--env.max_failed_frac must be in [0, 1], got {self.max_failed_frac}")
+        check_fields(self, lambda name: f"--env.{name}")
         if self.pool is not None and self.pool not in POOLS:
             raise ValueError(f"--env.pool must be one of {list(POOLS)}, got {self.pool!r}")
         if self.pool == "http" and s.http_pool is None:
@@ -122,9 +114,9 @@ class RolloutSettings:
     """tasks (groups) per iteration"""
     n_samples_per_prompt: int = 8
     """rollouts per task, the group size N (>= 2 for every group estimator)"""
-    temperature: float = 1.0
+    temperature: float = number(1.0, "> 0")
     """sampling temperature (the update's log-probs are computed at it)"""
-    top_p: float = 1.0
+    top_p: float = number(1.0, "(0, 1]")
     """nucleus sampling mass"""
     max_new_tokens: int = 256
     """response limit per step, in tokens"""
@@ -147,10 +139,7 @@ class RolloutSettings:
             raise ValueError(f"--rollout.dynamic_sampling_max_rounds must be >= 0, got {self.dynamic_sampling_max_rounds}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"--rollout.max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"--rollout.temperature must be > 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"--rollout.top_p must be in (0, 1], got {self.top_p}")
+        check_fields(self, lambda name: f"--rollout.{name}")
 
 
 @dataclass(frozen=True)
@@ -280,6 +269,10 @@ def advantage_config(values: dict[str, Any] | argparse.Namespace, estimator: str
 
     ns = dict(vars(values)) if isinstance(values, argparse.Namespace) else dict(values)
     given = flags.given_flags(ns, "progpo")
+    for flag in flags.iter_flags(AdvantageConfig, ("progpo",)):  # a number out of range: the flag's own line
+        error = flag.refusal(given.get(flag.path[-1]))
+        if error is not None:
+            raise error
     given.setdefault("max_steps", max_steps)
     preset = ns.get("progpo_preset")
     if preset is not None:

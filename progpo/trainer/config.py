@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from progpo.advantages import AdvantageConfig, Estimator
+from progpo.bounds import check_fields, number
 from progpo.run import flags
 from progpo.run.settings import (EnvSettings, RolloutSettings, TrainSettings, add_advantage_flags, advantage_config,
                                  check_group_size)
@@ -106,7 +107,7 @@ class SFTSettings:
     """expert episodes to clone (seeded random tasks of --env.train_split; train: 0 = no warm start, the default). train uses the run's own env and rollout settings and caches the cloned model under --sft.cache_dir, keyed by everything that shapes it"""
     max_epochs: int = 2
     """passes over the expert steps"""
-    lr: float = 5e-5
+    lr: float = number(5e-5, "> 0")
     """AdamW learning rate of the behaviour cloning"""
     batch_size: int = 8
     """expert steps per optimizer step (micro-batches of --train.micro_batch_size)"""
@@ -121,8 +122,7 @@ class SFTSettings:
         for name in ("max_epochs", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--sft.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"--sft.lr must be > 0, got {self.lr}")
+        check_fields(self, lambda name: f"--sft.{name}")
 
 
 def _train_rollout() -> RolloutSettings:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from progpo.bounds import check_fields, number
 from progpo.run.precision import MixedPrecision, check_precision_settings
 from progpo.trainer.ppo import KL_ESTIMATORS
 
@@ -24,20 +25,15 @@ _NEEDS_OTHER_ARGS = frozenset({"reduce_lr_on_plateau", "greedy", "warmup_stable_
 class AdamSettings:
     """AdamW (``--actor.adam.*``)."""
 
-    lr: float = 1e-6
+    lr: float = number(1e-6, "> 0")
     """learning rate"""
-    betas: tuple[float, float] = (0.9, 0.95)
+    betas: tuple[float, float] = number((0.9, 0.95), "[0, 1)")
     """AdamW betas"""
-    weight_decay: float = 0.0
+    weight_decay: float = number(0.0, ">= 0")
     """AdamW weight decay"""
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise ValueError(f"--actor.adam.lr must be > 0, got {self.lr}")
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"--actor.adam.betas must be in [0, 1), got {self.betas}")
-        if self.weight_decay < 0:
-            raise ValueError(f"--actor.adam.weight_decay must be >= 0, got {self.weight_decay}")
+        check_fields(self, lambda name: f"--actor.adam.{name}")
 
 
 @dataclass(frozen=True)
@@ -49,17 +45,17 @@ class ActorSettings:
     adam: AdamSettings = field(default_factory=AdamSettings)
     lr_scheduler: str = "constant"
     """learning-rate schedule, a transformers get_scheduler name (constant, constant_with_warmup, cosine_with_min_lr, linear, ...), stepped per optimizer step over the most optimizer steps the run can take"""
-    lr_warmup_ratio: float = 0.0
+    lr_warmup_ratio: float = number(0.0, "[0, 1]")
     """fraction of the schedule warming up linearly from lr 0 (ignored by constant)"""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = number(0.1, "[0, 1]")
     """lr floor of cosine_with_min_lr as a fraction of --actor.adam.lr"""
-    max_norm: float = 1.0
+    max_norm: float = number(1.0, ">= 0")
     """gradient clipping by global norm (0 = off)"""
-    eps_clip_low_high: tuple[float, float] = (0.2, 0.2)
+    eps_clip_low_high: tuple[float, float] = number((0.2, 0.2), "> 0")
     """PPO clip range below and above ratio 1 (LOW HIGH)"""
-    dual_clip: float | None = None
+    dual_clip: float | None = number(None, "> 1")
     """dual-clip PPO bound c > 1 for negative advantages (None = off)"""
-    entropy_coef: float = 0.0
+    entropy_coef: float = number(0.0, ">= 0")
     """entropy bonus weight"""
     gradient_checkpointing_enable: bool = False
     """recompute activations in the backward pass"""
@@ -70,19 +66,10 @@ class ActorSettings:
         names = [t.value for t in SchedulerType if t.value not in _NEEDS_OTHER_ARGS]
         if self.lr_scheduler not in names:
             raise ValueError(f"--actor.lr_scheduler must be one of {', '.join(names)}, got {self.lr_scheduler!r}")
-        if self.max_norm < 0:
-            raise ValueError(f"--actor.max_norm must be >= 0, got {self.max_norm}")
+        check_fields(self, lambda name: f"--actor.{name}")
         low, high = self.eps_clip_low_high
-        if not (0 < low < 1 and high > 0):
+        if not low < 1:  # the ratio's lower clip 1 - low must stay > 0
             raise ValueError(f"--actor.eps_clip_low_high must be in (0, 1) and > 0, got {low} {high}")
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
-            raise ValueError(f"--actor.dual_clip must be > 1 (or unset), got {self.dual_clip}")
-        if self.entropy_coef < 0:
-            raise ValueError(f"--actor.entropy_coef must be >= 0, got {self.entropy_coef}")
-        if not 0 <= self.lr_warmup_ratio <= 1:
-            raise ValueError(f"--actor.lr_warmup_ratio must be in [0, 1], got {self.lr_warmup_ratio}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"--actor.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
 
 @dataclass(frozen=True)
@@ -95,7 +82,7 @@ class LoraSettings:
     """LoRA alpha: the adapter's update is scaled by alpha / rank"""
     target_modules: tuple[str, ...] = ("all-linear",)
     """modules that get an adapter (peft names, e.g. q_proj v_proj; all-linear: every linear layer but the output head)"""
-    dropout: float = 0.0
+    dropout: float = number(0.0, "[0, 1)")
     """dropout on the adapter's input"""
 
     def __post_init__(self) -> None:
@@ -105,8 +92,7 @@ class LoraSettings:
             raise ValueError(f"--ds.lora.alpha must be > 0, got {self.alpha}")
         if not self.target_modules or not all(m.strip() for m in self.target_modules):
             raise ValueError(f"--ds.lora.target_modules must name at least one module, got {self.target_modules!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--ds.lora.dropout must be in [0, 1), got {self.dropout}")
+        check_fields(self, lambda name: f"--ds.lora.{name}")
 
 
 @dataclass(frozen=True)
@@ -131,14 +117,13 @@ class DeepSpeedSettings:
 class KLSettings:
     """The KL loss against the reference (``--algo.kl.*``)."""
 
-    init_coef: float = 0.01
+    init_coef: float = number(0.01, ">= 0")
     """KL loss coefficient (0 = no reference model is loaded)"""
     estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator of the loss (Schulman's k1/k2/k3, as OpenRLHF)"""
 
     def __post_init__(self) -> None:
-        if self.init_coef < 0:
-            raise ValueError(f"--algo.kl.init_coef must be >= 0, got {self.init_coef}")
+        check_fields(self, lambda name: f"--algo.kl.{name}")
         if self.estimator not in KL_ESTIMATORS:
             raise ValueError(f"--algo.kl.estimator must be one of {KL_ESTIMATORS}, got {self.estimator!r}")
 

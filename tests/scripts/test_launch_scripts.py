@@ -404,21 +404,20 @@ def test_engines_that_do_not_fill_the_shared_gpus_exactly_are_refused_at_start_u
     ({"MAX_NEW_TOKENS": "1024", "MAX_LEN": "3072"}, True),
     ({"MAX_LEN": "2048"}, False),
 ])
-def test_a_prompt_budget_that_does_not_fit_max_len_with_the_answer_is_refused(openrlhf_main, tmp_path, capsys, env,
-                                                                            fits):
-    argv = _dry_run(SCRIPTS / "train_progpo_webshop.sh", OUTPUT_DIR=str(tmp_path), **env)
+def test_a_prompt_budget_that_does_not_fit_max_len_with_the_answer_is_refused(openrlhf_main, tmp_path, env, fits):
     if fits:
+        argv = _dry_run(SCRIPTS / "train_progpo_webshop.sh", OUTPUT_DIR=str(tmp_path), **env)
         args = _checked(openrlhf_main, argv)
         assert args.rollout.max_new_tokens + int(_flag(argv, "--rollout.max_prompt_tokens")) <= args.data.max_len
         return
-    with pytest.raises(SystemExit) as exc:
-        _checked(openrlhf_main, argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    prompt, new, max_len = (_flag(argv, f) for f in ("--rollout.max_prompt_tokens", "--rollout.max_new_tokens",
-                                                    "--data.max_len"))
+    # refused by the dry run itself (train_ray --debug.check_only on the script's command), before anything starts
+    res = subprocess.run(["bash", str(SCRIPTS / "train_progpo_webshop.sh")], capture_output=True, text=True, cwd="/",
+                         env=dict(os.environ, PROGPO_DRY_RUN="1", OUTPUT_DIR=str(tmp_path), **env))
+    assert res.returncode == 2 and res.stdout == "", res.stderr
+    prompt, new, max_len = (int(env.get(name, default)) for name, default in  # the script's defaults otherwise
+                            (("MAX_PROMPT_TOKENS", 2048), ("MAX_NEW_TOKENS", 512), ("MAX_LEN", 2560)))
     assert (f"error: argument --rollout.max_prompt_tokens {prompt} + "
-            f"--rollout.max_new_tokens {new} = {int(prompt) + int(new)} tokens do not fit --data.max_len {max_len}") in err
+            f"--rollout.max_new_tokens {new} = {prompt + new} tokens do not fit --data.max_len {max_len}") in res.stderr
 
 
 def test_multi_node_runs_bind_webshop_where_other_nodes_reach_it_and_pass_the_data_folder(tmp_path):

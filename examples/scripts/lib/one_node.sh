@@ -6,7 +6,7 @@
 # or starts a local one (dashboard on 127.0.0.1:8265). The server listens on 127.0.0.1 for a local
 # cluster, and on this node's address (progpo_node_ip; WEBSHOP_HOST overrides) when the job joins a
 # cluster (RAY_ADDRESS set, or NUM_NODES > 1), whose engines on other nodes must reach it.
-# PROGPO_DRY_RUN=1 prints the command instead.
+# PROGPO_DRY_RUN=1 prints the command instead, once train_ray's own checks passed on it (progpo_check_args).
 
 PROGPO_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PROGPO_REPO=${PROGPO_REPO:-$(cd "$PROGPO_SCRIPTS/../.." && pwd)}
@@ -17,9 +17,11 @@ source "$PROGPO_SCRIPTS/lib/train_args.sh"
 
 progpo_one_node() {
   cd "$PROGPO_REPO" || return 1
-  # every setting checked (one line naming it, status 2) before NUM_NODES is compared or a server starts;
-  # the URL is a stand-in here (the server's real one is set when it has started)
+  # every setting checked (one line naming it, status 2) before NUM_NODES is compared or a server starts, then
+  # train_ray's own checks on the command line; the URL is a stand-in here (the server's real one is set when it
+  # has started)
   WEBSHOP_URL=${WEBSHOP_URL:-http://127.0.0.1:0} progpo_train_args || return 2
+  progpo_check_args "$@" || return 2
   local host=127.0.0.1
   if [ -n "${WEBSHOP_HOST:-}" ]; then
     host=$WEBSHOP_HOST

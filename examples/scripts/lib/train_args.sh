@@ -30,6 +30,10 @@
 # engines use exactly the ranks' GPUs (VLLM_TP must divide them). A value these cannot use stops the
 # script with one line naming the variable and the value.
 #
+# progpo_check_args runs train_ray's own checks on the result (every launch script, dry run included, calls it before
+# Ray, a server or the job starts): a value only train_ray checks (a NaN learning rate, VLLM_NUM_ENGINES=8 with
+# VLLM_TP=2 on 8 GPUs) stops the script there, in train_ray's words.
+#
 # DEVICE=cpu switches to the CPU profile (`--rollout.backend hf`: a laptop dry run of the same job, see
 # docs/distributed.md): SmolLM2-135M-Instruct, 2 tasks x 4 rollouts, 3 steps, 64 response tokens,
 # 2 iterations, caps 4 / 2, no colocation or sleep mode unless COLOCATE=1 (then the GPU scripts'
@@ -161,6 +165,23 @@ progpo_train_args() {
     PROGPO_ARGS+=(--logger.wandb.key "$WANDB_API_KEY" --logger.wandb.project "${WANDB_PROJECT:-progpo}"
       --logger.wandb.run_name "$run")
   fi
+}
+
+# progpo_check_args [extra train_ray flags...]: train_ray's own start-up checks (`--debug.check_only`: every flag's
+# value, the engines' GPUs, the batch arithmetic, the env's data; no Ray, server or engine) on the command line
+# PROGPO_ARGS + the extra flags, before anything starts. A refusal prints train_ray's error line and its hint (not
+# the import warnings before them) on stderr, status 2.
+progpo_check_args() {
+  local out
+  if out=$(python3 -m progpo.cli.train_ray "${PROGPO_ARGS[@]}" "$@" --debug.check_only 2>&1); then
+    return 0
+  fi
+  if [[ $out == *": error: "* ]]; then
+    printf '%s\n' "$out" | sed -n '/: error: /,$p' >&2
+  else
+    printf '%s\n' "$out" >&2
+  fi
+  return 2
 }
 
 # progpo_env_fact FIELD...: print fields of ENV_NAME's env spec, one a line (python3 -m progpo.cli.envs get;
