@@ -56,7 +56,7 @@ def test_shellcheck_clean():
 
 def _dry_run(script: Path, **env) -> list[str]:
     res = subprocess.run(["bash", str(script), "--progpo.kappa", "4"], capture_output=True, text=True, check=True,
-                         env=dict(os.environ, PROGPO_DRY_RUN="1", **env), cwd="/")
+                         env=dict(os.environ, PROGPO_DRY_RUN="1", PROGPO_SKIP_CHECK_ARGS="1", **env), cwd="/")
     return res.stdout.splitlines()
 
 
