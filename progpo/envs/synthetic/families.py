@@ -17,9 +17,10 @@ configs, its presets and features, and register it in :data:`FAMILIES`.
 
 **Presets** (:attr:`TaskFamily.presets`, ``bench learning --task-preset NAME``) are named overrides of a family's
 learning config, one definition per family. ``hard``: longer horizons, more distractors and sparser success, as
-real ALFWorld and WebShop have, chosen so that credit assignment matters: on fresh tasks the exact advantage
-(the lab's ``oracle`` row) needs at most 0.7x GiGPO's env steps to 80% and GiGPO's final success stays below
-0.95 (the figures, with their command, are in docs/fidelity.md, "Learning benchmark").
+real ALFWorld and WebShop have, aimed at settings where credit assignment matters: on fresh tasks the exact
+advantage (the lab's ``oracle`` row) needs at most 0.7x GiGPO's env steps to 80% and GiGPO's final success stays
+below 0.95. Measured (docs/fidelity.md, "Learning benchmark", with the commands): the ALFWorld-like preset
+meets the first aim, not the second; the WebShop-like one meets neither (its knobs cannot lengthen the task).
 """
 
 from __future__ import annotations
