@@ -170,7 +170,7 @@ def test_hard_preset_is_selectable_and_writes_its_own_block(tmp_path, capsys):
     # the oracle's headroom opens the block: oracle / gigpo steps to 80% with its interval, gigpo's final success
     assert re.fullmatch(r"\*\*Oracle headroom\*\*: oracle's env steps to 80% / gigpo's = \*\*\d+\.\d\d \[\d+\.\d\d, "
                         r"\d+\.\d\d\]\*\* .*gigpo's final success \d\.\d{3} ± \d\.\d{3}\.", first), first
-    assert "preset **hard**" in head and "horizon=40" in head and "n_locations=10" in head
+    assert "preset **hard**" in head and "horizon=40" in head and "n_locations=12" in head
     assert list(tmp_path.glob("learning-hard-quick.md"))
     assert learning.main(["--quick", "--out", str(tmp_path), "--encoder", "none", "--estimators", "gigpo"]) == 0
     assert capsys.readouterr().out.startswith("**Oracle headroom**: not measured")
