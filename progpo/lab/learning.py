@@ -86,6 +86,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--policy", choices=("auto", "tabular", "features"), default="auto",
                     help="learner parameters: per-task table or shared features (auto: tabular if fixed, else features)")
     ap.add_argument("--pool", type=int, default=0, help="fresh regime: pool size (0 = iterations x tasks, no repeats)")
+    ap.add_argument("--task-preset", default="",
+                    help="named preset of the family's task config (hard: longer horizons, more distractors, sparser "
+                         "success; docs/fidelity.md); --task-config applies on top; writes its own block, ...-NAME")
     ap.add_argument("--task-config", default="", help="comma list field=value overriding the family's task config")
     ap.add_argument("--seeds", type=int, default=15, help="seeds per row in the final table (seeds 0..n-1)")
     restate_run_shape(ap, "of the tabular learner")
@@ -124,7 +127,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not 0 < args.target <= 1:
         raise ValueError(f"--target must be in (0, 1], got {args.target}")
     args.lrs = parse_lr_grid(args.lr_sweep)
-    get_family(args.family)
+    family = get_family(args.family)
+    if args.task_preset and args.task_preset not in family.presets:
+        raise ValueError(f"--task-preset: family {args.family} has no preset {args.task_preset!r}; "
+                         f"presets: {sorted(family.presets)}")
     args.rows = parse_rows(args.estimators)
     if args.policy == "auto":
         args.policy = "tabular" if args.regime == "fixed" else "features"
@@ -208,7 +214,7 @@ def run(args: argparse.Namespace) -> str:
     """Sweep (optional), final runs, tables; returns the markdown report (and writes the PNG)."""
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     family = get_family(args.family)
-    cfg = family_config(family, "learn", [x for x in args.task_config.split(",") if x.strip()])
+    cfg = family_config(family, "learn", [x for x in args.task_config.split(",") if x.strip()], args.task_preset)
     rows = args.rows
     names = [r.name for r in rows]
     estimators = [r.name for r in rows if not r.exact]  # the rows with something to measure (no oracle)
@@ -270,7 +276,7 @@ def run(args: argparse.Namespace) -> str:
                              Path(args.out) / f"{_block(args)}.png",
                              f"{args.family} ({args.regime} tasks), {args.tasks} tasks x {args.rollouts}, "
                              f"{args.seeds} seeds, best lr each")
-    head = _head(args, cfg, enc_line)
+    head = lr_report.headroom_line(final, args.target, tau, reference, oracle) + "\n\n" + _head(args, cfg, enc_line)
     load1 = os.getloadavg()[0]
     cost = ("Cost: " + "; ".join(costs) + f"; total {time.perf_counter() - t0:.0f} s wall; load average "
             f"{load0:.1f} at start, {load1:.1f} at end ({os.cpu_count()} CPUs, {args.workers} workers); "
@@ -302,7 +308,8 @@ def _sweep(ctx, rows, args, costs: list[str], parts: list[str]) -> tuple[dict[st
 
 
 def _head(args: argparse.Namespace, cfg, enc_line: str) -> str:
-    return (f"Family **{args.family}** ({cfg}), **{args.regime}** tasks ("
+    preset = f", preset **{args.task_preset}**" if args.task_preset else ""
+    return (f"Family **{args.family}**{preset} ({cfg}), **{args.regime}** tasks ("
             + (f"the same {args.tasks} tasks every iteration" if args.regime == "fixed" else
                f"{args.tasks} new tasks per iteration from a pool of {args.pool}")
             + f"), {args.policy} policy, {args.rollouts} rollouts per task, {args.iterations} iterations; {enc_line}. "
@@ -313,8 +320,10 @@ def _head(args: argparse.Namespace, cfg, enc_line: str) -> str:
 
 
 def _block(args: argparse.Namespace) -> str:
-    """Name of the docs block (and of the output files): one per family, regime and task draw."""
+    """Name of the docs block (and of the output files): one per family, regime, task preset and task draw."""
     name = "learning" if (args.family, args.regime) == ("alfworld", "fixed") else f"learning-{args.family}-{args.regime}"
+    if args.task_preset:
+        name += f"-{args.task_preset}"
     if args.task_seed != 1:  # the developers' draw keeps the names the docs have always used
         name += f"-task{args.task_seed}"
     return name + ("-quick" if args.quick else "")

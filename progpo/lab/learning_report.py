@@ -123,6 +123,22 @@ def main_table(final: dict[str, list[RunResult]], lrs: dict[str, float], target:
     return report.markdown_table(header, rows)
 
 
+def headroom_line(final: dict[str, list[RunResult]], target: float, tau: float, reference: str | None,
+                  oracle: str | None) -> str:
+    """The line that opens every learning block: the oracle's headroom over ``reference`` (GiGPO), i.e. the
+    ratio of restricted mean env steps to ``target`` (oracle / reference, tau as in :func:`main_table`, 95%
+    bootstrap interval, :func:`progpo.lab.survival.rmst_ratio`) and the reference's final success (last
+    iterations, mean ± 95% t-interval over seeds). Small ratio = the exact advantage buys much, so the block
+    can tell estimators apart; near 1 = it cannot. Says so when either row is missing."""
+    if not (reference and oracle):
+        return ("**Oracle headroom**: not measured (it needs the rows `oracle` and the `--reference` row in "
+                "`--estimators`).")
+    q, lo, hi = rmst_ratio(censored(final[oracle], target), censored(final[reference], target), tau)
+    return (f"**Oracle headroom**: {oracle}'s env steps to {target:.0%} / {reference}'s = **{q:.2f} [{lo:.2f}, "
+            f"{hi:.2f}]** (restricted means at tau {tau / 1e3:,.0f}k, 95% bootstrap); {reference}'s final success "
+            f"{report.fmt_ci(*mean_ci(final_success(final[reference])))}.")
+
+
 def _fmt_share(share: tuple[float, float, float]) -> str:
     g, lo, hi = share
     return "n/a (no gap)" if not np.isfinite(g) else f"{g:+.2f} [{lo:+.2f}, {hi:+.2f}]"

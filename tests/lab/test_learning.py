@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -167,3 +168,27 @@ def test_a_bad_row_is_one_line_and_runs_nothing(tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # nothing written
     assert learning.main(["--quick", "--lr", "0", "--out", str(tmp_path)]) == 2
     assert "--lr must be > 0" in capsys.readouterr().err
+
+
+def test_hard_preset_is_selectable_and_writes_its_own_block(tmp_path, capsys):
+    args = learning.parse_args(["--family", "webshop", "--regime", "fresh", "--task-preset", "hard"])
+    assert learning._block(args) == "learning-webshop-fresh-hard"
+    assert learning._block(learning.parse_args(["--regime", "fresh"])) == "learning-alfworld-fresh"
+    assert learning.main(["--quick", "--out", str(tmp_path), "--encoder", "none", "--task-preset", "hard",
+                          "--estimators", "gigpo,oracle"]) == 0
+    text = capsys.readouterr().out
+    first, head = text.split("\n\n")[:2]
+    # the oracle's headroom opens the block: oracle / gigpo steps to 80% with its interval, gigpo's final success
+    assert re.fullmatch(r"\*\*Oracle headroom\*\*: oracle's env steps to 80% / gigpo's = \*\*\d+\.\d\d \[\d+\.\d\d, "
+                        r"\d+\.\d\d\]\*\* .*gigpo's final success \d\.\d{3} ± \d\.\d{3}\.", first), first
+    assert "preset **hard**" in head and "horizon=40" in head and "n_locations=12" in head
+    assert list(tmp_path.glob("learning-hard-quick.md"))
+    assert learning.main(["--quick", "--out", str(tmp_path), "--encoder", "none", "--estimators", "gigpo"]) == 0
+    assert capsys.readouterr().out.startswith("**Oracle headroom**: not measured")
+
+
+def test_an_unknown_preset_is_one_line_naming_the_flag(tmp_path, capsys):
+    assert learning.main(["--quick", "--out", str(tmp_path), "--family", "webshop", "--task-preset", "hrad"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--task-preset" in err[0] and "'hrad'" in err[0] and "['hard']" in err[0]
+    assert not any(tmp_path.iterdir())

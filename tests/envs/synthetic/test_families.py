@@ -39,3 +39,29 @@ def test_unknown_family_and_fields_are_named():
     with pytest.raises(ValueError, match="no field 'bogus'"):
         family_config(FAMILIES["webshop"], "learn", ["bogus=1"])
     assert family_config(FAMILIES["webshop"], "learn", ["horizon=9"]).horizon == 9
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_hard_preset_is_longer_with_more_distractors(name):
+    fam = FAMILIES[name]
+    base, hard = fam.learn_cfg, family_config(fam, "learn", preset="hard")
+    for field, value in fam.presets["hard"].items():  # every declared override holds, nothing else moves
+        assert getattr(hard, field) == value, field
+    assert {f: getattr(hard, f) for f in base.field_names() if f not in fam.presets["hard"]} == \
+        {f: getattr(base, f) for f in base.field_names() if f not in fam.presets["hard"]}
+    assert hard.horizon > base.horizon and hard.n_variants > base.n_variants
+    if name == "alfworld":  # more receptacles; every goal processed and every object closed in
+        assert hard.n_locations > base.n_locations and hard.process_prob == hard.closed_prob == 1.0
+    else:  # more option values to get wrong, a noisier search
+        assert (hard.n_colors, hard.n_sizes) > (base.n_colors, base.n_sizes) and hard.search_noise > base.search_noise
+    # --task-config still applies on top of the preset
+    assert family_config(fam, "learn", ["horizon=9"], preset="hard").horizon == 9
+    task = make_tasks(fam, hard, 1, 3)[0]
+    assert task.horizon == hard.horizon
+
+
+def test_unknown_preset_is_named():
+    with pytest.raises(ValueError, match=r"webshop has no task preset 'hrad'; presets: \['hard'\]"):
+        family_config(FAMILIES["webshop"], "learn", preset="hrad")
+    with pytest.raises(ValueError, match="presets apply to the learning config"):
+        family_config(FAMILIES["webshop"], "fidelity", preset="hard")
