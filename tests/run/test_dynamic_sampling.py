@@ -261,7 +261,8 @@ def test_all_zero_advantages_at_the_reference_skip_the_update(tmp_path):
     trainer = _trainer(tmp_path)
     trainer.actor = _NoForwardActor()
     m = trainer.update(_samples(0.0, 0.0, -0.0))
-    assert m == {"loss/update_skipped": 1.0, "loss/optimizer_steps": 0.0, "perf/logprobs_s": 0.0}
+    assert m == {"loss/update_skipped": 1.0, "loss/update_skipped_nonfinite": 0.0, "loss/optimizer_steps": 0.0,
+                 "perf/logprobs_s": 0.0}
     assert trainer.skip_reason(_samples(0.0)) == "every advantage is 0 and the policy equals the reference"
     trainer.policy_is_reference = False  # the KL term now has a gradient
     assert trainer.skip_reason(_samples(0.0)) is None
