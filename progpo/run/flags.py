@@ -167,8 +167,7 @@ class Flag:
     def refusal(self, value: Any) -> FlagError | None:
         """The error of ``value`` (parsed) outside :attr:`bounds`: ``--actor.adam.lr must be > 0, got -1e-05``;
         None when it lies inside (or the field holds no float)."""
-        words = None if self.bounds is None else _bounds.refusal(value, self.bounds)
-        return None if words is None else FlagError(self.option, words, text=f"{self.option} {words}")
+        return _number_refusal(self.option, value, self.bounds)
 
     @property
     def dest(self) -> str:
@@ -468,8 +467,7 @@ def check_numbers(parser: argparse.ArgumentParser, values: argparse.Namespace,
         no_limit = option not in declared and any(isinstance(d, float) and math.isinf(d) for d in defaults)
         bad = next((v for v in items if v not in rng and not (no_limit and math.isinf(v))), None)
         if bad is not None:
-            words = f"{rng.rule(bad)}, got {' '.join(map(str, items))}"
-            raise FlagError(option, words, text=f"{option} {words}")
+            raise _number_error(option, f"{rng.rule(bad)}, got {' '.join(map(str, items))}")
 
 
 # ---- building the settings ----------------------------------------------------------------------
@@ -496,10 +494,20 @@ def _flag_error(exc: Exception, cls: type, path: Sequence[str]) -> FlagError:
 
 def _check_number(f: dataclasses.Field, hint: Any, path: Sequence[str], value: Any) -> None:
     """Refuse ``value`` of a float field outside its declared range (:meth:`Flag.refusal`); any other field: nothing."""
-    rng = _bounds.declared(f, hint)
-    error = rng and Flag(tuple(path), "--" + ".".join(path), hint, MISSING, "", bounds=rng).refusal(value)
+    error = _number_refusal("--" + ".".join(path), value, _bounds.declared(f, hint))
     if error:
         raise error
+
+
+def _number_refusal(option: str, value: Any, rng: _bounds.Range | None) -> FlagError | None:
+    """:func:`_number_error` for ``value`` outside ``rng`` (None: a field with no float, nothing refused)."""
+    words = None if rng is None else _bounds.refusal(value, rng)
+    return None if words is None else _number_error(option, words)
+
+
+def _number_error(option: str, words: str) -> FlagError:
+    """The one-line refusal of a number: ``--actor.adam.lr must be > 0, got -1e-05``."""
+    return FlagError(option, words, text=f"{option} {words}")
 
 
 def build(cls: type, values: Mapping[str, Any] | argparse.Namespace, *, prefix: Sequence[str] = (),
