@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from progpo.agents.types import Episode
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.samples import STEP_INFO_KEYS, STEP_INFO_PREFIX
+from progpo.run.atomic import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,7 @@ def dump_step_batch(dump_dir: str, iteration: int, batch: StepBatch, config: Any
 
 def _write_json(path: Path, record: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(record))
     return path
 
 

@@ -29,7 +29,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a hidden temporary file, fsync and a rename: a kill at any moment leaves
     the old content or the new one, never a part."""
     tmp = path.with_name(f".tmp-{path.name}")
-    with open(tmp, "w") as f:
+    with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
