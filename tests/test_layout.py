@@ -1,5 +1,6 @@
-"""The package's import graph runs one way, with no cycle between packages or modules (design: cli -> bench/lab -> backends -> run ->
-agents -> envs -> advantages), and the WebShop server imports no training code.
+"""The product's import graph runs one way, with no cycle between packages or modules (design: cli -> backends -> run ->
+agents -> envs -> advantages); the research harness (``research/``, ``benchmarks/``) sits outside the ``progpo``
+package and imports the product, never the reverse; the WebShop server imports no training code.
 
 Walks every module's imports with ``ast`` (top-level and function-level ``import`` statements alike).
 """
@@ -16,14 +17,15 @@ from progpo.paths import REPO_ROOT
 #: layer of each sub-package: a module may import its own package and lower layers only.
 LAYERS = {
     "progpo.bounds": -1,  # the declared ranges of number settings: imports nothing, any layer declares them
-    "progpo.paths": 0, "progpo.testing": 0, "progpo.advantages": 0,
+    "progpo.paths": 0, "progpo_tests.patience": 0, "progpo.advantages": 0,
     "progpo.envs": 1, "progpo.agents": 2, "progpo.run": 3,
     "progpo.trainer": 4, "progpo.openrlhf": 4,
-    "progpo.lab": 5, "progpo.bench": 5,
-    "progpo.cli": 6,
+    "progpo.cli": 5,
+    # outside the product package: the speed benchmarks, then the lab (its dispatcher is benchmarks.cli's)
+    "benchmarks": 6, "research": 7,
 }
 #: the only modules of the training package that may import the WebShop server (they start it).
-STARTS_THE_SERVER = {"progpo.run.env_setup", "progpo.bench.webshop"}
+STARTS_THE_SERVER = {"progpo.run.env_setup", "benchmarks.webshop"}
 
 
 def _module_name(path: Path) -> str:
@@ -41,18 +43,36 @@ def _imports(path: Path) -> set[str]:
             out.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-    return {m for m in out if m.split(".")[0] in ("progpo", "envs")}
+    return {m for m in out if m.split(".")[0] in ROOTS}
 
 
 def _package(module: str) -> str | None:
     return next((p for p in sorted(LAYERS, key=len, reverse=True) if module == p or module.startswith(p + ".")), None)
 
 
-GRAPH = {_module_name(p): _imports(p) for root in ("progpo", "envs") for p in (REPO_ROOT / root).rglob("*.py")}
+#: the import roots: the product package, the WebShop server, the research harness and the test-only helpers.
+ROOTS = ("progpo", "envs", "benchmarks", "research", "progpo_tests", "tests")
+GRAPH = {_module_name(p): _imports(p) for root in ("progpo", "envs", "benchmarks", "research")
+         for p in (REPO_ROOT / root).rglob("*.py")}
+
+
+def test_the_product_imports_no_research_benchmark_or_test_code():
+    """``progpo`` is what a trainer user installs: the lab, the benchmarks and the test helpers sit beside it."""
+    out = sorted(f"{m} -> {t}" for m, ts in GRAPH.items() if m.split(".")[0] in ("progpo", "envs") for t in ts
+                 if t.split(".")[0] in ("benchmarks", "research", "progpo_tests", "tests"))
+    assert not out, out
+
+
+def test_the_product_package_holds_no_research_or_test_only_module():
+    """The lab and benchmarks live in top-level folders; loop references and test patience under tests/support."""
+    product = {p.name for p in (REPO_ROOT / "progpo").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert product == {"advantages", "agents", "cli", "envs", "openrlhf", "run", "trainer"}, product
+    assert not (REPO_ROOT / "progpo" / "testing.py").exists()
+    assert not (REPO_ROOT / "progpo" / "advantages" / "reference.py").exists()
 
 
 def test_every_package_has_a_layer():
-    missing = sorted({m for m in GRAPH if m.startswith("progpo.") and _package(m) is None})
+    missing = sorted({m for m in GRAPH if m.split(".")[0] != "envs" and m != "progpo" and _package(m) is None})
     assert not missing, f"add these to LAYERS: {missing}"
 
 

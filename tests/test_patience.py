@@ -1,4 +1,4 @@
-"""``progpo.testing``: the suite's one patience bound and its polling helper."""
+"""``progpo_tests.patience``: the suite's one patience bound and its polling helper."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from progpo import testing
+from progpo_tests import patience as testing
 
 
 @pytest.mark.parametrize("raw, value", [(None, 300.0), ("", 300.0), ("900", 900.0), ("0.5", 0.5)])

@@ -55,7 +55,7 @@ register(
 )
 
 # The lab's synthetic task families (progpo.envs.synthetic) with the real envs' templates and answer syntax:
-# exact truth available (progpo.lab.oracle), nothing to download or start, a few microseconds per step.
+# exact truth available (research.oracle), nothing to download or start, a few microseconds per step.
 register(
     id="alfworld_like",
     entry_point="progpo.envs.synthetic.env:SyntheticEnv",

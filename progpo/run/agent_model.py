@@ -27,7 +27,7 @@ Why this size and tokenizer (measured on this 2-core CPU machine, shared):
   ``alfworld_like`` tasks, 8,832 expert steps, 8 epochs, micro-batches of 2, 15 min on one thread: NLL 0.046),
   width 64 does read the prompt: it wins 40 of 256 episodes on unseen test tasks (0.156, sampled at T = 1).
   That skill (copying a receptacle's number) arrives in a jump that a run may miss: with one micro-batch of 8
-  the same clone stalled at NLL 0.105 and won 1 of 64 unseen tasks (``progpo.lab.learning_lm.FRESH_CLONE_NOTE``).
+  the same clone stalled at NLL 0.105 and won 1 of 64 unseen tasks (``research.learning_lm.FRESH_CLONE_NOTE``).
 
 Built once into ``~/.cache/progpo/models/tiny-agent-<hash>`` (written to a temporary folder, then renamed),
 keyed on the config and the corpus version.

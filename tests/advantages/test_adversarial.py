@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from progpo.advantages import ESTIMATORS, AdvantageConfig, StepBatch, compute_advantages
-from progpo.advantages.synthetic import HashEncoder, random_batch
+from benchmarks.synthetic_batches import HashEncoder, random_batch
 
 ALL = sorted(ESTIMATORS)
 

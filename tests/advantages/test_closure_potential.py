@@ -21,7 +21,7 @@ import pytest
 
 from progpo.advantages import AdvantageConfig, compute_advantages
 from progpo.advantages.batch import StepBatch
-from progpo.advantages.synthetic import random_batch
+from benchmarks.synthetic_batches import random_batch
 
 # (traj, t, obs, action, reward, terminated, truncated, invalid)
 ROWS = [
@@ -94,7 +94,7 @@ def test_visit_average_credits_the_detour_instead():
 def test_closure_keeps_the_peer_and_episode_terms():
     # only Phi changes: without the credit term (use_potential=False) both targets give the same advantages, on
     # random batches with every other ProGPO term on (peers, episode term, semantic expansion off/on, fusion)
-    from progpo.advantages.synthetic import HashEncoder
+    from benchmarks.synthetic_batches import HashEncoder
 
     for seed in range(6):
         batch = random_batch(seed)
@@ -107,7 +107,7 @@ def test_closure_keeps_the_peer_and_episode_terms():
 
 def test_closure_with_fusion_over_depths_and_expansion_differs_from_visit_average():
     # the option acts with the product defaults (depths auto, expansion on, credit_lambda, rms_cap)
-    from progpo.advantages.synthetic import HashEncoder
+    from benchmarks.synthetic_batches import HashEncoder
 
     batch = random_batch(3)
     a = compute_advantages(batch, AdvantageConfig(potential_target="closure", depths=2), HashEncoder()).advantages

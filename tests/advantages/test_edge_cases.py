@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from progpo.advantages import Estimator, ESTIMATORS, AdvantageConfig, StepAdvantages, StepBatch, compute_advantages
-from progpo.advantages.synthetic import HashEncoder, random_batch
+from benchmarks.synthetic_batches import HashEncoder, random_batch
 
 ALL = sorted(ESTIMATORS)
 

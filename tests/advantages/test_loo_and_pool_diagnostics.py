@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
-from progpo.advantages.synthetic import HashEncoder
+from benchmarks.synthetic_batches import HashEncoder
 
 EPS = 1e-6
 

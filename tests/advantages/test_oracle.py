@@ -1,4 +1,4 @@
-"""The vectorised estimators equal the slow loop oracle (``progpo.advantages.reference``) on 50 seeded
+"""The vectorised estimators equal the slow loop oracle (``progpo_tests.reference``) on 50 seeded
 random batches, each with its own random config (every ProGPO flag, E1-E3, credit_lambda, zero_signal,
 sigma2_floor_ref, rms_cap and potential_target included; for G2PO every field it reads)."""
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from progpo.advantages import AdvantageConfig, compute_advantages
-from progpo.advantages.reference import (reference_crbc, reference_g2po, reference_gigpo, reference_graft,
+from progpo_tests.reference import (reference_crbc, reference_g2po, reference_gigpo, reference_graft,
                                          reference_pgpo, reference_progpo)
-from progpo.advantages.synthetic import HashEncoder, random_batch
+from benchmarks.synthetic_batches import HashEncoder, random_batch
 
 ENC = HashEncoder()
 

@@ -169,7 +169,7 @@ def test_closure_is_the_linear_solve_of_crbc_eq_9(seed):
 
     from progpo.advantages._prep import prepare
     from progpo.advantages.closure import closure
-    from progpo.advantages.synthetic import random_batch
+    from benchmarks.synthetic_batches import random_batch
 
     p = prepare(random_batch(seed), AdvantageConfig(estimator="crbc"))
     for beta in (0.5, 0.98, 1.0):

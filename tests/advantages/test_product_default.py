@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from progpo.advantages import AdvantageConfig, compute_advantages, config_from_preset
-from progpo.advantages.synthetic import HashEncoder, alfworld_like_batch, random_batch
+from benchmarks.synthetic_batches import HashEncoder, alfworld_like_batch, random_batch
 
 BASELINES = ("gigpo", "hgpo", "grpo", "rloo", "g2po")
 

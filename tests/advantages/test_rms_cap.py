@@ -9,7 +9,7 @@ import pytest
 from progpo.advantages import AdvantageConfig, compute_advantages
 from progpo.advantages.batch import StepBatch
 from progpo.advantages.config import config_from_preset
-from progpo.advantages.reference import reference_progpo
+from progpo_tests.reference import reference_progpo
 
 
 def _batch() -> StepBatch:

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages, config_from_preset
-from progpo.advantages.synthetic import HashEncoder, random_batch
+from benchmarks.synthetic_batches import HashEncoder, random_batch
 
 GRAPH = dict(potential_estimator="graph", max_steps=8)
 # (name, config fields, degree): degree 0 = invariant, 1 = homogeneous (A(c r) = c A(r))
@@ -73,7 +73,7 @@ def test_shipped_eps_moves_a_rescaled_group_by_the_hand_computed_amount():
     # x/sqrt(2), |A| = (x/2) / (x/sqrt(2) + eps/c). The shift is eps(1/c - 1)/std relative: below 1e-3 only
     # while the group's std is above ~1e3 eps |1/c - 1| (a random-batch property test found a step group
     # with std ~1e-4 moved by 0.02 at c = 0.1, so no fixed bound holds for every batch).
-    from progpo.advantages.synthetic import HashEncoder as _Enc
+    from benchmarks.synthetic_batches import HashEncoder as _Enc
 
     cfg = AdvantageConfig(estimator="grpo")
     for x, c in [(1.0, 0.1), (1.0, 10.0), (1e-4, 0.1), (1e-4, 1.0)]:

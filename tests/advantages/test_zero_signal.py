@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from progpo.advantages import ESTIMATORS, AdvantageConfig, StepBatch, compute_advantages, config_from_preset
-from progpo.advantages.synthetic import HashEncoder, random_batch
+from benchmarks.synthetic_batches import HashEncoder, random_batch
 
 ALL = sorted(ESTIMATORS)
 
@@ -113,7 +113,7 @@ def test_equal_returns_reached_at_different_times_count_as_no_signal():
 
 
 def test_zero_signal_equals_the_loop_oracle_on_random_batches():
-    from progpo.advantages.reference import reference_progpo
+    from progpo_tests.reference import reference_progpo
 
     hits = 0
     for seed in range(20):
@@ -177,7 +177,7 @@ def test_zero_signal_values():
 
 
 def test_batch_scope_equals_the_loop_oracle():
-    from progpo.advantages.reference import reference_progpo
+    from progpo_tests.reference import reference_progpo
 
     for batch in (_all_invalid_batch(), _mixed_batch()):
         cfg = AdvantageConfig(zero_signal="batch", semantic_expansion=False)

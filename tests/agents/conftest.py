@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from progpo.envs.base import StepResult
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 class FakeEnv:
     """A deterministic corridor game behind the env protocol (``progpo.envs.base``).

@@ -17,7 +17,7 @@ from progpo.agents.types import SamplingParams
 from progpo.envs.alfworld import ALFWORLD_TEMPLATE
 from progpo.envs.local_pool import LocalEnvPool
 from progpo.run.settings import EnvSettings, RolloutSettings
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=64, seed=7)
 

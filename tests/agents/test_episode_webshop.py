@@ -14,7 +14,7 @@ from progpo.agents.scripted import ScriptedGenerate
 from progpo.agents.types import SamplingParams
 from progpo.envs.local_pool import LocalEnvPool
 from progpo.run.settings import EnvSettings, RolloutSettings
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 webshop = pytest.importorskip("progpo.envs.webshop")
 

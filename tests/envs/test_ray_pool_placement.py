@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 
 from progpo.envs.base import EnvDataMissing, EnvNotStarted, EnvUnreachable  # noqa: E402
 from progpo.envs.ray_pool import ActorDied, RayEnvPool  # noqa: E402
-from progpo.testing import PATIENCE_S, JsonHandler  # noqa: E402
+from progpo_tests.patience import PATIENCE_S, JsonHandler  # noqa: E402
 
 CLOSED_URL = "http://127.0.0.1:9"  # discard port: nothing listens there
 

@@ -15,7 +15,7 @@ import pytest
 
 from progpo.envs.base import EnvFailure
 from progpo.envs.webshop import WebShopEnv
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 VIEW = {"session_id": "s" * 24, "goal_index": 0, "instruction": "buy tea", "observation": "WebShop",
         "available_actions": {"has_search_bar": True, "clickables": ["search"]}, "url": "/x",

@@ -31,7 +31,7 @@ import pytest
 from progpo.envs.base import EnvFailure, EnvUnreachable
 from progpo.envs.http_pool import AsyncWebShopPool
 from progpo.envs.webshop import WebShopEnv
-from progpo.testing import PATIENCE_S, JsonHandler
+from progpo_tests.patience import PATIENCE_S, JsonHandler
 
 WAITING_S = 0.5  # a reset that gave up at once would have raised within this
 

@@ -18,7 +18,7 @@ import pytest
 from progpo.run.settings import EnvSettings
 
 from envs.webshop_server.process import WebShopServerProcess
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ import pytest
 import torch
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
-from progpo.testing import PATIENCE_S, wait_until
+from progpo_tests.patience import PATIENCE_S, wait_until
 
 pytestmark = pytest.mark.slow
 

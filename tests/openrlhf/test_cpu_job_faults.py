@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from progpo.run.failures import EXIT_ENGINE_DIED
-from progpo.testing import PATIENCE_S, wait_until
+from progpo_tests.patience import PATIENCE_S, wait_until
 
 from .test_cpu_job import (  # noqa: F401 - start_model is a fixture
     _free_port,

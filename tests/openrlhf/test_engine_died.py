@@ -13,7 +13,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from progpo.testing import PATIENCE_S  # noqa: E402
+from progpo_tests.patience import PATIENCE_S  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -175,7 +175,7 @@ def test_an_infinite_default_keeps_inf_but_never_nan(commands):
 def test_a_bench_flag_restated_from_a_setting_refuses_nan_and_inf_and_leaves_the_range_to_the_bench(capsys):
     import argparse
 
-    from progpo.lab import learning_probe
+    from research import learning_probe
 
     with pytest.raises(SystemExit) as exc:  # a lab command: refused as argparse reads it, before anything runs
         learning_probe.main(["--progpo.beta_episode", "nan"])

@@ -62,12 +62,12 @@ def test_estimator_names_are_written_once(parsers):
 
 
 def test_no_module_lists_env_or_estimator_names_by_hand():
-    """Outside the registries (and the lab, whose synthetic families are not envs), no tuple or list of
-    two or more env ids / estimator names appears in the package's code."""
+    """Outside the registries, no tuple or list of two or more env ids / estimator names appears in the product
+    package's code (the lab, whose synthetic families are not envs, lives outside it in ``research/``)."""
     envs, ests = set(env_ids()), {e.value for e in Estimator}
     offenders = []
     for path in (REPO_ROOT / "progpo").rglob("*.py"):
-        if "lab" in path.parts or path.name == "config.py" and path.parent.name == "advantages":
+        if path.name == "config.py" and path.parent.name == "advantages":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
@@ -175,7 +175,7 @@ def test_env_spec_resolves_what_the_settings_leave_open():
 
 
 def test_step_batch_rows_are_field_generic():
-    from progpo.advantages.synthetic import random_batch
+    from benchmarks.synthetic_batches import random_batch
 
     batch = random_batch(3)
     again = StepBatch.from_rows(batch.to_rows())
@@ -197,12 +197,12 @@ def test_step_batch_rows_are_field_generic():
 
 def test_local_and_openrlhf_rows_come_from_the_same_functions():
     src = {p: (REPO_ROOT / p).read_text() for p in ("progpo/agents/batching.py", "progpo/openrlhf/samples.py",
-                                                    "progpo/openrlhf/experience.py", "progpo/advantages/reference.py")}
+                                                    "progpo/openrlhf/experience.py", "tests/support/progpo_tests/reference.py")}
     for path, text in src.items():
         assert "anchor_obs=" not in text and '"progpo/anchor_obs"' not in text, path  # no hand-listed columns
     assert "StepBatch.from_rows" in src["progpo/agents/batching.py"]
     assert "StepBatch.from_rows" in src["progpo/openrlhf/experience.py"]
-    assert "to_rows()" in src["progpo/openrlhf/samples.py"] and "to_rows()" in src["progpo/advantages/reference.py"]
+    assert "to_rows()" in src["progpo/openrlhf/samples.py"] and "to_rows()" in src["tests/support/progpo_tests/reference.py"]
 
 
 def test_generated_flag_tables_in_the_docs_are_current():

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from progpo.envs import env_ids, spec
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "examples" / "scripts"
@@ -526,7 +526,7 @@ def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
     """The README's main job: `train`'s own parser accepts its command line; it clones the expert before RL
     (so its batches carry signal) in fp32, with a step limit the expert can finish WebShop in; and
     `bench roofline` measures that same batch shape by default."""
-    from progpo.bench.roofline import build_parser
+    from benchmarks.roofline import build_parser
     from progpo.trainer.config import config_from_args
 
     argv = _dry_run(SCRIPTS / "run_local.sh")

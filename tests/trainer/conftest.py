@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

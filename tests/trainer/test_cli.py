@@ -8,7 +8,7 @@ import math
 import pytest
 
 from progpo.agents.types import Episode, StepRecord
-from progpo.testing import PATIENCE_S, wait_until
+from progpo_tests.patience import PATIENCE_S, wait_until
 from progpo.run.metrics import MetricsLogger
 
 

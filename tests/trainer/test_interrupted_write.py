@@ -23,7 +23,7 @@ import torch
 from progpo.paths import REPO_ROOT
 from progpo.run.checkpoint import CheckpointManager
 from progpo.run.metrics import MetricsLogger, read_metrics
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 FLAGS = ["--actor.model_name_or_path", "tiny", "--env.name", "alfworld_like", "--env.max_steps", "2",
          "--env.num_tasks", "6", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2",

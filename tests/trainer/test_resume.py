@@ -94,7 +94,7 @@ def test_sigkill_then_resume_matches_uninterrupted(e2e_runs, tmp_path):
 
     from safetensors.torch import load_file
 
-    from progpo.testing import PATIENCE_S, wait_until
+    from progpo_tests.patience import PATIENCE_S, wait_until
 
     full = e2e_runs.get("webshop", "progpo")
     run_dir = tmp_path / "killed"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from envs.webshop_server.process import WebShopServerProcess
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import requests
 from envs.webshop_server.reward import get_reward
 from progpo.envs.conformance import check_env_conformance
 from progpo.envs.webshop import SEARCH_MARKER, WebShopEnv
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 
 def test_conformance(server):

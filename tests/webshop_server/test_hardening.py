@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 
 def _new(base: str, index: int = 0) -> str:
@@ -256,7 +256,7 @@ def test_synth_never_overwrites_data_it_did_not_write(tmp_path, capsys):
     (["--cache-dir", "{precious}/notes.txt"], "--cache-dir {precious}/notes.txt is a file"),
 ])
 def test_bench_refuses_bad_flags_before_touching_anything(webshop_dir, tmp_path, capsys, argv, says):
-    from progpo.bench import webshop as bench
+    from benchmarks import webshop as bench
 
     precious = tmp_path / "precious"
     precious.mkdir()

@@ -23,7 +23,7 @@ from progpo.agents.parsing import parse_action
 from progpo.envs import alfworld, base
 from progpo.envs.base import normalize_action
 from progpo.envs.webshop import admissible_actions
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 #: how a model may copy a label: verbatim, upper case, doubled spaces, tabs, NBSP, padded
 VARIANTS = {

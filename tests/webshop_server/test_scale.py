@@ -1,5 +1,5 @@
 """Full-scale WebShop, tested small: the generator, the disk store, the content-keyed cache and the
-BM25 builder (issue 13). Figures at 1.18M products come from ``python -m progpo.cli.bench webshop``."""
+BM25 builder (issue 13). Figures at 1.18M products come from ``python -m benchmarks webshop``."""
 
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def test_episode_loop_on_a_store_backed_server(synth_dir, tmp_path):
     """The episode loop + scripted shopper through HTTP on a server serving from the disk store."""
     import requests
 
-    from progpo.bench.webshop import scripted_episodes
+    from benchmarks.webshop import scripted_episodes
     from envs.webshop_server.process import WebShopServerProcess
 
     with WebShopServerProcess(data_dir=synth_dir, threads=8, extra_args=[
@@ -266,7 +266,7 @@ def test_worker_processes_share_the_store_and_route_sessions(synth_dir, tmp_path
     import psutil
     import requests
 
-    from progpo.bench.webshop import scripted_episodes
+    from benchmarks.webshop import scripted_episodes
     from envs.webshop_server.process import WebShopServerProcess
 
     with WebShopServerProcess(data_dir=synth_dir, threads=4, extra_args=[

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from envs.webshop_server.engine import normalize_action as server_rule
 from progpo.envs.base import normalize_action as agent_rule
 from progpo.paths import REPO_ROOT
-from progpo.testing import PATIENCE_S
+from progpo_tests.patience import PATIENCE_S
 
 
 def test_server_modules_import_no_training_code():

@@ -14,7 +14,7 @@ The behaviour policy is a softmax over the admissible actions (plus a small chan
 one) whose logits add a per-task prior, an observation-text-dependent perturbation (an LLM reacts
 to wording), a bonus for the expert's next subgoal action, and a penalty for each repetition of the
 action among the last ``history`` actions, so history matters. :class:`SyntheticTask` implements
-:class:`progpo.envs.synthetic.mdp.TextMDP`; the exact advantages come from :class:`~progpo.lab.oracle.ExactOracle`.
+:class:`progpo.envs.synthetic.mdp.TextMDP`; the exact advantages come from :class:`~research.oracle.ExactOracle`.
 
 State ``s = (loc, opened, hold)``: ``loc`` in ``-1`` (middle of the room) or ``0..L-1``; ``opened``
 whether the object's receptacle has been opened; ``hold``: 0 object at its origin, 1 held (raw), 2 held

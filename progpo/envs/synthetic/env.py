@@ -8,7 +8,7 @@ whose seed is ``split base + index``, ``step(action)`` matches the normalised ac
 (:func:`progpo.envs.base.normalize_action`) against the task's admissible actions, an inadmissible one
 gets the task's own answer ("Nothing happens." / "Invalid action."), reward 0 and
 ``info["invalid_action"] = True``, and the episode is truncated after ``max_steps`` decisions (the task's
-horizon is set to ``max_steps``, so the exact oracle of :mod:`progpo.lab.oracle` solves the same MDP).
+horizon is set to ``max_steps``, so the exact oracle of :mod:`research.oracle` solves the same MDP).
 
 Rewards are the family's (reward units: ``success_reward`` = 10 on success; WebShop-like purchases earn
 ``10 * score``, ``info["score"]`` in [0, 1] as WebShop's). ``won``: a success (ALFWorld-like: the final

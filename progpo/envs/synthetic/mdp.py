@@ -1,5 +1,5 @@
 """The finite text MDPs behind the synthetic environments: one transition outcome, and the protocol a task
-with a fixed behaviour policy implements (what :class:`progpo.lab.oracle.ExactOracle` solves exactly).
+with a fixed behaviour policy implements (what :class:`research.oracle.ExactOracle` solves exactly).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from progpo.agents.templates import get_template
 from progpo.envs import env_class, env_ids, make_env, spec
 from progpo.envs.conformance import check_env_conformance
 from progpo.envs.synthetic.env import SyntheticEnv, SyntheticExpert
-from progpo.lab.oracle import ExactOracle
+from research.oracle import ExactOracle
 NAMES = [name for name in env_ids() if env_class(name) is SyntheticEnv]
 
 

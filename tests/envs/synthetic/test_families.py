@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from progpo.lab import engine
+from research import engine
 from progpo.envs.synthetic.families import FAMILIES, family_config, get_family, make_tasks
 
 

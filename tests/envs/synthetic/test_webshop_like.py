@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from progpo.lab.oracle import ExactOracle
+from research.oracle import ExactOracle
 from progpo.envs.synthetic.webshop_like import ShopConfig, ShopTask
 
 

@@ -1,3 +1,0 @@
-"""Benchmarks that print figures (never timed unit tests): estimator speed, the WebShop server at
-scale, ALFWorld latency, one training iteration's time split. Run via ``python -m progpo.cli.bench NAME``.
-"""

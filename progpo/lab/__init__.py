@@ -1,5 +1,0 @@
-"""The credit-assignment lab: synthetic task families with exact truth (dynamic programming), the exact
-oracle, a log-linear learner, censored learning statistics and the generated blocks of docs/fidelity.md.
-
-Run through ``python -m progpo.cli.bench fidelity|learning``. The task families live in ``progpo.envs.synthetic``.
-"""

@@ -1,0 +1,44 @@
+"""Bench flags that used to crash deep inside (StatisticsError, "StepBatch is empty") or were taken
+silently (NaN threshold) are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import advantages
+from research import fidelity
+
+
+@pytest.mark.parametrize("flag, named", [("--runs", "--runs"), ("--rollout.batch_size", "--rollout.batch_size"),
+                                         ("--rollout.n_samples_per_prompt", "--rollout.n_samples_per_prompt"),
+                                         ("--env.max_steps", "--env.max_steps"),
+                                         ("--tasks", "--rollout.batch_size"),  # the former names, for one release
+                                         ("--trajectories", "--rollout.n_samples_per_prompt"),
+                                         ("--max-steps", "--env.max_steps")])
+def test_advantages_bench_counts_must_be_positive(flag, named, capsys):
+    with pytest.raises(ValueError, match=named):
+        advantages.main([flag, "0", "--no-embeddings"])
+    assert "machine:" not in capsys.readouterr().out  # refused before any work
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.5"])
+def test_fidelity_sign_threshold_must_be_finite_non_negative(value):
+    with pytest.raises(ValueError, match="--sign-threshold"):
+        fidelity.parse_args(["--sign-threshold", value])
+
+
+def test_speed_bench_rows_are_the_published_estimators():
+    # dataclasses.replace(progpo_config, estimator="hgpo") kept ProGPO's resolved depths 0 and per-task
+    # zeroing, so the speed table timed HGPO with K = 0 and zeroing baselines
+    from progpo.advantages import AdvantageConfig
+
+    rows = advantages.bench_configs(50)
+    for name in ("gigpo", "hgpo", "grpo", "rloo"):
+        assert rows[name] == AdvantageConfig(estimator=name, max_steps=50), name
+        assert rows[name].zero_signal == "off"
+    assert rows["hgpo"].depths == 2 and rows["progpo"].depths == 0
+    # ProGPO with closure potentials is timed on the product default otherwise
+    assert rows["progpo potential_target=closure"] == AdvantageConfig(max_steps=50, potential_target="closure")
+    # the peers' rows time their paper's settings
+    assert (rows["crbc"].crbc_beta, rows["crbc"].omega, rows["graft"].graft_gamma, rows["pgpo"].estimator) == (
+        0.98, 5.0, 0.99, "pgpo")
