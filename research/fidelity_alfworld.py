@@ -10,7 +10,7 @@ Truth: the game is deterministic given its file, so ``h_{t+1}`` is a function of
 ``V(h)`` is estimated by ``M`` continuations of the behaviour policy after replaying ``h``'s actions from
 ``reset`` (cached per action prefix, so trajectories sharing a prefix share the estimate); the standard
 error of each ``A*`` is ``sqrt(gamma^2 se(V_{t+1})^2 + se(V_t)^2)`` and is reported. Every continuation
-costs one ``reset`` (~1.3 s on an idle 2-core machine) plus its steps, hence the small defaults.
+costs one slow ``reset`` (docs/alfworld.md, "The env") plus its steps, hence the small defaults.
 """
 
 from __future__ import annotations

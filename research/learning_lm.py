@@ -20,8 +20,8 @@ them), ``--rollout.batch_size`` of them per iteration in the trainer's seeded or
 seed), ``--rollout.n_samples_per_prompt`` episodes each. ``fresh`` draws new tasks from the whole train split every iteration;
 there the warm start must clone the family, not a few tasks: with 1,600 tasks for 8 epochs (the fresh
 regime's default; batch 8 summed over micro-batches of 2, :data:`FRESH_CLONE_NOTE` says why) the
-``alfworld_like`` clone wins 40 of 256 episodes on unseen test tasks (0.156, 95%
-0.117-0.206, sampled at T = 1; 65% of its actions inadmissible), where 800 tasks for 1 epoch won 0 of 320.
+``alfworld_like`` clone wins some episodes on unseen test tasks, where 800 tasks for 1 epoch won none (the
+counts: docs/fidelity.md, "Fresh tasks").
 Each regime has its own defaults (:data:`REGIME_DEFAULTS`; an explicit flag wins), report, docs block and
 output folder (:func:`block_name`).
 

@@ -183,11 +183,10 @@ def collapse(success: Sequence[Sequence[float]], *, peak_window: int = PEAK_WIND
         final_window: final = mean of the last ``final_window`` iterations (all of them if fewer).
         ratio: collapse when ``final < ratio * peak`` ...; in (0, 1).
         min_drop: ... and ``peak - final >= min_drop`` (success units, in [0, 1]): a run that never learned
-            has nothing to lose, and a halving of a small rate can be sampling noise. Simulated with a
-            steady success rate ``p`` (no learning, 100 iterations, 20,000 runs per ``p`` in 0.01-0.3): at
-            the lab's 128 episodes per iteration no run is flagged with ``min_drop = 0.1`` (without it, 47%
-            at ``p = 0.02``); at 32 episodes per iteration ``0.1`` flags up to 23% (``p = 0.1``), ``0.2`` up to
-            0.7% and ``0.25`` up to 0.09%: smaller batches need a larger ``min_drop``.
+            has nothing to lose, and a halving of a small rate can be sampling noise. How often runs with a
+            steady success rate (no learning) are flagged with and without it, at 128 and at 32 episodes per
+            iteration: docs/fidelity.md, "Collapse and the stable rate range"; smaller batches need a larger
+            ``min_drop``.
     Returns:
         :class:`Collapse` (peak, final, collapsed per seed, in input order).
     Raises:

@@ -238,7 +238,7 @@ def read_attributes(path: Path) -> dict[str, tuple]:
     """``items_ins_v2*.json`` streamed into ASIN -> ``(attributes, instruction, instruction_attributes)``.
 
     Tuples of interned strings (attribute phrases repeat across products), or None where the entry
-    lacks the field; about 250 bytes per product, so the 1.18M-product file fits in ~300 MB.
+    lacks the field; compact enough for the full catalog's file (its size: docs/webshop.md, "Full scale").
 
     Raises:
         ValueError: the file is not a JSON object of objects (names the file and the entry).

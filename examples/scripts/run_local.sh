@@ -4,7 +4,7 @@
 #   bash examples/scripts/run_local.sh                      # WebShop, progpo, 3 iterations
 #   ENV=alfworld ESTIMATOR=gigpo bash examples/scripts/run_local.sh --train.num_iterations 5
 #
-# First installs what is missing (scripts/install.sh: the same steps as CI; ~1 s when all is there).
+# First installs what is missing (scripts/install.sh: the same steps as CI; no pip run when all is there).
 # Starts the WebShop server on the real products (../shared/data/webshop, $PROGPO_DATA/webshop or
 # ~/.cache/progpo/data/webshop; override with --env.data_dir), converts the bundled SmolLM2 GGUF to a
 # Hugging Face folder once (~/.cache/progpo/models), then warm-starts: behaviour cloning of the scripted

@@ -45,7 +45,8 @@ DYNAMIC_SAMPLING=${DYNAMIC_SAMPLING:-false}
 EVAL_SAMPLES=${EVAL_SAMPLES:-8}      # episodes per RL task in the before/after evaluation
 EVAL_TRAIN_TASKS=${EVAL_TRAIN_TASKS:-8}
 EVAL_TEST_TASKS=${EVAL_TEST_TASKS:-12}
-# Check every setting before anything is installed or run (a bad one would otherwise surface ~1 h in).
+# Check every setting before anything is installed or run (a bad one would otherwise surface late in the run;
+# its length: docs/training.md, "A CPU run that learns").
 bad() { echo "run_local_learning.sh: $*" >&2; exit 2; }
 int_at_least() {  # int_at_least NAME MIN
   if ! [[ ${!1} =~ ^[0-9]+$ ]] || (( 10#${!1} < $2 )); then bad "$1 must be an integer >= $2, got '${!1}'"; fi

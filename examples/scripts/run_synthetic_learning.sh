@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The product's own trainer raising success on text tasks with exact truth (opt-in, ~6-7 CPU-minutes):
+# The product's own trainer raising success on text tasks with exact truth (opt-in, a few CPU-minutes):
 # the `tiny-agent` policy (progpo/run/agent_model.py) is warm-started by behaviour cloning on the expert of
 # the synthetic ALFWorld-like family (python -m progpo.cli.sft), deliberately short so that it wins about a
 # fifth of its episodes, then trained with ProGPO by python -m progpo.cli.train on the same 2 tasks

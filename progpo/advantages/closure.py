@@ -81,9 +81,9 @@ def closure(p: Prepared, discount: float, reward: np.ndarray | None = None) -> C
     node's self-loop solved in closed form, ``V(u) = discount (sum_{v != u} M(u,v) V(v) + m_+(u)) /
     (1 - discount M(u,u))``, from ``V = 0`` until no value moves by more than :data:`TOLERANCE`: on a
     trajectory graph, a DAG apart from revisits, that takes about the longest trajectory's length in sweeps.
-    CRBC solves the same system with one dense linear solve, GRAFT iterates Gauss-Seidel to ``1e-8``; a dense
-    solve of the ~100-node systems of a 16 x 8 x 50 batch cost 60 ms per task here against milliseconds for
-    all tasks by iteration. Cost ``O(sweeps * #edges)``.
+    CRBC solves the same system with one dense linear solve, GRAFT iterates Gauss-Seidel to ``1e-8``; the
+    iteration is far cheaper here than a dense solve per task (timings: docs/estimators.md, "Speed").
+    Cost ``O(sweeps * #edges)``.
 
     Args:
         p: the prepared batch (its ``state_key`` picks the anchor states).

@@ -10,7 +10,7 @@ Interactive Learning", MIT license) come as ``json_2.1.1/<split>/<task_type>-<ob
 3. the unpack cache ``~/.cache/progpo/alfworld/json_2.1.1`` (override with ``PROGPO_ALFWORLD_CACHE``);
 4. otherwise the archive ``<data_root>/alfworld/json_2.1.1.tar.xz`` (see ``progpo.paths``) is
    unpacked into that cache once (all of it: xz is one solid stream, so extracting a subset costs
-   the same decompression; the full 376 MB unpack takes ~4 s) under a file lock, so that many
+   the same decompression; its time: docs/alfworld.md, "Game data") under a file lock, so that many
    processes (Ray actors) starting together unpack it only once.
 
 A folder that was named explicitly but does not exist raises ``FileNotFoundError`` naming it.

@@ -3,8 +3,8 @@
 Each actor is a separate process holding up to ``episodes_per_actor`` environments of any
 registered name (``progpo.envs.make_env``). The pool assigns a starting episode to the least
 loaded live actor and keeps it there until ``release``. Calls to different actors run in
-parallel (ALFWorld's ~1.3 s reset on 8 actors overlaps 8-fold, CPU permitting); calls to one
-actor run one at a time.
+parallel (ALFWorld's slow resets overlap across actors, CPU permitting; timings: docs/alfworld.md,
+"The env" and "Benchmark"); calls to one actor run one at a time.
 
 Each actor is named ``progpo_env:<env>:<pool id>:<slot>:g<generation>`` (:meth:`RayEnvPool.actor_name`),
 so that monitoring and failure tests find it through Ray (``ray.util.list_named_actors``); a

@@ -88,7 +88,8 @@ class EnvSpec:
         demo_max_steps: decisions per episode of the one-machine main job (``examples/scripts/run_local.sh``,
             a few CPU iterations): enough for the scripted expert to finish most tasks, so the warm-started
             model's groups differ in return, and no more (every step costs a generate call on 2 cores).
-            WebShop 6 (its expert needs 4.85 steps on average), ALFWorld 8. None: ``max_steps``.
+            WebShop 6 (above its expert's mean episode length: docs/training.md, "The main job"), ALFWorld 8.
+            None: ``max_steps``.
         splits: task splits the env serves; the first is the default training split.
         eval_split: default split of ``evaluate`` and of evaluation during training.
         template: ``"module:OBJECT"`` of its :class:`PromptTemplate`.

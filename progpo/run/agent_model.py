@@ -9,25 +9,17 @@ answers. It keeps the prompt protocol: Qwen's ChatML turn format (``<|im_start|>
 default system turn) and ``<think>``, ``</think>``, ``<action>``, ``</action>`` as single, non-special tokens
 (as Qwen3's ``<think>``; ``decode_response`` keeps answer tags of any kind).
 
-Why this size and tokenizer (measured on this 2-core CPU machine, shared):
+Why this size and tokenizer (the measurements: docs/training.md, "Models"; the clones' skill on unseen
+tasks: docs/fidelity.md, "Why micro-batches of 2"):
 
-* **Tokenizer.** Trained on the envs' own text it stops at 1,211 tokens (no more merges), against 49,152
-  for SmolLM2's: the tied embedding/output matrix is 1,211 x 64 = 78k parameters instead of 3.1M, so the
-  output softmax, not the layers, would otherwise dominate the cost. Every receptacle, object and option
-  word of the envs is one token, so an action is 2-6 tokens and an answer ~16; step texts are 1.19x
-  shorter than with SmolLM2's tokenizer (mean 301 vs 358 tokens over 158 corpus step texts).
-* **Size.** Width 64, 2 layers, 4 heads (2 KV heads), MLP 256: 201k parameters. The model must train
-  inside a CI test, so cost decides: one RL iteration of 2 tasks x 16 episodes of ``alfworld_like``
-  (~250 steps, prompts ~230 tokens with ``--env.history_length 1``) takes 4-5 s wall with 2 torch threads
-  on a quiet machine and 8-15 s under the shared load; one SFT epoch over 2,200 expert steps took 16 s
-  (quiet machine).
-  Width 128 (648k parameters) learned no more: behaviour-cloned for 12 epochs on 64 tasks' expert steps,
-  neither width won any of 64 episodes on unseen test tasks (held-out NLL 0.41 at width 64, 0.37 at 128),
-  while both reproduce tasks they were cloned on. Cloned on many more tasks for longer (1,600
-  ``alfworld_like`` tasks, 8,832 expert steps, 8 epochs, micro-batches of 2, 15 min on one thread: NLL 0.046),
-  width 64 does read the prompt: it wins 40 of 256 episodes on unseen test tasks (0.156, sampled at T = 1).
-  That skill (copying a receptacle's number) arrives in a jump that a run may miss: with one micro-batch of 8
-  the same clone stalled at NLL 0.105 and won 1 of 64 unseen tasks (``research.learning_lm.FRESH_CLONE_NOTE``).
+* **Tokenizer.** Trained on the envs' own text it stops growing (no more merges) far below SmolLM2's
+  49,152 tokens, so the tied embedding/output matrix stays small and the output softmax does not dominate
+  the cost. Every receptacle, object and option word of the envs is one token, so an action is a few tokens
+  and step texts are shorter than with SmolLM2's tokenizer.
+* **Size.** Width 64, 2 layers, 4 heads (2 KV heads), MLP 256. The model must train inside a CI test, so
+  cost decides. A wider model learned no more from a short clone; cloned on many more tasks for longer,
+  width 64 does read the prompt, and that skill (copying a receptacle's number) arrives in a jump that a
+  run may miss (``research.learning_lm.FRESH_CLONE_NOTE``).
 
 Built once into ``~/.cache/progpo/models/tiny-agent-<hash>`` (written to a temporary folder, then renamed),
 keyed on the config and the corpus version.

@@ -10,12 +10,11 @@ own fp32 parameters; the backward pass runs outside the context, as PyTorch's AM
 
 The capability is read from the CPU's flags as torch reads them (``torch.cpu.get_capabilities()``,
 cpuinfo's view of CPUID): ``amx_bf16`` (Intel AMX) or ``avx512_bf16`` (AVX512-BF16 dot products) mean
-that oneDNN runs bf16 GEMMs natively (measured: 1,787 vs 293 GFLOP/s fp32 on an AMX machine; 2.3x fp32
-on an AMD EPYC with avx512_bf16); without them bf16 is emulated (an AVX2-only EPYC: under 1 GFLOP/s
-against 149 fp32, a SmolLM2-135M forward 5.5x slower under autocast). The flags, not a timed probe, are
-read: a probe on a machine shared with other jobs swings from run to run (measured here: the same fp32
-GEMM at 180 and 21 GFLOP/s a minute apart), and a run's precision must not change between a run and its
-resume (or the warm-start cache key). ``bench roofline`` measures both GEMM rates beside it.
+that oneDNN runs bf16 GEMMs natively, faster than fp32; without them bf16 is emulated, far slower than fp32
+(the rates measured on each kind of CPU: docs/training.md, "Precision"). The flags, not a timed probe, are
+read: a probe on a machine shared with other jobs swings from run to run, and a run's precision must not
+change between a run and its resume (or the warm-start cache key). ``bench roofline`` measures both GEMM
+rates beside it.
 
 ``auto`` is fp32 even where bf16 is native: the autocast forward rounds the weights to bf16, and the
 small steps of fine-tuning are lost to that rounding (:func:`resolve_precision`; docs/training.md,
@@ -137,10 +136,9 @@ def resolve_precision(setting: str, *, param_dtype: str = "fp32", device_type: s
     ``auto``: fp32, with the reason read from the device (:func:`bf16_capability`): where bf16 is emulated
     it would be slow; where it is native, bf16 matmuls round the fp32 master weights to bf16 in every
     forward pass, and fine-tuning steps below half a bf16 spacing are lost to that rounding (measured on
-    SmolLM2-135M, whose checkpoint is bf16: the fp32 behaviour-cloned model scores NLL 0.359 in fp32 and
-    0.553 under bf16 matmuls; cloning under bf16 matmuls reaches 0.616 instead of 0.359), so learning
-    parity with fp32 does not hold; ``bf16``: bf16 mixed precision (1.4-1.7x faster prefill and
-    training where native, slow where emulated); ``off``: fp32. With
+    SmolLM2-135M, whose checkpoint is bf16: docs/training.md, "Precision"), so learning parity with fp32
+    does not hold; ``bf16``: bf16 mixed precision (faster prefill and training where native, slow where
+    emulated; speed-ups: docs/training.md, "Throughput against this machine's bound"); ``off``: fp32. With
     ``--ds.param_dtype bf16`` the weights are bf16 already: ``auto`` and ``off`` add no autocast, and
     ``bf16`` is refused.
 
@@ -172,8 +170,8 @@ def fp32_output_head(model: torch.nn.Module, device_type: str = "cpu") -> None:
     """Make ``model``'s output head (the ``[d] -> [V]`` logits projection) compute in fp32 under autocast.
 
     Under bf16 autocast the logits would be rounded to bf16: 8 significant bits, an error of up to
-    0.06 nats on a logit of 20, straight into every log-prob and PPO ratio (measured on SmolLM2-135M:
-    the same tokens scored in two batch layouts gave |ratio - 1| p99 0.12 with a bf16 head). The head's
+    0.06 nats on a logit of 20, straight into every log-prob and PPO ratio (its effect measured on
+    SmolLM2-135M: docs/training.md, "Precision"). The head's
     forward is wrapped with PyTorch's ``torch.amp.custom_fwd(cast_inputs=torch.float32)``: inside an
     autocast region it runs with autocast disabled on fp32 inputs (the fp32 master weights), outside it
     is unchanged. Parameters and state dict are untouched. Idempotent.

@@ -8,7 +8,7 @@ tokens (``action_mask`` = 1), prompt tokens (task, history, observation) are mas
 Both models run without dropout (``progpo.run.models.disable_dropout``), so every pass that scores
 log-probs (old, reference, update; the generator's too) gives the same values for the same weights.
 DeepSpeed runs in this one process (world size 1; gloo on CPU). Its shared-memory allreduce op is
-useless for one process and would compile C++ (~75 s on a fresh machine), so it is switched off
+useless for one process and would compile C++ (docs/training.md, "DeepSpeed on one machine"), so it is switched off
 before the engine starts (see ``init_single_process_distributed``).
 """
 
@@ -83,8 +83,8 @@ def init_single_process_distributed() -> float:
     """Start torch.distributed (world size 1) for DeepSpeed, without compiling its shm op.
 
     Sets ``TORCH_EXTENSIONS_DIR`` to ``~/.cache/progpo/torch_extensions`` unless set, marks
-    DeepSpeed's ``deepspeed_shm_comm`` op as unavailable (world size 1 never uses it; building it
-    costs ~75 s), picks gloo on CPU / nccl on CUDA. Idempotent.
+    DeepSpeed's ``deepspeed_shm_comm`` op as unavailable (world size 1 never uses it; building it is a
+    slow C++ compile, docs/training.md), picks gloo on CPU / nccl on CUDA. Idempotent.
 
     Returns:
         Seconds spent.

@@ -95,12 +95,11 @@ class SFTSettings:
     Only ``num_tasks`` differs by design: ``train`` defaults to 0 (no warm start), ``sft`` to 64.
 
     Why the learning rate's default is 5e-5: it is the rate measured on this project's main job
-    (docs/training.md, "The main job" and "A CPU run that learns": SmolLM2-135M-Instruct, 8 expert
-    episodes, 2 epochs, batch 8, i.e. about 10 optimizer steps): the NLL per response token fell from
-    1.354 to 0.296 over the 2 epochs and 0.102 after, and the 3 RL iterations after it answered in the
-    valid format 84-87% of the time, where the base model answered validly 0 of 48 times. A warm start is
-    only useful if these few steps teach the answer format; 1e-5 (the ``sft`` command's former default)
-    has no such measurement and moves the weights 5x less per step.
+    (SmolLM2-135M-Instruct, 8 expert episodes, 2 epochs, batch 8, i.e. about 10 optimizer steps), where
+    these few steps teach the base model the answer format it never writes by itself (the NLL and the
+    valid-format shares: docs/training.md, "The main job" and "A CPU run that learns"). A warm start is
+    only useful if they do; 1e-5 (the ``sft`` command's former default) has no such measurement and moves
+    the weights 5x less per step.
     """
 
     num_tasks: int = 64

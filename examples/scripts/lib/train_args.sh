@@ -172,8 +172,8 @@ progpo_train_args() {
 # PROGPO_ARGS + the extra flags, before anything starts. A refusal prints train_ray's error line and its hint (not
 # the import warnings before them) on stderr, status 2. PROGPO_SKIP_CHECK_ARGS=1 skips it: only for tests that
 # assert the assembled command and check it in-process themselves (tests/scripts/test_launch_scripts.py); importing
-# OpenRLHF costs ~9 s a call, and ~70 such dry runs would add ~11 min to the suite. tests/scripts/test_dry_run_checks.py
-# runs the check itself.
+# OpenRLHF is slow, and the suite would pay it on every such dry run (the cost: docs/distributed.md, "Run").
+# tests/scripts/test_dry_run_checks.py runs the check itself.
 progpo_check_args() {
   local out
   [ "${PROGPO_SKIP_CHECK_ARGS:-0}" = 1 ] && return 0

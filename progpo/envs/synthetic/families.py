@@ -19,9 +19,8 @@ configs, its presets and features, and register it in :data:`FAMILIES`.
 learning config, one definition per family. ``hard``: longer horizons, more distractors and sparser success, as
 real ALFWorld and WebShop have, aimed at settings where credit assignment matters: on fresh tasks the exact
 advantage (the lab's ``oracle`` row) needs at most 0.7x GiGPO's env steps to 80% and GiGPO's final success stays
-below 0.95. Measured (docs/fidelity.md, "Learning benchmark", with the commands): the ALFWorld-like preset
-meets both, with GiGPO reaching 80% on 1 of 8 seeds (at 10 receptacles it met the first aim only); the
-WebShop-like one meets neither (its knobs cannot lengthen the task).
+below 0.95. Which family's preset meets which aim, with the commands and runs: docs/fidelity.md, "Learning
+benchmark" (the hard preset).
 """
 
 from __future__ import annotations

@@ -104,8 +104,9 @@ def _replay_buffer_on_cpu() -> None:
 
 
 def _ds_config_torch_adam() -> None:
-    """DeepSpeed builds FusedAdam (a C++ op, ~155 s compile on CPU) for OpenRLHF's ``AdamW`` config;
-    DeepSpeed's own ``torch_adam`` switch makes it ``torch.optim.AdamW`` instead."""
+    """DeepSpeed builds FusedAdam (a C++ op, a slow compile on CPU: docs/distributed.md, "What OpenRLHF needs
+    on CPU") for OpenRLHF's ``AdamW`` config; DeepSpeed's own ``torch_adam`` switch makes it
+    ``torch.optim.AdamW`` instead."""
     from openrlhf.utils.deepspeed.deepspeed import DeepspeedStrategy
 
     original = DeepspeedStrategy.get_ds_train_config
@@ -186,8 +187,8 @@ def install() -> None:
     import deepspeed
     import torch
 
-    # DeepSpeed's TorchBackend builds its shared-memory allreduce op (C++, ~75 s) on CPU; gloo's
-    # own allreduce is used instead.
+    # DeepSpeed's TorchBackend builds its shared-memory allreduce op (a slow C++ build, docs/distributed.md,
+    # "What OpenRLHF needs on CPU") on CPU; gloo's own allreduce is used instead.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     threads = os.environ.get(THREADS_ENV_VAR)
     if threads:  # Ray sets OMP_NUM_THREADS to an actor's CPU slots (1): let the busy process use the cores

