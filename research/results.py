@@ -56,7 +56,7 @@ LEARNING: dict[str, tuple[str, ...]] = {  # draw -> the block of each regime, in
 FIDELITY = {"ALFWorld-like": "fidelity", "WebShop-like": "fidelity-webshop"}
 FIDELITY_ROWS = ("grpo", "rloo", "gigpo", "hgpo", "progpo paper", "progpo", "TD oracle (true V)")
 THROUGHPUT = {  # name -> (section heading of docs/training.md, the paragraph start the table follows, command)
-    "main-job": ("The main job (`examples/scripts/run_local.sh`)", "Measured 2026-12-02 on a fresh clone",
+    "main-job": ("Measured on a fresh clone (2026-12-02)", "Measured 2026-12-02 on a fresh clone",
                  "bash examples/scripts/run_local.sh"),
     "roofline": ("Throughput against this machine's bound (`bench roofline`)", "Measured 2026-12-04 on an AMD EPYC",
                  "python -m benchmarks roofline --ds.mixed_precision off, then --ds.mixed_precision bf16"),
@@ -171,6 +171,11 @@ def section(text: str, heading: str) -> str:
     return m.group(1)
 
 
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading (lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
 def throughput_tables(training: str) -> list[str]:
     """The main job's per-iteration times and the roofline table, copied from docs/training.md."""
     titles = {"main-job": "Main job, per iteration (fp32, SmolLM2-135M-Instruct, WebShop, 2 tasks x 4 rollouts)",
@@ -180,7 +185,8 @@ def throughput_tables(training: str) -> list[str]:
         run = RUNS[name]
         out += [f"### {titles[name]}", ""] + table_after(section(training, heading), marker) + [
             "", f"- {run.date}, commit {run.commit}, {run.machine}; `{cmd}`; copied from "
-                f"[training.md, \"{heading}\"](training.md) (paragraph \"{marker}\"), no stored machine-readable copy.",
+                f"[training.md, \"{heading}\"](training.md#{slug(heading)}) (paragraph \"{marker}\"), no stored "
+                f"machine-readable copy.",
             ""]
     return out
 

@@ -54,3 +54,16 @@ def test_a_block_is_written_where_it_stands_and_a_new_one_among_the_current_ones
     assert report.block_file("old", files) == history and report.block_file("new", files) == current
     assert report.block_file("fidelity") == report.DOCS and report.DOCS.name == "fidelity-results.md"
     assert report.block_file("learning-task2718").name == "fidelity-history.md"
+
+
+def test_the_readme_quotes_the_generated_page():
+    """The README's results table is rows of docs/results.md's held-out table, so it cannot drift from the blocks."""
+    readme = (results.REPO / "README.md").read_text()
+    section = readme[readme.index("## Current results"):readme.index("## Docs")]
+    rows = [line for line in section.split("\n") if line.startswith("| ") and not line.startswith("| row |")]
+    page = results.PAGE.read_text()
+    held_out = page[page.index("### Learning, held-out draw 9001"):page.index("## Fidelity")]
+    assert len(rows) >= 4 and all(row in held_out.split("\n") for row in rows), rows
+    assert "2026-12-04" in section and "commit 1d53a47" in section
+    assert results.command(results.block(results.BLOCKS.read_text(), "learning-task9001")).startswith(
+        section.split("```bash\n")[1].split("\n")[0])
