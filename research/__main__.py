@@ -10,6 +10,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "learning-lm": ("research.learning_lm", "the same with a transformer policy trained by the product's trainer"),
     "kinds": ("research.kind_trace", "each estimator's advantage against the exact one, per kind of step"),
     "clone": ("research.clone_probe", "a warm-started policy's agreement with the expert, per kind of decision"),
+    "results": ("research.results", "assemble docs/results.md from the generated blocks (--write) or check it (--check)"),
 }
 
 
