@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [(len(s.prompt_ids), len(s.response_ids)) for s in samples]
     later = max(len(samples) - cfg.train.batch_size, 0) / max(len(samples), 1)
     for defer, lp_wall, lp_cpu, tr_wall, tr_cpu, mem in updates:
-        passes = (later if defer else 1.0) + float(ucfg.kl_coef > 0)
+        passes = (later if defer else 1.0) + float(ucfg.kl.init_coef > 0)
         u = update_work(shape, pairs, logprob_passes=passes, train_forwards=2.0 if cfg.ds.lora.rank > 0 else 3.0)
         lp_bound, tr_bound = u["logprobs_flops"] / peak, u["train_flops"] / peak
         tag = ("behaviour log-probs of the first step from its own forward" if defer else
