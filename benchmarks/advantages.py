@@ -10,18 +10,38 @@ ProGPO without embeddings <= 1.5x GiGPO and <= 250 ms; embedding time is reporte
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import statistics
 import time
+from dataclasses import dataclass, field
 
 from progpo.advantages import ESTIMATORS, AdvantageConfig, compute_advantages
 from progpo.advantages.config import PRESET_ESTIMATOR, preset_fields
 from progpo.advantages.progpo import progpo_estimate
+from benchmarks import cli
 from benchmarks.synthetic_batches import alfworld_like_batch
-from progpo.run import flags
-from progpo.trainer.config import TrainConfig
+from progpo.run.settings import EnvSettings, RolloutSettings, TrainSettings
+
+
+@dataclass(frozen=True)
+class AdvantagesBench:
+    """The flags of ``python -m benchmarks advantages``: the batch's shape in the trainer's settings."""
+
+    runs: int = 20
+    """timed calls per row (median reported)"""
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(batch_size=16, n_samples_per_prompt=8),
+                                     metadata={"flags": ("batch_size", "n_samples_per_prompt")})
+    env: EnvSettings = field(default_factory=lambda: EnvSettings(name="alfworld", max_steps=50),
+                             metadata={"flags": ("max_steps",)})
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(seed=0), metadata={"flags": ("seed",)})
+    no_embeddings: bool = False
+    """skip the MiniLM semantic-expansion rows"""
+
+    def __post_init__(self) -> None:
+        if self.runs < 1:
+            raise ValueError(f"--runs must be >= 1, got {self.runs}")
+
 
 VARIANTS = {
     "progpo loo": dict(potential_pool="loo"),
@@ -88,44 +108,35 @@ def bench_configs(max_steps: int) -> dict[str, AdvantageConfig]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print markdown tables; returns 0."""
-    ap = argparse.ArgumentParser(prog="python -m benchmarks advantages", description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=20, help="timed calls per row (median reported)")
-    for option, dest, default, old in (
-            ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
-            ("--rollout.n_samples_per_prompt", "trajectories", 8, ("--trajectories",)),
-            ("--env.max_steps", "max_steps", 50, ("--max-steps",)), ("--train.seed", "seed", 0, ("--seed",))):
-        flags.restate(ap, TrainConfig, option, dest=dest, default=default, old=old)
-    ap.add_argument("--no-embeddings", action="store_true", help="skip the MiniLM semantic-expansion rows")
-    args = ap.parse_args(argv)
-    for flag, value in (("--runs", args.runs), ("--rollout.batch_size", args.tasks),
-                        ("--rollout.n_samples_per_prompt", args.trajectories), ("--env.max_steps", args.max_steps)):
-        if value is None or value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
+    """Run the benchmark and print markdown tables; returns 0 (exit 2 on a bad flag, before any work)."""
+    parser = cli.settings_parser(AdvantagesBench, "python -m benchmarks advantages", __doc__.split("\n")[0])
+    settings = cli.parse(AdvantagesBench, parser, argv)
+    tasks, trajectories = settings.rollout.batch_size, settings.rollout.n_samples_per_prompt
+    max_steps, runs = settings.env.max_steps, settings.runs
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"machine: {os.cpu_count()} CPUs, load average {load:.1f} at start (timings scale with contention)")
-    batch = alfworld_like_batch(args.tasks, args.trajectories, args.max_steps, seed=args.seed)
+    batch = alfworld_like_batch(tasks, trajectories, max_steps, seed=settings.train.seed)
     n_text = len(set(batch.anchor_obs.tolist()))
-    print(f"batch: {batch.num_steps} steps, {args.tasks} tasks x {args.trajectories} trajectories, "
-          f"up to {args.max_steps} steps, {n_text} unique observation texts; median of {args.runs} runs\n")
-    base = AdvantageConfig(max_steps=args.max_steps)
-    configs = bench_configs(args.max_steps)
+    print(f"batch: {batch.num_steps} steps, {tasks} tasks x {trajectories} trajectories, "
+          f"up to {max_steps} steps, {n_text} unique observation texts; median of {runs} runs\n")
+    base = AdvantageConfig(max_steps=max_steps)
+    configs = bench_configs(max_steps)
     calls = {}
     for label, cfg in configs.items():
         for mode in ("full", "basic"):
             c = dataclasses.replace(cfg, diagnostics=mode)
             calls[(label, mode)] = lambda c=c: compute_advantages(batch, c)
-    med = _interleaved_median_ms(calls, args.runs)
+    med = _interleaved_median_ms(calls, runs)
     rows = [(label, med[(label, "full")], med[(label, "basic")]) for label in configs]
     gigpo = {r[0]: r for r in rows}["gigpo"]
     print("| estimator (no embeddings) | median ms, diagnostics=full | ms per group | x GiGPO "
           "| median ms, diagnostics=basic | x GiGPO |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, full_ms, basic_ms in rows:
-        print(f"| {name} | {full_ms:.1f} | {full_ms / args.tasks:.2f} | {full_ms / gigpo[1]:.2f} | {basic_ms:.1f} "
+        print(f"| {name} | {full_ms:.1f} | {full_ms / tasks:.2f} | {full_ms / gigpo[1]:.2f} | {basic_ms:.1f} "
               f"| {basic_ms / gigpo[2]:.2f} |")
-    split = _split(batch, base, None, args.runs)
+    split = _split(batch, base, None, runs)
     print("\nProGPO time split, no embeddings (median ms per stage):\n")
     print("| grouping | potentials | embeddings | fusion |")
     print("|---:|---:|---:|---:|")
@@ -134,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = progpo_ms <= 1.5 * gigpo[1] and progpo_ms <= 250
     print(f"\ntarget ProGPO <= 1.5x GiGPO and <= 250 ms (diagnostics=full): {progpo_ms:.1f} ms, "
           f"{progpo_ms / gigpo[1]:.2f}x -> {'met' if ok else 'MISSED'}")
-    if not args.no_embeddings:
-        _embedding_rows(batch, base, args.runs)
+    if not settings.no_embeddings:
+        _embedding_rows(batch, base, runs)
     return 0
 
 

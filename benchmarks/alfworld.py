@@ -1,14 +1,13 @@
 """``python -m benchmarks alfworld``: ALFWorld reset/step latency and Ray pool throughput.
 
 Plays real json_2.1.1 games with a random admissible policy that never takes the actions that can
-finish a task ("move ...", "use ..."), so every episode runs the full ``--max_steps`` steps.
+finish a task ("move ...", "use ..."), so every episode runs the full ``--env.max_steps`` steps.
 Prints, for one process and for ``RayEnvPool`` at each ``--actors`` count: reset and step latency
 (median and p90, as seen by the caller) and episodes per minute.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import random
@@ -16,9 +15,46 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from benchmarks import cli
 from progpo.envs.alfworld import AlfWorldEnv
-from progpo.run import flags
-from progpo.trainer.config import TrainConfig
+from progpo.envs.spec import spec
+from progpo.run.settings import EnvSettings, TrainSettings
+
+
+@dataclass(frozen=True)
+class AlfWorldBench:
+    """The flags of ``python -m benchmarks alfworld``: the env's own settings where the bench sets them."""
+
+    env: EnvSettings = field(default_factory=lambda: EnvSettings(name="alfworld", max_steps=50),
+                             metadata={"flags": ("data_dir", "max_steps", "num_cpus_per_actor")})
+    split: str = field(default="valid_seen", metadata={"choices": lambda: spec("alfworld").splits})
+    """ALFWorld split whose games are played"""
+    single_episodes: int = 4
+    """episodes in one process"""
+    actors: str = "2,4,8"
+    """comma-separated Ray pool sizes"""
+    timed_episodes_per_actor: int = 2
+    """timed episodes per actor (not --env.episodes_per_actor: each actor hosts one at a time)"""
+    train: TrainSettings = field(default_factory=lambda: TrainSettings(seed=0), metadata={"flags": ("seed",)})
+
+    def __post_init__(self) -> None:
+        if min(self.actor_counts, default=0) < 1:
+            raise ValueError(f"--actors entries must be >= 1, got {self.actors!r}")
+        for name in ("single_episodes", "timed_episodes_per_actor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def actor_counts(self) -> list[int]:
+        """``--actors`` as numbers.
+
+        Raises:
+            ValueError: an entry that is no integer, naming the flag.
+        """
+        try:
+            return [int(a) for a in self.actors.split(",") if a.strip()]
+        except ValueError:
+            raise ValueError(f"--actors must be comma-separated integers, got {self.actors!r}") from None
 
 
 @dataclass
@@ -48,16 +84,16 @@ def _row(name: str, t: _Timings) -> str:
     )
 
 
-def bench_single(args: argparse.Namespace) -> _Timings:
-    """Episodes played one after another in this process."""
-    env = AlfWorldEnv(data_dir=args.data_dir, max_steps=args.max_steps)
-    rng = random.Random(args.seed)
+def bench_single(args: AlfWorldBench, n_games: int) -> _Timings:
+    """Episodes played one after another in this process (over the split's ``n_games`` games)."""
+    env = AlfWorldEnv(data_dir=args.env.data_dir, max_steps=args.env.max_steps)
+    rng = random.Random(args.train.seed)
     t = _Timings()
     env.reset(split=args.split, index=0)  # warm-up: imports and first parse
     start = time.perf_counter()
     for e in range(args.single_episodes):
         t0 = time.perf_counter()
-        _, info = env.reset(split=args.split, index=e % args.n_games)
+        _, info = env.reset(split=args.split, index=e % n_games)
         t.resets.append(time.perf_counter() - t0)
         done = False
         while not done:
@@ -71,15 +107,15 @@ def bench_single(args: argparse.Namespace) -> _Timings:
     return t
 
 
-async def _pool_episodes(pool, workers: int, per_worker: int, args: argparse.Namespace,
+async def _pool_episodes(pool, workers: int, per_worker: int, args: AlfWorldBench, n_games: int,
                          t: _Timings) -> None:
     """``workers`` concurrent loops of ``per_worker`` episodes each; with ``workers`` equal to the
     number of actors no reset waits for a free actor, so latencies are the calls' own."""
 
     async def one(e: int) -> None:
-        rng = random.Random(args.seed + e)
+        rng = random.Random(args.train.seed + e)
         t0 = time.perf_counter()
-        _, info = await pool.reset(e, split=args.split, index=e % args.n_games)
+        _, info = await pool.reset(e, split=args.split, index=e % n_games)
         t.resets.append(time.perf_counter() - t0)
         done = False
         while not done:
@@ -97,20 +133,20 @@ async def _pool_episodes(pool, workers: int, per_worker: int, args: argparse.Nam
     await asyncio.gather(*[worker(w) for w in range(workers)])
 
 
-def bench_pool(args: argparse.Namespace, num_actors: int) -> _Timings:
-    """``episodes_per_actor`` episodes on each actor of a fresh ``RayEnvPool`` (timed after a
+def bench_pool(args: AlfWorldBench, n_games: int, num_actors: int) -> _Timings:
+    """``timed_episodes_per_actor`` episodes on each actor of a fresh ``RayEnvPool`` (timed after a
     warm-up wave that starts the actors and imports the game libraries)."""
     from progpo.envs.ray_pool import RayEnvPool
 
-    kwargs = {"data_dir": args.data_dir, "max_steps": args.max_steps}
+    kwargs = {"data_dir": args.env.data_dir, "max_steps": args.env.max_steps}
     pool = RayEnvPool("alfworld", kwargs, num_actors=num_actors,
-                      num_cpus_per_actor=args.num_cpus_per_actor)
+                      num_cpus_per_actor=args.env.num_cpus_per_actor)
     t = _Timings()
 
     async def run() -> None:
-        await _pool_episodes(pool, num_actors, 1, args, _Timings())  # warm-up
+        await _pool_episodes(pool, num_actors, 1, args, n_games, _Timings())  # warm-up
         start = time.perf_counter()
-        await _pool_episodes(pool, num_actors, args.episodes_per_actor, args, t)
+        await _pool_episodes(pool, num_actors, args.timed_episodes_per_actor, args, n_games, t)
         t.wall_s = time.perf_counter() - start
         await pool.close()
 
@@ -119,37 +155,19 @@ def bench_pool(args: argparse.Namespace, num_actors: int) -> _Timings:
 
 
 def main(argv: list[str]) -> int:
-    """Run the benchmark and print one table row per configuration."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks alfworld", description=__doc__)
-    flags.restate(p, TrainConfig, "--env.data_dir", dest="data_dir", old=("--data_dir",))
-    p.add_argument("--split", default="valid_seen", help="ALFWorld split whose games are played")
-    flags.restate(p, TrainConfig, "--env.max_steps", dest="max_steps", default=50, old=("--max_steps",))
-    p.add_argument("--single_episodes", type=int, default=4, help="episodes in one process")
-    p.add_argument("--actors", default="2,4,8", help="comma-separated Ray pool sizes")
-    p.add_argument("--timed_episodes_per_actor", dest="episodes_per_actor", type=int, default=2,
-                   help="timed episodes per actor (not --env.episodes_per_actor: each actor hosts one at a time)")
-    p.add_argument("--episodes_per_actor", dest="episodes_per_actor", type=int, action=flags.Deprecated,
-                   new="--timed_episodes_per_actor", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    flags.restate(p, TrainConfig, "--env.num_cpus_per_actor", dest="num_cpus_per_actor", old=("--num_cpus_per_actor",))
-    flags.restate(p, TrainConfig, "--train.seed", dest="seed", default=0, note="of the random policy",
-                  old=("--seed",))
-    args = p.parse_args(argv)
-    try:
-        actor_counts = [int(a) for a in args.actors.split(",") if a.strip()]
-    except ValueError:
-        p.error(f"--actors must be comma-separated integers, got {args.actors!r}")
-    if any(a < 1 for a in actor_counts) or args.single_episodes < 1 or args.episodes_per_actor < 1:
-        p.error("--actors entries, --single_episodes and --timed_episodes_per_actor must be >= 1")
+    """Run the benchmark and print one table row per configuration (exit 2 on a bad flag, before any work)."""
+    parser = cli.settings_parser(AlfWorldBench, "python -m benchmarks alfworld", __doc__)
+    args = cli.parse(AlfWorldBench, parser, argv)
 
-    args.n_games = AlfWorldEnv(data_dir=args.data_dir).num_tasks(args.split)
+    n_games = AlfWorldEnv(data_dir=args.env.data_dir).num_tasks(args.split)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"ALFWorld bench: split={args.split} max_steps={args.max_steps} cpus={os.cpu_count()} "
+    print(f"ALFWorld bench: split={args.split} max_steps={args.env.max_steps} cpus={os.cpu_count()} "
           f"load1={load:.1f} policy=random admissible without move/use (episodes run to the limit)")
     print(f"{'config':<18} {'reset_ms':>9} {'reset_p90':>9} {'step_ms':>9} {'step_p90':>9}"
           f" {'eps':>5} {'wall_s':>8} {'eps/min':>8}")
-    print(_row("single process", bench_single(args)), flush=True)
-    for n in actor_counts:
-        print(_row(f"ray pool x{n}", bench_pool(args, n)), flush=True)
+    print(_row("single process", bench_single(args, n_games)), flush=True)
+    for n in args.actor_counts:
+        print(_row(f"ray pool x{n}", bench_pool(args, n_games, n)), flush=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"(latencies are per call as seen by the caller; load1 at end={load:.1f})")
     return 0

@@ -1,12 +1,22 @@
-"""One dispatcher for ``python -m benchmarks NAME`` and ``python -m research NAME``.
+"""One dispatcher for ``python -m benchmarks NAME`` and ``python -m research NAME``, and the parser of a bench's
+settings.
 
-Each command module exposes ``main(argv: list[str]) -> int``; ``--help`` after NAME lists its own flags.
+Each command module exposes ``main(argv: list[str]) -> int``; ``--help`` after NAME lists its own flags. A bench's
+flags are its settings dataclass (help beside each field, the dataclass the only source of defaults), nesting the
+trainer's settings sections where it sets them (``--rollout.batch_size`` is ``RolloutSettings.batch_size``), and
+parsed by the one flag generator of every CLI (:mod:`progpo.run.flags`): :func:`settings_parser`, :func:`parse`.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+from typing import Any, TypeVar
+
+from progpo.run import flags
+
+T = TypeVar("T")
 
 
 def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str] | None = None) -> int:
@@ -26,3 +36,24 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str] | 
         return 0
     module = importlib.import_module(commands[argv[0]][0])
     return int(module.main(argv[1:]) or 0)
+
+
+def settings_parser(cls: type, prog: str, description: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """The parser of settings dataclass ``cls``: one flag per leaf field (:func:`progpo.run.flags.add_flags`);
+    ``kwargs`` go to ``argparse.ArgumentParser`` (a ``formatter_class``)."""
+    p = argparse.ArgumentParser(prog=prog, description=description, **kwargs)
+    flags.add_flags(p, cls)
+    return p
+
+
+def parse(cls: type[T], parser: argparse.ArgumentParser, argv: list[str] | None) -> T:
+    """``argv`` as an instance of ``cls`` (``parser`` from :func:`settings_parser`).
+
+    A value its type or choices reject, or one the dataclass refuses (its ``__post_init__``, a number outside
+    its declared range), exits 2 with argparse's usage and one line naming the flag, before any work.
+    """
+    values = parser.parse_args(argv)
+    try:
+        return flags.build(cls, values)
+    except ValueError as exc:
+        parser.error(str(exc))

@@ -55,15 +55,18 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from progpo.run import flags
-from progpo.run.flags import MISSING
-from progpo.trainer.config import TrainConfig
+from benchmarks import cli
+from benchmarks.train import train_config, train_section
+from progpo.bounds import number
 from progpo.run.precision import bf16_capability
+from progpo.run.settings import EnvSettings, RolloutSettings, TrainSettings
+from progpo.trainer.config import TrainConfig
+from progpo.trainer.settings import ActorSettings, DeepSpeedSettings
 
 
 @dataclass(frozen=True)
@@ -235,39 +238,56 @@ def _row(name: str, flops: float, wall_s: float, cpu_s: float, bound_s: float) -
 HEADER = (f"{'phase':<34} {'GFLOP':>8} {'wall_s':>8} {'time_s':>8} {'GFLOP/s':>8} {'bound_s':>8} {'time/bound':>8}")
 
 
+@dataclass(frozen=True)
+class RooflineBench:
+    """The flags of ``python -m benchmarks roofline``: ``train``'s own settings, whose defaults here are the main job's
+    batch (``examples/scripts/run_local.sh``; a test holds them to it)."""
+
+    actor: ActorSettings = field(default_factory=lambda: train_section("actor"),
+                                 metadata={"flags": ("model_name_or_path",)})
+    rollout: RolloutSettings = field(
+        default_factory=lambda: train_section("rollout", batch_size=2, n_samples_per_prompt=4, max_new_tokens=64,
+                                              max_prompt_tokens=512),
+        metadata={"flags": ("batch_size", "n_samples_per_prompt", "max_new_tokens", "max_prompt_tokens")})
+    env: EnvSettings = field(default_factory=lambda: train_section("env", name="webshop", max_steps=6, history_length=2),
+                             metadata={"flags": ("max_steps", "history_length")})
+    train: TrainSettings = field(default_factory=lambda: train_section("train", micro_batch_size=2, batch_size=16),
+                                 metadata={"flags": ("micro_batch_size", "batch_size")})
+    ds: DeepSpeedSettings = field(default_factory=lambda: train_section("ds"),
+                                  metadata={"flags": ("lora", "param_dtype", "mixed_precision"),
+                                            "skip": ("lora.target_modules", "lora.dropout")})
+    machine_seconds: float = number(2.0, "> 0")
+    """time per machine measurement"""
+    compare: bool = False
+    """measure each phase both ways: rollout with identical prompts prefilled once, then with shared prefixes prefilled once too (same seed: the same tokens); update with the behaviour log-probs recomputed for every sample, then deferred (the same tasks and samples)"""
+
+    def __post_init__(self) -> None:
+        self.train_config(None)  # train's own checks of these settings, before the machine is measured
+
+    def train_config(self, ckpt_path: str | None) -> TrainConfig:
+        """``train``'s config of the measured run (WebShop)."""
+        return train_config(ckpt_path, actor=self.actor, rollout=self.rollout, env=self.env, train=self.train,
+                            ds=self.ds)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The benchmark's flags; their defaults are the main job's batch (a test holds them to run_local.sh)."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks roofline", description=__doc__.split("\n")[0])
-    for option, dest, default, note, old in (
-            ("--actor.model_name_or_path", "model", MISSING, "", ()),
-            ("--rollout.batch_size", "tasks", 2, "main job: 2", ("--tasks",)),
-            ("--rollout.n_samples_per_prompt", "n", 4, "main job: 4", ("--n",)),
-            ("--env.max_steps", "max_steps", 6, "main job: 6", ("--max_steps",)),
-            ("--env.history_length", "history_length", 2, "main job: 2", ("--history_length",)),
-            ("--rollout.max_new_tokens", "max_new_tokens", 64, "main job: 64", ("--max_new_tokens",)),
-            ("--rollout.max_prompt_tokens", "max_prompt_tokens", 512, "main job: 512", ("--max_prompt_tokens",)),
-            ("--train.micro_batch_size", "micro_batch_size", 2, "", ("--micro_batch_size",)),
-            ("--train.batch_size", "batch_size", 16, "main job: 16", ("--batch_size",)),
-            ("--ds.lora.rank", "lora_rank", MISSING, "", ()),
-            ("--ds.lora.alpha", "lora_alpha", MISSING, "", ()),
-            ("--ds.param_dtype", "dtype", MISSING, "", ()),
-            ("--ds.mixed_precision", "mixed_precision", MISSING, "", ())):
-        flags.restate(p, TrainConfig, option, dest=dest, default=default, note=note, old=old)
-    p.add_argument("--machine_seconds", type=float, default=2.0, help="time per machine measurement")
-    p.add_argument("--compare", action="store_true",
-                   help="measure each phase both ways: rollout with identical prompts prefilled once, then with shared "
-                        "prefixes prefilled once too (same seed: the same tokens); update with the behaviour log-probs "
-                        "recomputed for every sample, then deferred (the same tasks and samples)")
-    return p
+    """The benchmark's flags (:class:`RooflineBench`)."""
+    first = " ".join(__doc__.split("\n\n")[0].split())
+    return cli.settings_parser(RooflineBench, "python -m benchmarks roofline", f"{first} The defaults are the main job's "
+                               "batch (examples/scripts/run_local.sh).")
+
+
+def parse(argv: list[str] | None = None) -> RooflineBench:
+    """``argv`` as the benchmark's settings; exit 2 naming the flag on a bad value."""
+    return cli.parse(RooflineBench, build_parser(), argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print its table (exit code 0)."""
-    args = build_parser().parse_args(argv)
+    """Run the benchmark and print its table (exit code 0; 2 on a bad flag, before any measurement)."""
+    args = parse(argv)
 
     from progpo.run.env_setup import open_env_pool
     from progpo.run.process import setup_logging
-    from progpo.trainer.config import config_from_args
     from progpo.trainer.loop import Trainer
     from progpo.trainer.update import TrainSample, ppo_update, prepare, rollout_mismatch
 
@@ -276,20 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     machine = measure_machine(args.machine_seconds)
     with tempfile.TemporaryDirectory(prefix="progpo-bench-roofline-") as tmp:
-        cfg = config_from_args([
-            "--actor.model_name_or_path", args.model, "--env.name", "webshop", "--ckpt.path", tmp,
-            "--rollout.batch_size", str(args.tasks), "--rollout.n_samples_per_prompt", str(args.n),
-            "--env.max_steps", str(args.max_steps), "--env.history_length", str(args.history_length),
-            "--rollout.max_new_tokens", str(args.max_new_tokens),
-            "--rollout.max_prompt_tokens", str(args.max_prompt_tokens), "--train.batch_size", str(args.batch_size),
-            "--train.micro_batch_size", str(args.micro_batch_size), "--ds.lora.rank", str(args.lora_rank),
-            "--ds.lora.alpha", str(args.lora_alpha), "--ds.param_dtype", args.dtype,
-            "--ds.mixed_precision", args.mixed_precision,
-            "--logger.progress_bar", "false", "--logger.tensorboard_dir", "none"])
+        cfg = args.train_config(tmp)
         trainer = Trainer(cfg)
         loop = asyncio.new_event_loop()
         rollouts, updates = [], []
-        with open_env_pool(cfg.env, args.tasks * args.n) as envs:
+        with open_env_pool(cfg.env, cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt) as envs:
             trainer.envs = envs
             trainer._build(envs)
             for reuse in (False, True) if args.compare else (True,):
@@ -323,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     peak = machine.flops(compute)
     weight_bytes = shape.weight_bytes * torch.finfo(compute).bits / torch.finfo(shape.dtype).bits  # read per decode pass
     cap = bf16_capability(actor.precision.device)
-    print(f"roofline | model {args.model} ({shape.dtype}, {shape.weight_bytes / 2**20:.0f} MiB weights, N_lin "
-          f"{shape.linear / 1e6:.1f}M, V {shape.vocab}) | LoRA rank {args.lora_rank} | load average "
+    print(f"roofline | model {cfg.actor.model_name_or_path} ({shape.dtype}, {shape.weight_bytes / 2**20:.0f} MiB weights, N_lin "
+          f"{shape.linear / 1e6:.1f}M, V {shape.vocab}) | LoRA rank {cfg.ds.lora.rank} | load average "
           f"{load0[0]:.1f} -> {os.getloadavg()[0]:.1f} | torch threads {torch.get_num_threads()}")
     print(f"machine: matmul fp32 {machine.fp32_flops / 1e9:.1f} GFLOP/s, bf16 {machine.bf16_flops / 1e9:.1f} GFLOP/s "
           f"({machine.bf16_flops / machine.fp32_flops:.2f}x fp32); copy bandwidth {machine.bandwidth / 1e9:.1f} GB/s "
@@ -362,15 +373,15 @@ def main(argv: list[str] | None = None) -> int:
         print(_row("generate (total)", prefill_flops + g["decode_flops"], gen["seconds"],
                    gen["prefill_cpu_s"] + gen["decode_cpu_s"], prefill_bound + decode_bound))
     pairs = [(len(s.prompt_ids), len(s.response_ids)) for s in samples]
-    later = max(len(samples) - args.batch_size, 0) / max(len(samples), 1)
+    later = max(len(samples) - cfg.train.batch_size, 0) / max(len(samples), 1)
     for defer, lp_wall, lp_cpu, tr_wall, tr_cpu, mem in updates:
-        passes = (later if defer else 1.0) + float(ucfg.kl_coef > 0)
-        u = update_work(shape, pairs, logprob_passes=passes, train_forwards=2.0 if args.lora_rank > 0 else 3.0)
+        passes = (later if defer else 1.0) + float(ucfg.kl.init_coef > 0)
+        u = update_work(shape, pairs, logprob_passes=passes, train_forwards=2.0 if cfg.ds.lora.rank > 0 else 3.0)
         lp_bound, tr_bound = u["logprobs_flops"] / peak, u["train_flops"] / peak
         tag = ("behaviour log-probs of the first step from its own forward" if defer else
                "behaviour log-probs recomputed for every sample")
-        print(f"-- update, {tag}: {len(samples)} samples, {args.batch_size} per optimizer step, micro-batch "
-              f"{args.micro_batch_size}; peak RSS {mem.peak / 2**30:.2f} GiB ({(mem.peak - mem.start) / 2**30:+.2f} GiB "
+        print(f"-- update, {tag}: {len(samples)} samples, {cfg.train.batch_size} per optimizer step, micro-batch "
+              f"{cfg.train.micro_batch_size}; peak RSS {mem.peak / 2**30:.2f} GiB ({(mem.peak - mem.start) / 2**30:+.2f} GiB "
               "during it)")
         print(_row(f"update: log-probs ({passes:.2f} fwd)", u["logprobs_flops"], lp_wall, lp_cpu, lp_bound))
         print(_row("update: train step", u["train_flops"], tr_wall, tr_cpu, tr_bound))

@@ -57,7 +57,7 @@ DIFFERENT = {
     ("research fidelity", "--env"): "a mode, synthetic families or real ALFWorld, not a registered env id",
     ("research fidelity", "--n-rollouts"): "a grid of group sizes compared side by side, not one run's group size",
     ("benchmarks webshop", "--seed"): "the seed of the synthetic product catalog",
-    ("benchmarks webshop", "--cache-dir"): "the benchmark's own scratch folder, emptied first",
+    ("benchmarks webshop", "--cache_dir"): "the benchmark's own scratch folder, emptied first",
     ("benchmarks webshop", "--steps"): "steps per load-generator session, not OpenRLHF's --eval.steps",
     ("research fidelity", "--split"): "the ALFWorld split whose games are replayed (OpenRLHF's --eval.split is a dataset's)",
     ("benchmarks alfworld", "--split"): "the ALFWorld split whose games are timed (OpenRLHF's --eval.split is a dataset's)",

@@ -10,6 +10,7 @@ never ``ray stop``, which would kill every Ray process on the machine).
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 import shutil
@@ -526,7 +527,7 @@ def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
     """The README's main job: `train`'s own parser accepts its command line; it clones the expert before RL
     (so its batches carry signal) in fp32, with a step limit the expert can finish WebShop in; and
     `bench roofline` measures that same batch shape by default."""
-    from benchmarks.roofline import build_parser
+    from benchmarks.roofline import parse
     from progpo.trainer.config import config_from_args
 
     argv = _dry_run(SCRIPTS / "run_local.sh")
@@ -535,12 +536,11 @@ def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
     assert cfg.env.name == "webshop" and cfg.actor.model_name_or_path == "smollm2-135m"
     assert cfg.sft.num_tasks >= 1 and cfg.ds.param_dtype == "fp32"
     assert cfg.env.max_steps >= 5  # the WebShop expert needs 4.85 steps on average
-    bench = build_parser().parse_args([])
-    assert (bench.tasks, bench.n, bench.max_steps, bench.history_length, bench.max_prompt_tokens, bench.max_new_tokens,
-            bench.batch_size, bench.micro_batch_size, bench.model, bench.mixed_precision) == (
-        cfg.rollout.batch_size, cfg.rollout.n_samples_per_prompt, cfg.env.max_steps, cfg.env.history_length,
-        cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, cfg.train.batch_size, cfg.train.micro_batch_size,
-        cfg.actor.model_name_or_path, cfg.ds.mixed_precision)
+    bench = parse([]).train_config(None)
+    shape = ("rollout.batch_size", "rollout.n_samples_per_prompt", "env.name", "env.max_steps", "env.history_length",
+             "rollout.max_prompt_tokens", "rollout.max_new_tokens", "train.batch_size", "train.micro_batch_size",
+             "actor.model_name_or_path", "ds.mixed_precision")
+    assert [operator.attrgetter(f)(bench) for f in shape] == [operator.attrgetter(f)(cfg) for f in shape]
     alf = config_from_args(_dry_run(SCRIPTS / "run_local.sh", ENV="alfworld")[3:])
     assert alf.env.name == "alfworld" and alf.sft.num_tasks >= 1
     # the step limits come from the specs (demo_max_steps), not from the script

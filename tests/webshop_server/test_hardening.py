@@ -248,12 +248,12 @@ def test_synth_never_overwrites_data_it_did_not_write(tmp_path, capsys):
     (["--workers", "0"], "--workers must be >= 1, got 0"),     # failed only after the catalog was prepared
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--sessions", "1", "0"], "--sessions must be >= 1, got 0"),
-    (["--rollout.batch_size", "-1"], "--rollout.batch_size must be >= 0, got -1"),
-    (["--episodes", "2", "-1"], "--rollout.n_samples_per_prompt must be >= 0, got -1"),  # its former name
-    (["--search-cache", "-1"], "--search-cache must be >= 0, got -1"),
-    (["--original-mem-gb", "nan"], "--original-mem-gb must be a finite number > 0, got nan"),
-    (["--cache-dir", "{precious}"], "--cache-dir {precious} is not empty and is not a benchmark cache"),  # was emptied
-    (["--cache-dir", "{precious}/notes.txt"], "--cache-dir {precious}/notes.txt is a file"),
+    (["--rollout.batch_size", "0"], "--rollout.batch_size must be >= 1, got 0"),  # no episodes: --skip episodes
+    (["--rollout.n_samples_per_prompt", "-1"], "--rollout.n_samples_per_prompt must be >= 1, got -1"),
+    (["--search_cache", "-1"], "--search_cache must be >= 0, got -1"),
+    (["--original_mem_gb", "nan"], "--original_mem_gb must be a finite number > 0, got nan"),
+    (["--cache_dir", "{precious}"], "--cache_dir {precious} is not empty and is not a benchmark cache"),  # was emptied
+    (["--cache_dir", "{precious}/notes.txt"], "--cache_dir {precious}/notes.txt is a file"),
 ])
 def test_bench_refuses_bad_flags_before_touching_anything(webshop_dir, tmp_path, capsys, argv, says):
     from benchmarks import webshop as bench
@@ -262,6 +262,6 @@ def test_bench_refuses_bad_flags_before_touching_anything(webshop_dir, tmp_path,
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
     argv = [a.replace("{precious}", str(precious)) for a in argv]
-    err = _exit_2(bench.main, ["--data-dir", str(webshop_dir), "--skip", "latency", "search", *argv], capsys)
+    err = _exit_2(bench.main, ["--env.data_dir", str(webshop_dir), "--skip", "latency", "search", *argv], capsys)
     assert f"error: {says.replace('{precious}', str(precious))}" in err
     assert (precious / "notes.txt").read_text() == "keep me"
