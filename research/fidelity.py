@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -263,8 +264,13 @@ def run_synthetic(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Entry point of ``python -m research fidelity``; prints the markdown report."""
-    args = parse_args(argv)
+    """Entry point of ``python -m research fidelity``; prints the markdown report (exit 2 with one line on a bad
+    flag)."""
+    try:
+        args = parse_args(argv)
+    except ValueError as exc:
+        print(f"python -m research fidelity: error: {exc}", file=sys.stderr)
+        return 2
     if args.mode == "alfworld":
         from research.fidelity_alfworld import run_alfworld
         text = run_alfworld(args)

@@ -246,8 +246,12 @@ class ProbeArgs:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Entry point; prints a markdown table."""
-    settings = lab_settings.parse(ProbeArgs, argv, "python -m research.learning_probe", __doc__.split("\n\n")[0])
+    """Entry point; prints a markdown table (exit 2 with one line on a bad flag)."""
+    try:
+        settings = lab_settings.parse(ProbeArgs, argv, "python -m research.learning_probe", __doc__.split("\n\n")[0])
+    except ValueError as exc:
+        print(f"python -m research.learning_probe: error: {exc}", file=sys.stderr)
+        return 2
     args = lab_settings.flat(settings, iterations="train.num_iterations", beta_episode="progpo.beta_episode",
                              state_key="progpo.state_key")
     (mode_batch if args.mode == "batch" else mode_train)(args)
