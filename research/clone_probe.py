@@ -132,10 +132,18 @@ def _synthetic_envs() -> list[str]:
 
 
 @dataclass(frozen=True)
+class ClonedModel(ModelSettings):
+    """The policy probed (``--actor.*``)."""
+
+    model_name_or_path: str
+    """an sft/train run folder, a Hugging Face folder or an alias (tiny-agent)"""
+
+
+@dataclass(frozen=True)
 class CloneArgs:
     """The flags of ``python -m research clone``: the trainer's settings, with the probe's defaults."""
 
-    actor: ModelSettings
+    actor: ClonedModel
     env: EnvSettings = field(default_factory=lambda: EnvSettings(name=_synthetic_envs()[0], eval_split="test",
                                                                  history_length=1, max_steps=8),
                              metadata={"flags": ("name", "eval_split", "history_length", "max_steps")})

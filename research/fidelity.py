@@ -176,7 +176,9 @@ class FidelityArgs:
                              metadata={"flags": ("max_steps", "history_length")})
 
     def __post_init__(self) -> None:
-        check_counts(self, {"batches": 1, "task_pool": 1, "sweep_n": 1, "sweep_batches": 0})
+        check_counts(self, {"batches": 1, "task_pool": 1, "sweep_n": 1, "sweep_batches": 0, "continuations": 1})
+        if self.env.max_steps is None:
+            raise ValueError("--env.max_steps must be >= 1, got None")
         check_fields(self, lambda name: f"--{name}")
         n_list(self.n_rollouts)
 
