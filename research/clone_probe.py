@@ -20,14 +20,14 @@ import asyncio
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from progpo.agents.templates import HistoryTurn, build_prompt
 from progpo.agents.types import SamplingParams
 from progpo.envs.alfworld import wilson_interval
-from progpo.run import flags
-from progpo.run.settings import EvalSettings
-from progpo.trainer.config import TrainConfig
+from progpo.cli.evaluate import ModelSettings
+from progpo.run.settings import EnvSettings, EvalSettings, RolloutSettings
+from research import settings as lab_settings
 
 
 @dataclass
@@ -125,51 +125,60 @@ def table(steps: list[ProbeStep], chosen: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _synthetic_envs() -> list[str]:
+    from progpo.run.agent_model import synthetic_env_names
+
+    return list(synthetic_env_names())
+
+
+@dataclass(frozen=True)
+class ClonedModel(ModelSettings):
+    """The policy probed (``--actor.*``)."""
+
+    model_name_or_path: str
+    """an sft/train run folder, a Hugging Face folder or an alias (tiny-agent)"""
+
+
+@dataclass(frozen=True)
+class CloneArgs:
+    """The flags of ``python -m research clone``: the trainer's settings, with the probe's defaults."""
+
+    actor: ClonedModel
+    env: EnvSettings = field(default_factory=lambda: EnvSettings(name=_synthetic_envs()[0], eval_split="test",
+                                                                 history_length=1, max_steps=8),
+                             metadata={"flags": ("name", "eval_split", "history_length", "max_steps")})
+    eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=64, seed=0),
+                               metadata={"flags": ("num_tasks", "seed")})
+    rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(temperature=1.0, max_new_tokens=48),
+                                     metadata={"flags": ("temperature", "max_new_tokens")})
+
+    def __post_init__(self) -> None:
+        envs = _synthetic_envs()
+        if self.env.name not in envs:
+            raise ValueError(f"--env.name must be a synthetic env of {envs}, got {self.env.name!r}")
+        for flag, value in (("--eval.num_tasks", self.eval.num_tasks), ("--env.max_steps", self.env.max_steps)):
+            if value is None or value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        from progpo.envs.synthetic.env import SyntheticEnv
+
+        size = SyntheticEnv.split_sizes()[self.env.eval_split]
+        if self.eval.num_tasks > size:
+            raise ValueError(f"--eval.num_tasks must be <= {size} (tasks in the {self.env.eval_split} split), "
+                             f"got {self.eval.num_tasks}")
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """CLI flags (``--help`` lists them).
+    """The flags (:class:`CloneArgs`) under the names the probe reads (``env``, ``model``, ``split``, ``tasks``, ...).
 
     Raises:
         ValueError: naming the flag: an env that is not synthetic, an unknown split, counts < 1 or more tasks than
             the split holds, temperature <= 0.
     """
-    from progpo.run.agent_model import synthetic_env_names
-
-    envs = synthetic_env_names()
-    ap = argparse.ArgumentParser(prog="python -m research clone", description=__doc__.split("\n\n")[0])
-    for root, prefix, option, dest, default, note, old in (
-            (TrainConfig, (), "--env.name", "env", envs[0], f"a synthetic env ({', '.join(envs)})", ("--env",)),
-            (TrainConfig, (), "--actor.model_name_or_path", "model", None, "an sft/train run folder, a Hugging Face "
-             "folder or an alias (tiny-agent); required", ("--model",)),
-            (TrainConfig, (), "--env.eval_split", "split", "test", "test: tasks no warm start was cloned on", ("--split",)),
-            (EvalSettings, ("eval",), "--eval.num_tasks", "tasks", 64, "one expert episode each", ("--tasks",)),
-            (TrainConfig, (), "--env.history_length", "history", 1, "", ("--history",)),
-            (TrainConfig, (), "--env.max_steps", "max_steps", 8, "of the expert episodes", ("--max-steps",)),
-            (TrainConfig, (), "--rollout.temperature", "temperature", 1.0, "of the policy's answers", ("--temperature",)),
-            (TrainConfig, (), "--rollout.max_new_tokens", "max_new_tokens", 48, "", ("--max-new-tokens",)),
-            (EvalSettings, ("eval",), "--eval.seed", "seed", 0, "", ("--seed",))):
-        flags.restate(ap, root, option, prefix=prefix, dest=dest, default=default, note=note, old=old)
-    args = ap.parse_args(list(argv))
-    if args.model is None:
-        ap.error("the following arguments are required: --actor.model_name_or_path")
-    if args.env not in envs:
-        raise ValueError(f"--env.name must be a synthetic env of {envs}, got {args.env!r}")
-    for flag, value in (("--eval.num_tasks", args.tasks), ("--env.max_steps", args.max_steps),
-                        ("--rollout.max_new_tokens", args.max_new_tokens)):
-        if value is None or value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    if args.history < 0:
-        raise ValueError(f"--env.history_length must be >= 0, got {args.history}")
-    if not args.temperature > 0:
-        raise ValueError(f"--rollout.temperature must be > 0, got {args.temperature}")
-    from progpo.envs.synthetic.env import SyntheticEnv
-
-    sizes = SyntheticEnv.split_sizes()
-    if args.split not in sizes:
-        raise ValueError(f"--env.eval_split must be one of {list(sizes)}, got {args.split!r}")
-    if args.tasks > sizes[args.split]:
-        raise ValueError(f"--eval.num_tasks must be <= {sizes[args.split]} (tasks in the {args.split} split), "
-                         f"got {args.tasks}")
-    return args
+    settings = lab_settings.parse(CloneArgs, argv, "python -m research clone", __doc__.split("\n\n")[0])
+    return lab_settings.flat(settings, env="env.name", model="actor.model_name_or_path", split="env.eval_split",
+                             tasks="eval.num_tasks", history="env.history_length", max_steps="env.max_steps",
+                             temperature="rollout.temperature", max_new_tokens="rollout.max_new_tokens",
+                             seed="eval.seed")
 
 
 def main(argv: Sequence[str]) -> int:

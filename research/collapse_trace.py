@@ -11,12 +11,12 @@ each estimator made of it:
   advantage ``A*`` of the same policy would make (n/a when either is 0), and the three most taken action kinds
   (the shared-feature action kind of :meth:`progpo.envs.synthetic.families.TaskFamily.features`; the first word of
   the action with the tabular policy);
-* **escape** (``--escape-at k``): from the row's parameters after ``k`` iterations, every
-  ``--escape-with`` row (or ``oracle``: the exact advantage, :func:`research.learner.oracle_advantages`)
+* **escape** (``--escape_at k``): from the row's parameters after ``k`` iterations, every
+  ``--escape_with`` row (or ``oracle``: the exact advantage, :func:`research.learner.oracle_advantages`)
   continues training on the same later batches' tasks, with a copy of the same random stream; mean
   success per 10 iterations. A state no row leaves is absorbing for every estimator.
-* **sizes** (``--sizes-seeds n``): along the ``--sizes-path`` row's training path (seeds 0..n-1, the
-  first ``--sizes-iterations`` iterations), the mean norm of each row's update at the same ``lr`` and
+* **sizes** (``--sizes_seeds n``): along the ``--sizes_path`` row's training path (seeds 0..n-1, the
+  first ``--sizes_iterations`` iterations), the mean norm of each row's update at the same ``lr`` and
   its projection on the exact policy gradient (REINFORCE with ``A*``, Williams 1992 eq. 11; unit vector),
   relative to the first ``--compare`` row.
 
@@ -29,6 +29,8 @@ import argparse
 import copy
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -37,9 +39,10 @@ from research import engine, report
 from progpo.envs.synthetic.families import family_config, get_family
 from research.fidelity_core import ORACLE_ROW, select_variants
 from research.learner import Context, TaskSource, build_source, make_context, oracle_advantages
-from progpo.run import flags
-from progpo.trainer.config import TrainConfig
-from research.learning import RESTATED, restate_run_shape
+from progpo.bounds import check_fields, number
+from progpo.run.settings import RolloutSettings
+from research import settings as lab_settings
+from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
 
 
 def _advantages(ctx: Context, row, roll: engine.Rollout, g: engine.Graph, p: np.ndarray) -> np.ndarray:
@@ -138,41 +141,61 @@ def sizes(ctx: Context, path_row, rows: list, lr: float, seeds: int, iterations:
     return {k: (float(np.mean([a for a, _ in v])), float(np.mean([b for _, b in v]))) for k, v in acc.items()}
 
 
+@dataclass(frozen=True)
+class CollapseArgs:
+    """The flags of ``python -m research.collapse_trace``."""
+
+    family: str = "webshop"
+    """task family: alfworld | webshop"""
+    regime: Literal["fixed", "fresh"] = "fresh"
+    """fixed: the same tasks every iteration; fresh: new tasks every iteration"""
+    task_seed: int = 777
+    """seed of the task draw"""
+    row: str = "progpo"
+    """the row whose run is traced"""
+    lr: float = number(3.0, "> 0")
+    """step size of the learner's policy"""
+    train: LabTrainSettings = train_section("num_iterations", "seed", num_iterations=100, seed=5)
+    rollout: RolloutSettings = rollout_section("batch_size", "n_samples_per_prompt", batch_size=16,
+                                               n_samples_per_prompt=8)
+    show: int = 20
+    """trace lines printed (iterations 0..show-1)"""
+    compare: str = "hgpo,gigpo,grpo"
+    """rows whose |A| on the same batches is printed"""
+    escape_at: int = 0
+    """iteration the escape runs start from (0 = none)"""
+    escape_with: str = "progpo,progpo zero_signal=off,hgpo,gigpo,grpo,oracle"
+    """rows of the escape runs"""
+    sizes_seeds: int = 0
+    """seeds of the update-size table (0 = none)"""
+    sizes_iterations: int = 20
+    """iterations of each update-size run"""
+    sizes_path: str = "hgpo"
+    """row whose training path the sizes are measured on"""
+    workers: int = 2
+    """processes compiling the task pool"""
+
+    def __post_init__(self) -> None:
+        check_counts(self, {"show": 1, "sizes_iterations": 1, "workers": 1, "escape_at": 0, "sizes_seeds": 0})
+        if self.train.seed < 0:
+            raise ValueError(f"--train.seed must be >= 0, got {self.train.seed}")
+        if self.escape_at >= self.train.num_iterations:
+            raise ValueError(f"--escape_at must be below --train.num_iterations ({self.train.num_iterations}), "
+                             f"got {self.escape_at}")
+        check_fields(self, lambda name: f"--{name}")
+        get_family(self.family)
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """CLI flags (``--help``).
+    """The flags (:class:`CollapseArgs`) as the run reads them: the run shape as ``iterations``, ``tasks``,
+    ``rollouts``, the seed as ``seed``; the rows parsed (``row_v``, ``compare_v``, ``escape_v``, ``path_v``).
 
     Raises:
         ValueError: naming the flag: a count < 1 (or < 0 where 0 = off), a non-positive lr, a bad row.
     """
-    ap = argparse.ArgumentParser(prog="python -m research.collapse_trace", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="webshop")
-    ap.add_argument("--regime", choices=("fixed", "fresh"), default="fresh")
-    ap.add_argument("--task-seed", type=int, default=777)
-    ap.add_argument("--row", default="progpo", help="the row whose run is traced")
-    ap.add_argument("--lr", type=float, default=3.0)
-    flags.restate(ap, TrainConfig, "--train.seed", dest="seed", default=5, note="of the traced run", old=("--seed",))
-    restate_run_shape(ap, "of the traced run")
-    ap.add_argument("--show", type=int, default=20, help="trace lines printed (iterations 0..show-1)")
-    ap.add_argument("--compare", default="hgpo,gigpo,grpo", help="rows whose |A| on the same batches is printed")
-    ap.add_argument("--escape-at", type=int, default=0, help="iteration the escape runs start from (0 = none)")
-    ap.add_argument("--escape-with", default="progpo,progpo zero_signal=off,hgpo,gigpo,grpo,oracle")
-    ap.add_argument("--sizes-seeds", type=int, default=0, help="seeds of the update-size table (0 = none)")
-    ap.add_argument("--sizes-iterations", type=int, default=20)
-    ap.add_argument("--sizes-path", default="hgpo", help="row whose training path the sizes are measured on")
-    ap.add_argument("--workers", type=int, default=2, help="processes compiling the task pool")
-    args = ap.parse_args(list(argv))
-    named = {**RESTATED, "seed": "--train.seed"}
-    for name in ("iterations", "show", "tasks", "rollouts", "sizes_iterations", "workers"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"{named.get(name, '--' + name.replace('_', '-'))} must be >= 1, got {getattr(args, name)}")
-    for name in ("escape_at", "sizes_seeds", "seed"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"{named.get(name, '--' + name.replace('_', '-'))} must be >= 0, got {getattr(args, name)}")
-    if args.escape_at >= args.iterations:
-        raise ValueError(f"--escape-at must be below --train.num_iterations ({args.iterations}), got {args.escape_at}")
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be > 0, got {args.lr}")
-    get_family(args.family)
+    settings = lab_settings.parse(CollapseArgs, argv, "python -m research.collapse_trace", __doc__.split("\n\n")[0])
+    args = lab_settings.flat(settings, iterations="train.num_iterations", seed="train.seed",
+                             tasks="rollout.batch_size", rollouts="rollout.n_samples_per_prompt")
     args.row_v = _rows(args.row)[0]
     args.compare_v = _rows(args.compare)
     args.escape_v = _rows(args.escape_with)

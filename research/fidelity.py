@@ -6,19 +6,20 @@ behaviour policy give the exact ``A*(h_t, a_t) = Q - V`` by dynamic programming
 estimator and ProGPO ablation runs on them, and the table reports per estimator the sign agreement,
 Spearman and Pearson correlation and normalised MSE with the truth (mean and 95% t-interval over
 batches), plus the batches' exact-prefix fragmentation. A sweep over generator settings shows where
-each estimator wins. ``--env alfworld`` measures the same on real ALFWorld games
+each estimator wins. ``--mode alfworld`` measures the same on real ALFWorld games
 (``research.fidelity_alfworld``; opt-in, slow). See docs/fidelity.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -36,8 +37,10 @@ from research.fidelity_core import (
 )
 from research.oracle import ExactOracle
 from progpo.envs.synthetic.families import get_family, make_tasks
-from progpo.run import flags
-from progpo.trainer.config import TrainConfig
+from progpo.bounds import check_fields, number
+from progpo.run.settings import EnvSettings, RolloutSettings
+from research import settings as lab_settings
+from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
 
 ORACLE_ROW = "TD oracle (true V)"
 
@@ -127,44 +130,82 @@ def sweep_table(results: dict[str, dict], names: Sequence[str]) -> str:
     return report.markdown_table(header, rows)
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """CLI flags (``--help`` lists them)."""
-    ap = argparse.ArgumentParser(prog="python -m research fidelity", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--env", choices=("synthetic", "alfworld"), default="synthetic",
-                    help="synthetic MDPs with exact DP truth (default) or real ALFWorld games (slow, opt-in)")
-    ap.add_argument("--quick", action="store_true", help="tiny settings for CI (< 2 min)")
-    ap.add_argument("--family", default="alfworld", help="synthetic task family: alfworld | webshop")
-    ap.add_argument("--batches", type=int, default=50, help="batches per N (>= 1)")
-    ap.add_argument("--n-rollouts", default="4,8,16", help="comma list of N (rollouts per task)")
-    flags.restate(ap, TrainConfig, "--rollout.batch_size", dest="tasks_per_batch", default=16, old=("--tasks-per-batch",))
-    ap.add_argument("--task-pool", type=int, default=32, help="distinct tasks per setting (batches draw from them)")
-    ap.add_argument("--sweep-batches", type=int, default=30, help="batches per sweep setting (0 = no sweep)")
-    ap.add_argument("--sweep-n", type=int, default=8, help="N of the sweep")
-    ap.add_argument("--estimators", default=None, help="comma list of rows (default: all)")
-    ap.add_argument("--encoder", choices=("minilm", "none"), default="minilm",
-                    help="semantic-expansion encoder: the real all-MiniLM-L6-v2 (default) or none (expansion off)")
-    ap.add_argument("--sign-threshold", type=float, default=0.1,
-                    help="|A*| (reward units) above which a step counts for sign agreement")
-    flags.restate(ap, TrainConfig, "--train.seed", dest="seed", default=0, note="of the batches drawn", old=("--seed",))
-    ap.add_argument("--out", default="runs/bench/fidelity", help="output folder for PNGs and tables")
-    ap.add_argument("--write-docs", action="store_true", help="replace the generated block of docs/fidelity.md")
-    from research.fidelity_alfworld import add_alfworld_args
-    add_alfworld_args(ap)
-    args = ap.parse_args(list(argv))
-    for name in ("batches", "tasks_per_batch", "task_pool", "sweep_n"):
-        if getattr(args, name) < 1:
-            flag = "--rollout.batch_size" if name == "tasks_per_batch" else f"--{name.replace('_', '-')}"
-            raise ValueError(f"{flag} must be >= 1, got {getattr(args, name)}")
-    if not (math.isfinite(args.sign_threshold) and args.sign_threshold >= 0):
-        raise ValueError(f"--sign-threshold must be a finite number >= 0, got {args.sign_threshold}")
-    if args.sweep_batches < 0:
-        raise ValueError(f"--sweep-batches must be >= 0, got {args.sweep_batches}")
+@dataclass(frozen=True)
+class FidelityArgs:
+    """The flags of ``python -m research fidelity``; ``--mode alfworld`` reads the ALFWorld ones
+    (:mod:`research.fidelity_alfworld`: opt-in, every truth estimate replays the game from reset)."""
+
+    mode: Literal["synthetic", "alfworld"] = "synthetic"
+    """synthetic MDPs with exact DP truth, or real ALFWorld games (slow, opt-in)"""
+    quick: bool = False
+    """tiny settings for CI (< 2 min)"""
+    family: str = "alfworld"
+    """synthetic task family: alfworld | webshop"""
+    batches: int = 50
+    """batches per N"""
+    n_rollouts: str = "4,8,16"
+    """comma list of N (rollouts per task) compared side by side"""
+    rollout: RolloutSettings = rollout_section("batch_size", "n_samples_per_prompt", batch_size=16,
+                                               n_samples_per_prompt=4)
+    task_pool: int = 32
+    """distinct tasks per setting (batches draw from them)"""
+    sweep_batches: int = 30
+    """batches per sweep setting (0 = no sweep)"""
+    sweep_n: int = 8
+    """N of the sweep"""
+    estimators: str | None = None
+    """comma list of rows (None: all)"""
+    encoder: Literal["minilm", "none"] = "minilm"
+    """semantic-expansion encoder: the real all-MiniLM-L6-v2 or none (expansion off)"""
+    sign_threshold: float = number(0.1, ">= 0")
+    """|A*| (reward units) above which a step counts for sign agreement"""
+    train: LabTrainSettings = train_section("seed", seed=0)
+    out: str = "runs/bench/fidelity"
+    """output folder for PNGs and tables"""
+    write_docs: bool = False
+    """replace the generated block of docs/fidelity.md"""
+    games: str = "0"
+    """--mode alfworld: comma list of game indices of --split"""
+    split: str = "valid_seen"
+    """--mode alfworld: ALFWorld split of --games"""
+    p_expert: float = number(0.8, "[0, 1]")
+    """--mode alfworld: probability of the walkthrough action"""
+    continuations: int = 4
+    """--mode alfworld: M rollouts per V(h) estimate"""
+    env: EnvSettings = field(default_factory=lambda: EnvSettings(name="alfworld", max_steps=12, history_length=2),
+                             metadata={"flags": ("max_steps", "history_length")})
+
+    def __post_init__(self) -> None:
+        check_counts(self, {"batches": 1, "task_pool": 1, "sweep_n": 1, "sweep_batches": 0, "continuations": 1})
+        if self.env.max_steps is None:
+            raise ValueError("--env.max_steps must be >= 1, got None")
+        check_fields(self, lambda name: f"--{name}")
+        n_list(self.n_rollouts)
+
+
+def n_list(text: str) -> list[int]:
+    """The group sizes of ``--n_rollouts`` (comma list of ints >= 1).
+
+    Raises:
+        ValueError: naming ``--n_rollouts``.
+    """
     try:
-        args.n_list = [int(x) for x in str(args.n_rollouts).split(",") if x.strip()]
+        values = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--n-rollouts must be a comma list of ints, got {args.n_rollouts!r}") from None
-    if not args.n_list or min(args.n_list) < 1:
-        raise ValueError(f"--n-rollouts must list ints >= 1, got {args.n_rollouts!r}")
+        raise ValueError(f"--n_rollouts must be a comma list of ints, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"--n_rollouts must list ints >= 1, got {text!r}")
+    return values
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The flags (:class:`FidelityArgs`) as the run reads them: ``n_list``, ``tasks_per_batch``, ``seed`` and the
+    ALFWorld mode's ``alf_rollouts``, ``alf_max_steps``, ``alf_history``; ``--quick``'s sizes applied."""
+    settings = lab_settings.parse(FidelityArgs, argv, "python -m research fidelity", __doc__.split("\n\n")[0])
+    args = lab_settings.flat(settings, tasks_per_batch="rollout.batch_size", seed="train.seed",
+                             alf_rollouts="rollout.n_samples_per_prompt", alf_max_steps="env.max_steps",
+                             alf_history="env.history_length")
+    args.n_list = n_list(args.n_rollouts)
     if args.quick:
         args.batches, args.n_list, args.tasks_per_batch, args.task_pool = 3, [4], 4, 6
         args.sweep_batches, args.sweep_n = min(args.sweep_batches, 2), 4
@@ -225,9 +266,14 @@ def run_synthetic(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Entry point of ``python -m research fidelity``; prints the markdown report."""
-    args = parse_args(argv)
-    if args.env == "alfworld":
+    """Entry point of ``python -m research fidelity``; prints the markdown report (exit 2 with one line on a bad
+    flag)."""
+    try:
+        args = parse_args(argv)
+    except ValueError as exc:
+        print(f"python -m research fidelity: error: {exc}", file=sys.stderr)
+        return 2
+    if args.mode == "alfworld":
         from research.fidelity_alfworld import run_alfworld
         text = run_alfworld(args)
         block = "fidelity-alfworld"

@@ -1,4 +1,4 @@
-"""Fidelity on real ALFWorld games (``fidelity --env alfworld``; opt-in, slow).
+"""Fidelity on real ALFWorld games (``fidelity --mode alfworld``; opt-in, slow).
 
 Behaviour policy: a noisy expert. Its history-dependent state is ``k``, the number of walkthrough actions
 already executed in order; with probability ``p`` it plays ``walkthrough[k]`` when admissible (else it
@@ -25,22 +25,6 @@ import numpy as np
 from progpo.advantages import StepBatch, compute_advantages
 from research import report
 from research.fidelity_core import METRICS, config_base, fidelity_metrics, prompt_key, select_variants
-from progpo.run import flags
-from progpo.trainer.config import TrainConfig
-
-
-def add_alfworld_args(ap: argparse.ArgumentParser) -> None:
-    """Flags of the ALFWorld mode (ignored with ``--env synthetic``)."""
-    g = ap.add_argument_group("--env alfworld (opt-in: every truth estimate replays the game from reset)")
-    g.add_argument("--games", default="0", help="comma list of game indices of --split")
-    g.add_argument("--split", default="valid_seen", help="ALFWorld split of --games")
-    g.add_argument("--p-expert", type=float, default=0.8, help="probability of the walkthrough action")
-    g.add_argument("--continuations", type=int, default=4, help="M rollouts per V(h) estimate")
-    for option, dest, default, note, old in (
-            ("--rollout.n_samples_per_prompt", "alf_rollouts", 4, "noisy-expert trajectories per game", ("--alf-rollouts",)),
-            ("--env.max_steps", "alf_max_steps", 12, "of the ALFWorld episodes", ("--alf-max-steps",)),
-            ("--env.history_length", "alf_history", 2, "", ("--alf-history",))):
-        flags.restate(g, TrainConfig, option, dest=dest, default=default, note=note, old=old)
 
 
 class NoisyExpert:
@@ -48,7 +32,7 @@ class NoisyExpert:
 
     def __init__(self, walkthrough: list[str], p: float) -> None:
         if not 0 <= p <= 1:
-            raise ValueError(f"--p-expert must be in [0, 1], got {p}")
+            raise ValueError(f"--p_expert must be in [0, 1], got {p}")
         self.walkthrough, self.p = [a.lower() for a in walkthrough], p
 
     def progress(self, actions: list[str]) -> int:

@@ -1,7 +1,7 @@
 """``python -m research kinds``: each row's advantage against the exact one, per kind of step.
 
 Trains the learning benchmark's learner (:func:`research.learner.train_run`'s update, same batches for a
-given seed) along one row's path (``--path-row``, ProGPO's default unless told) and, every ``--every``
+given seed) along one row's path (``--path_row``, ProGPO's default unless told) and, every ``--every``
 iterations, computes every ``--rows`` row's advantages *on the same batch* and the exact advantage ``A*`` of
 the learner's current policy (:func:`research.engine.exact_advantages`). Each step gets the kinds of
 :func:`step_kinds` (a step can have several); per row and kind the table prints:
@@ -10,7 +10,7 @@ the learner's current policy (:func:`research.engine.exact_advantages`). Each st
 * ``Spearman``: rank correlation of the row's ``A`` with ``A*`` over the kind's steps of one probe, mean over
   the probes with at least 3 such steps (0 where either is constant, as
   :func:`research.fidelity_core.fidelity_metrics`);
-* ``sign``: share of the kind's steps with ``|A*| >= --sign-threshold`` whose ``A`` has the sign of ``A*``
+* ``sign``: share of the kind's steps with ``|A*| >= --sign_threshold`` whose ``A`` has the sign of ``A*``
   (``A = 0`` counts as wrong);
 * ``mean A`` and ``mean A*``: pooled means, each over its own batch's standard deviation (unitless, so
   that a row's normalisation does not decide the comparison);
@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from scipy import stats
@@ -39,7 +41,10 @@ from progpo.envs.synthetic.families import family_config, get_family
 from research import engine, report
 from research.fidelity_core import select_variants
 from research.learner import Context, build_source, make_context
-from research.learning import RESTATED, restate_run_shape
+from progpo.bounds import check_fields, number
+from progpo.run.settings import RolloutSettings
+from research import settings as lab_settings
+from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
 
 #: The kinds of :func:`step_kinds`, in table order.
 KINDS = ("all", "first step", "peer group >= 2", "credit, pool >= 2", "credit, singleton pool", "terminal",
@@ -196,36 +201,54 @@ def _num(x: float, spec: str = ".3f") -> str:
     return format(x, spec) if np.isfinite(x) else "-"
 
 
+@dataclass(frozen=True)
+class KindsArgs:
+    """The flags of ``python -m research kinds``."""
+
+    family: str = "alfworld"
+    """task family: alfworld | webshop"""
+    regime: Literal["fixed", "fresh"] = "fresh"
+    """fixed: the same tasks every iteration; fresh: new tasks every iteration"""
+    task_seed: int = 1
+    """seed of the task draw"""
+    path_row: str = "progpo"
+    """the row whose advantages train the learner"""
+    rows: str = "progpo,gigpo,g2po"
+    """rows compared on the same batches"""
+    lr: float = number(3.0, "> 0")
+    """step size of the learner's policy"""
+    seeds: int = 3
+    """training seeds 0..n-1"""
+    train: LabTrainSettings = train_section("num_iterations", num_iterations=100)
+    rollout: RolloutSettings = rollout_section("batch_size", "n_samples_per_prompt", batch_size=16,
+                                               n_samples_per_prompt=8)
+    every: int = 5
+    """probe every this many iterations"""
+    sign_threshold: float = 0.1
+    """|A*| from which a step counts for sign"""
+    workers: int = 1
+    """processes compiling the task pool"""
+
+    def __post_init__(self) -> None:
+        check_counts(self, {"seeds": 1, "every": 1, "workers": 1})
+        check_fields(self, lambda name: f"--{name}")
+        get_family(self.family)
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """CLI flags (``--help``).
+    """The flags (:class:`KindsArgs`) as the run reads them: the run shape as ``iterations``, ``tasks``,
+    ``rollouts``; the rows parsed (``path_v``, ``rows_v``).
 
     Raises:
         ValueError: naming the flag: a count < 1, a non-positive lr, a bad row or family.
     """
-    ap = argparse.ArgumentParser(prog="python -m research kinds", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", default="alfworld", help="task family: alfworld | webshop")
-    ap.add_argument("--regime", choices=("fixed", "fresh"), default="fresh")
-    ap.add_argument("--task-seed", type=int, default=1)
-    ap.add_argument("--path-row", dest="path", default="progpo", help="the row whose advantages train the learner")
-    ap.add_argument("--rows", default="progpo,gigpo,g2po", help="rows compared on the same batches")
-    ap.add_argument("--lr", type=float, default=3.0)
-    ap.add_argument("--seeds", type=int, default=3, help="training seeds 0..n-1")
-    restate_run_shape(ap, "of the traced runs")
-    ap.add_argument("--every", type=int, default=5, help="probe every this many iterations")
-    ap.add_argument("--sign-threshold", type=float, default=0.1, help="|A*| from which a step counts for sign")
-    ap.add_argument("--workers", type=int, default=1, help="processes compiling the task pool")
-    args = ap.parse_args(list(argv))
-    for name in ("seeds", "iterations", "tasks", "rollouts", "every", "workers"):
-        if getattr(args, name) < 1:
-            flag = RESTATED.get(name, "--" + name.replace("_", "-"))
-            raise ValueError(f"{flag} must be >= 1, got {getattr(args, name)}")
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be > 0, got {args.lr}")
-    get_family(args.family)
+    settings = lab_settings.parse(KindsArgs, argv, "python -m research kinds", __doc__.split("\n\n")[0])
+    args = lab_settings.flat(settings, path="path_row", iterations="train.num_iterations", tasks="rollout.batch_size",
+                             rollouts="rollout.n_samples_per_prompt")
     args.path_v = select_variants([args.path])[0]
     args.rows_v = select_variants([r.strip() for r in args.rows.split(",") if r.strip()])
     if args.path_v.exact or any(r.exact for r in args.rows_v):
-        raise ValueError("--path-row/--rows: the oracle row is the truth itself; name estimator rows")
+        raise ValueError("--path_row/--rows: the oracle row is the truth itself; name estimator rows")
     return args
 
 

@@ -5,10 +5,10 @@ A log-linear softmax policy over the admissible actions of a task family
 trained from scratch with each estimator row's step advantages by the same REINFORCE update, on the
 same tasks, seeds and budget (:mod:`research.learner`, vectorised in :mod:`research.engine`).
 Rows are named estimators or specs ``ESTIMATOR [preset=NAME] [field=value ...]`` over
-``AdvantageConfig``'s fields. With ``--lr-sweep`` every row first runs each learning rate on
-``--sweep-seeds`` seeds of their own, and the final table runs ``--seeds`` fresh seeds at each row's
+``AdvantageConfig``'s fields. With ``--lr_sweep`` every row first runs each learning rate on
+``--sweep_seeds`` seeds of their own, and the final table runs ``--seeds`` fresh seeds at each row's
 best rate (fewest collapsed sweep seeds, then smallest restricted mean steps to ``--target``); with
-``--stable-range`` (the default) the final seeds also run at every other rate of the grid, so that each
+``--stable_range`` (the default) the final seeds also run at every other rate of the grid, so that each
 row prints the rates at which none of them collapsed (:func:`research.survival.collapse`). Reported:
 final success, collapsed seeds, steps to 50% and to ``--target`` with censored statistics over all seeds
 (:mod:`research.survival`), the on-policy fidelity against the exact advantage of the learner's own
@@ -24,7 +24,9 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from research import learning_report as lr_report
 from research import report
@@ -33,8 +35,10 @@ from research.fidelity_core import ORACLE_ROW, CachedEncoder, oracle_variant, se
 from research.learner import RunSpec, build_source, make_context, run_all
 from research.survival import COLLAPSE_RATIO, FINAL_WINDOW, MIN_DROP, PEAK_WINDOW
 from research.survival import steps_to_target  # noqa: F401  (re-exported: the benchmark's definition)
-from progpo.run import flags
-from progpo.trainer.config import TrainConfig
+from progpo.bounds import check_fields, number
+from progpo.run.settings import RolloutSettings
+from research import settings as lab_settings
+from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
 
 DEFAULT_ESTIMATORS = ("grpo", "gigpo", "hgpo", "g2po", "progpo", "progpo state_key=obs_inventory",
                       "gigpo state_key=obs_inventory", "hgpo state_key=obs_inventory", "g2po state_key=obs_inventory")
@@ -44,93 +48,82 @@ COLLAPSE_RULE = (f"final success (last {FINAL_WINDOW} iterations) below {COLLAPS
                  f"mean and at least {MIN_DROP:g} under it")
 
 
-LAB_WORDS: dict[str, str] = {
-    "--train.num_iterations": "rollout + update iterations per run, each --rollout.batch_size tasks x "
-                              "--rollout.n_samples_per_prompt episodes then the update",
-}
-"""The lab's own help of a training flag it restates, where train's words do not hold in the lab
-(:func:`progpo.run.flags.restate`'s ``words``): train's ``--train.num_iterations`` help describes its ``None``
-default (one pass over the training tasks), which no lab run takes."""
+@dataclass(frozen=True)
+class LearningArgs:
+    """The flags of ``python -m research learning``."""
 
-#: The run shape every lab command restates (its flags are the trainer's): (training flag, parsed attribute,
-#: lab default, the lab's former names).
-LAB_RUN_SHAPE = (("--train.num_iterations", "iterations", 100, ("--iterations",)),
-                 ("--rollout.batch_size", "tasks", 16, ("--tasks",)),
-                 ("--rollout.n_samples_per_prompt", "rollouts", 8, ("--rollouts",)))
+    quick: bool = False
+    """tiny settings for CI (< 1 min)"""
+    family: str = "alfworld"
+    """task family: alfworld | webshop"""
+    regime: Literal["fixed", "fresh"] = "fixed"
+    """fixed: the same --rollout.batch_size tasks every iteration; fresh: new tasks from a pool every iteration"""
+    policy: Literal["auto", "tabular", "features"] = "auto"
+    """learner parameters: per-task table or shared features (auto: tabular if fixed, else features)"""
+    pool: int = 0
+    """fresh regime: pool size (0 = iterations x tasks, no repeats)"""
+    task_preset: str = ""
+    """named preset of the family's task config (hard: longer horizons, more distractors, sparser success; docs/fidelity.md); --task_config applies on top; writes its own block, ...-NAME"""
+    task_config: str = ""
+    """comma list field=value overriding the family's task config"""
+    seeds: int = 15
+    """seeds per row in the final table (seeds 0..n-1)"""
+    train: LabTrainSettings = train_section("num_iterations", num_iterations=100)
+    rollout: RolloutSettings = rollout_section("batch_size", "n_samples_per_prompt", batch_size=16,
+                                               n_samples_per_prompt=8)
+    lr: float = number(10.0, "> 0")
+    """learning rate of every row when there is no sweep"""
+    lr_sweep: str = ""
+    """comma list of learning rates; each row runs at its best"""
+    sweep_seeds: int = 5
+    """seeds per (row, lr) of the sweep (seeds 1000+)"""
+    stable_range: bool = True
+    """with --lr_sweep, also run the final seeds at every other rate of the grid (no probes) and print each row's stable rates (no final seed collapsed); costs the final phase again per extra rate"""
+    target: float = number(0.8, "(0, 1]")
+    """success rate whose first crossing is reported"""
+    estimators: str = ",".join(DEFAULT_ESTIMATORS)
+    """comma list of rows: named variants, 'ESTIMATOR field=value ...' specs, or 'oracle' (the exact advantage of the learner's own policy, normalised: a reference for what credit assignment can buy)"""
+    reference: str = "gigpo"
+    """row of the restricted-mean ratio column ('' = none)"""
+    probe_every: int = 5
+    """on-policy fidelity every k iterations (0 = off)"""
+    fixed_fidelity_batches: int = 20
+    """batches of the fixed-policy fidelity table on the same tasks (0 = skip)"""
+    sign_threshold: float = 0.1
+    """|A*| above which a step counts for sign"""
+    encoder: Literal["auto", "minilm", "none"] = "auto"
+    """ProGPO's semantic expansion encoder (auto: minilm if fixed, none if fresh)"""
+    task_seed: int = 1
+    """seed of the task draw"""
+    workers: int = min(2, os.cpu_count() or 1)
+    """processes (1 = in-process)"""
+    out: str = "runs/bench/learning"
+    """output folder of the report, runs and PNGs"""
+    write_docs: bool = False
+    """replace the generated block of docs/fidelity.md"""
 
-#: the training settings this lab restates: parsed attribute -> flag.
-RESTATED = {dest: option for option, dest, _, _ in LAB_RUN_SHAPE}
-
-
-def restate_run_shape(ap: argparse.ArgumentParser, note: str) -> None:
-    """Add :data:`LAB_RUN_SHAPE` to a lab parser: each setting under its training flag (and, for one release,
-    its former name), with the lab's default, in the lab's words where train's do not hold (:data:`LAB_WORDS`),
-    and ``note`` (e.g. ``"of the traced run"``) appended to its help."""
-    for option, dest, default, old in LAB_RUN_SHAPE:
-        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note=note, old=old,
-                      words=LAB_WORDS.get(option))
+    def __post_init__(self) -> None:
+        check_counts(self, {"seeds": 1, "workers": 1, "sweep_seeds": 1, "pool": 0, "probe_every": 0,
+                            "fixed_fidelity_batches": 0})
+        check_fields(self, lambda name: f"--{name}")
+        parse_lr_grid(self.lr_sweep)
+        family = get_family(self.family)
+        if self.task_preset and self.task_preset not in family.presets:
+            raise ValueError(f"--task_preset: family {self.family} has no preset {self.task_preset!r}; "
+                             f"presets: {sorted(family.presets)}")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """CLI flags (``--help`` lists them).
+    """The flags (:class:`LearningArgs`) as the run reads them: ``iterations``, ``tasks``, ``rollouts`` (the run
+    shape), ``lrs`` and ``rows`` parsed, ``auto`` resolved, ``--quick``'s sizes and the pool applied.
 
     Raises:
-        ValueError: naming the flag, for counts < 1, a non-positive lr, a target outside (0, 1], or a
-            malformed ``--lr-sweep``.
+        ValueError: naming the flag (:class:`LearningArgs`'s checks, or a malformed ``--estimators``).
     """
-    ap = argparse.ArgumentParser(prog="python -m research learning", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny settings for CI (< 1 min)")
-    ap.add_argument("--family", default="alfworld", help="task family: alfworld | webshop")
-    ap.add_argument("--regime", choices=("fixed", "fresh"), default="fixed",
-                    help="fixed: the same --tasks tasks every iteration; fresh: new tasks from a pool every iteration")
-    ap.add_argument("--policy", choices=("auto", "tabular", "features"), default="auto",
-                    help="learner parameters: per-task table or shared features (auto: tabular if fixed, else features)")
-    ap.add_argument("--pool", type=int, default=0, help="fresh regime: pool size (0 = iterations x tasks, no repeats)")
-    ap.add_argument("--task-preset", default="",
-                    help="named preset of the family's task config (hard: longer horizons, more distractors, sparser "
-                         "success; docs/fidelity.md); --task-config applies on top; writes its own block, ...-NAME")
-    ap.add_argument("--task-config", default="", help="comma list field=value overriding the family's task config")
-    ap.add_argument("--seeds", type=int, default=15, help="seeds per row in the final table (seeds 0..n-1)")
-    restate_run_shape(ap, "of the tabular learner")
-    ap.add_argument("--lr", type=float, default=10.0, help="learning rate of every row when there is no sweep")
-    ap.add_argument("--lr-sweep", default="", help="comma list of learning rates; each row runs at its best")
-    ap.add_argument("--sweep-seeds", type=int, default=5, help="seeds per (row, lr) of the sweep (seeds 1000+)")
-    ap.add_argument("--stable-range", action=argparse.BooleanOptionalAction, default=True,
-                    help="with --lr-sweep, also run the final seeds at every other rate of the grid (no probes) and "
-                         "print each row's stable rates (no final seed collapsed); costs the final phase again "
-                         "per extra rate")
-    ap.add_argument("--target", type=float, default=0.8, help="success rate whose first crossing is reported")
-    ap.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS),
-                    help="comma list of rows: named variants, 'ESTIMATOR field=value ...' specs, or 'oracle' "
-                         "(the exact advantage of the learner's own policy, normalised: a reference for what credit "
-                         "assignment can buy)")
-    ap.add_argument("--reference", default="gigpo", help="row of the restricted-mean ratio column ('' = none)")
-    ap.add_argument("--probe-every", type=int, default=5, help="on-policy fidelity every k iterations (0 = off)")
-    ap.add_argument("--fixed-fidelity-batches", type=int, default=20,
-                    help="batches of the fixed-policy fidelity table on the same tasks (0 = skip)")
-    ap.add_argument("--sign-threshold", type=float, default=0.1, help="|A*| above which a step counts for sign")
-    ap.add_argument("--encoder", choices=("auto", "minilm", "none"), default="auto",
-                    help="ProGPO's semantic expansion encoder (auto: minilm if fixed, none if fresh)")
-    ap.add_argument("--task-seed", type=int, default=1)
-    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (1 = in-process)")
-    ap.add_argument("--out", default="runs/bench/learning")
-    ap.add_argument("--write-docs", action="store_true", help="replace the generated block of docs/fidelity.md")
-    args = ap.parse_args(list(argv))
-    for name in ("seeds", "iterations", "tasks", "rollouts", "workers", "sweep_seeds"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"{RESTATED.get(name, '--' + name.replace('_', '-'))} must be >= 1, got {getattr(args, name)}")
-    for name in ("pool", "probe_every", "fixed_fidelity_batches"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be > 0, got {args.lr}")
-    if not 0 < args.target <= 1:
-        raise ValueError(f"--target must be in (0, 1], got {args.target}")
+    settings = lab_settings.parse(LearningArgs, argv, "python -m research learning", __doc__.split("\n\n")[0])
+    args = lab_settings.flat(settings, iterations="train.num_iterations", tasks="rollout.batch_size",
+                             rollouts="rollout.n_samples_per_prompt")
     args.lrs = parse_lr_grid(args.lr_sweep)
-    family = get_family(args.family)
-    if args.task_preset and args.task_preset not in family.presets:
-        raise ValueError(f"--task-preset: family {args.family} has no preset {args.task_preset!r}; "
-                         f"presets: {sorted(family.presets)}")
     args.rows = parse_rows(args.estimators)
     if args.policy == "auto":
         args.policy = "tabular" if args.regime == "fixed" else "features"
@@ -145,17 +138,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def parse_lr_grid(text: str) -> list[float]:
-    """The learning rates of ``--lr-sweep`` (comma list; empty = no sweep).
+    """The learning rates of ``--lr_sweep`` (comma list; empty = no sweep).
 
     Raises:
-        ValueError: naming ``--lr-sweep``: an entry that is not a number, or a rate that is not > 0.
+        ValueError: naming ``--lr_sweep``: an entry that is not a number, or a rate that is not > 0.
     """
     try:
         lrs = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--lr-sweep must be a comma list of numbers, got {text!r}") from None
+        raise ValueError(f"--lr_sweep must be a comma list of numbers, got {text!r}") from None
     if any(not x > 0 for x in lrs):
-        raise ValueError(f"--lr-sweep rates must be > 0, got {text!r}")
+        raise ValueError(f"--lr_sweep rates must be > 0, got {text!r}")
     return lrs
 
 
@@ -285,7 +278,7 @@ def run(args: argparse.Namespace) -> str:
 
 
 def _sweep(ctx, rows, args, costs: list[str], parts: list[str]) -> tuple[dict[str, float], str]:
-    """The learning-rate sweep (when ``--lr-sweep`` is given): (best lr per row, a line saying how lrs were
+    """The learning-rate sweep (when ``--lr_sweep`` is given): (best lr per row, a line saying how lrs were
     chosen); appends its table to ``parts``, its cost to ``costs``, its runs to ``args.results``."""
     names = [r.name for r in rows]
     args.results = {"sweep": {}}

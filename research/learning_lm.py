@@ -9,7 +9,7 @@ templates, sampling, action parsing, env protocol, estimators, PPO update), on t
 
 1. **warm start**: behaviour cloning from the env's expert (``progpo.cli.sft``, the product's SFT command,
    run as a subprocess), once; every run starts from that checkpoint;
-2. **learning-rate sweep**: every row runs every rate of ``--lr-sweep`` on ``--sweep-seeds`` seeds of its
+2. **learning-rate sweep**: every row runs every rate of ``--lr_sweep`` on ``--sweep_seeds`` seeds of its
    own (1000, 1001, ...) and keeps the rate with the fewest collapsed seeds, then the smallest restricted
    mean env steps to ``--target`` (``research.learning_report.pick_lr``);
 3. **final runs**: ``--seeds`` seeds (0..n-1) that took no part in the choice, each row at its rate.
@@ -50,6 +50,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -57,10 +58,15 @@ from research import learning_report as lr_report
 from research import report
 from research.fidelity_core import ORACLE_ROW, Variant, config_base, mean_ci
 from research.learner import RunResult, RunSpec
-from research.learning import LAB_WORDS, SWEEP_SEED0, parse_lr_grid, parse_rows
+from research.learning import SWEEP_SEED0, parse_lr_grid, parse_rows
 from research.survival import fmt_steps
+from progpo.bounds import check_fields, number
 from progpo.run import flags
-from progpo.trainer.config import TrainConfig
+from progpo.run.settings import EnvSettings, RolloutSettings
+from progpo.trainer.config import SFTSettings
+from progpo.trainer.settings import AlgoSettings, KLSettings
+from research import settings as lab_settings
+from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
 
 DEFAULT_ROWS = ("grpo", "gigpo", "hgpo", "progpo", "progpo preset=paper")
 
@@ -115,89 +121,131 @@ class LMRunResult(RunResult):
     resumed: bool = False  #: read back from the run folder of an earlier invocation with the same flags
 
 
-def regime_default_text(name: str, sep: str = ", ") -> str:
-    """How the help shows the default of ``name`` (:data:`REGIME_DEFAULTS`): ``16`` where every regime has it,
-    else ``fixed 2, fresh 4`` (regimes joined by ``sep``; ``"; "`` for a value that is itself a comma list)."""
-    values = {regime: defaults[name] for regime, defaults in REGIME_DEFAULTS.items()}
-    if len(set(values.values())) == 1:
-        return str(next(iter(values.values())))
-    return sep.join(f"{regime} {value}" for regime, value in values.items())
+def _synthetic_envs() -> list[str]:
+    from progpo.run.agent_model import synthetic_env_names
+
+    return list(synthetic_env_names())
+
+
+def _fixed(name: str) -> Any:
+    return REGIME_DEFAULTS["fixed"][name]
+
+
+@dataclass(frozen=True)
+class LearningLMArgs:
+    """The flags of ``python -m research learning-lm``. The defaults shown are ``--regime fixed``'s; ``--regime``
+    sets those of :data:`REGIME_DEFAULTS` (:meth:`for_regime`), and a flag given on the command line wins."""
+
+    envs: str = field(default_factory=lambda: ",".join(_synthetic_envs()))
+    """comma list of synthetic envs (alfworld_like, webshop_like)"""
+    estimators: str = ",".join(DEFAULT_ROWS)
+    """comma list of rows (as research learning)"""
+    regime: Literal["fixed", "fresh"] = "fixed"  # help: _REGIME_HELP, in the class docstring
+    lr_sweep: str = field(default_factory=lambda: _fixed("lr_sweep"))
+    """comma list of learning rates; each row runs at its best"""
+    sweep_seeds: int = 1
+    """seeds per (row, lr) of the sweep (seeds 1000+)"""
+    seeds: int = 5
+    """final seeds per row (0..n-1)"""
+    train: LabTrainSettings = train_section("num_iterations", num_iterations=_fixed("iterations"))
+    rollout: RolloutSettings = rollout_section("batch_size", "n_samples_per_prompt", batch_size=_fixed("tasks"),
+                                               n_samples_per_prompt=_fixed("rollouts"))
+    env: EnvSettings = field(default_factory=lambda: EnvSettings(max_steps=8, history_length=1),
+                             metadata={"flags": ("max_steps", "history_length")})
+    sft: SFTSettings = field(default_factory=lambda: SFTSettings(num_tasks=_fixed("sft_tasks"),
+                                                                 max_epochs=_fixed("sft_epochs"), lr=3e-3),
+                             metadata={"flags": ("num_tasks", "max_epochs", "lr")})
+    algo: AlgoSettings = field(default_factory=lambda: AlgoSettings(kl=KLSettings(init_coef=0.0)),
+                               metadata={"skip": ("kl.estimator",)})
+    pool: int | None = None
+    """fixed regime: training tasks, train-split tasks 0..pool-1; the warm start clones them and every iteration draws --rollout.batch_size of them (the trainer's seeded shuffle); None: --rollout.batch_size"""
+    target: float = number(0.5, "(0, 1]")
+    """success rate whose first crossing is reported"""
+    reference: str = "gigpo"
+    """row of the restricted-mean ratio column ('' = none)"""
+    workers: int = min(2, os.cpu_count() or 1)
+    """processes (1 thread each)"""
+    out: str | None = None
+    """run folders and report (None: runs/bench/<block>, learning-lm or learning-lm-fresh)"""
+    write_docs: bool = False
+    """replace the generated block of docs/fidelity.md"""
+
+    def __post_init__(self) -> None:
+        check_counts(self, {"sweep_seeds": 1, "seeds": 1, "workers": 1})
+        check_fields(self, lambda name: f"--{name}")
+        if self.env.max_steps is None or self.env.max_steps < 1:
+            raise ValueError(f"--env.max_steps must be >= 1, got {self.env.max_steps}")
+        if self.sft.num_tasks < 1:
+            raise ValueError(f"--sft.num_tasks must be >= 1, got {self.sft.num_tasks}")
+        if self.rollout.n_samples_per_prompt < 2:
+            raise ValueError("--rollout.n_samples_per_prompt must be >= 2 (a group of one has no signal), "
+                             f"got {self.rollout.n_samples_per_prompt}")
+        if self.regime == "fresh" and self.pool is not None:
+            raise ValueError(f"--pool is for --regime fixed (fresh tasks come from the whole split), got {self.pool}")
+        if self.pool is not None and self.pool < 1:
+            raise ValueError(f"--pool must be >= 1, got {self.pool} (fresh tasks: --regime fresh)")
+        if not parse_lr_grid(self.lr_sweep):
+            raise ValueError(f"--lr_sweep needs at least one rate, got {self.lr_sweep!r}")
+        envs = _synthetic_envs()
+        env_list = [e.strip() for e in self.envs.split(",") if e.strip()]
+        if not env_list or any(e not in envs for e in env_list):
+            raise ValueError(f"--envs must name synthetic envs of {envs}, got {self.envs!r}")
+        if ORACLE_ROW in [s.strip() for s in self.estimators.split(",")]:
+            raise ValueError(f"--estimators: {NO_ORACLE}")
+
+    @classmethod
+    def for_regime(cls, regime: str) -> LearningLMArgs:
+        """The defaults of ``--regime regime`` (:data:`REGIME_DEFAULTS`)."""
+        d, base = REGIME_DEFAULTS[regime], cls()
+        return dataclasses.replace(
+            base, regime=regime, lr_sweep=d["lr_sweep"],
+            train=dataclasses.replace(base.train, num_iterations=d["iterations"]),
+            rollout=dataclasses.replace(base.rollout, batch_size=d["tasks"], n_samples_per_prompt=d["rollouts"]),
+            sft=dataclasses.replace(base.sft, num_tasks=d["sft_tasks"], max_epochs=d["sft_epochs"]))
+
+
+#: The flags of the regime defaults (:data:`REGIME_DEFAULTS`'s names; ``sft_micro_batch`` has none).
+REGIME_FLAGS = {"tasks": "--rollout.batch_size", "rollouts": "--rollout.n_samples_per_prompt",
+                "iterations": "--train.num_iterations", "sft_tasks": "--sft.num_tasks", "sft_epochs": "--sft.max_epochs",
+                "lr_sweep": "--lr_sweep"}
+
+
+def regime_help() -> str:
+    """``--regime``'s help: what each regime is and the defaults it sets, read from :data:`REGIME_DEFAULTS` (the
+    defaults the help shows beside each flag are ``fixed``'s)."""
+    sets = "; ".join(f"{regime}: " + ", ".join(f"{REGIME_FLAGS[k]} {v}" for k, v in d.items() if k in REGIME_FLAGS)
+                     for regime, d in REGIME_DEFAULTS.items())
+    return ("fixed: a pool of train-split tasks 0..pool-1, cloned by the warm start; fresh: new tasks from the whole "
+            f"train split every iteration (a warm start that clones the family). Each sets its defaults ({sets}); "
+            "the defaults shown below are fixed's")
+
+
+LearningLMArgs.__doc__ = f"{LearningLMArgs.__doc__.rstrip()}\n\n    regime: {regime_help()}\n"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """CLI flags (``--help`` lists them).
+    """The flags (:class:`LearningLMArgs`, with ``--regime``'s defaults) as the run reads them: the trainer's
+    settings under the run's names (``iterations``, ``tasks``, ``rollouts``, ``max_steps``, ``history``,
+    ``sft_tasks``, ``sft_epochs``, ``sft_lr``, ``kl``, ``sft_micro_batch``), ``lrs``, ``env_list`` and ``rows``
+    parsed, the pool and the output folder resolved.
 
     Raises:
         ValueError: naming the flag: counts < 1, a non-positive lr, a target outside (0, 1], an unknown env,
-            a malformed ``--lr-sweep``, or an ``oracle`` row.
+            a malformed ``--lr_sweep``, or an ``oracle`` row.
     """
-    from progpo.run.agent_model import synthetic_env_names
-
-    envs = synthetic_env_names()
-    ap = argparse.ArgumentParser(prog="python -m research learning-lm", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--envs", default=",".join(envs), help=f"comma list of synthetic envs ({', '.join(envs)})")
-    ap.add_argument("--estimators", default=",".join(DEFAULT_ROWS), help="comma list of rows (as bench learning)")
-    ap.add_argument("--regime", choices=tuple(REGIME_DEFAULTS), default="fixed",
-                    help="fixed: a pool of train-split tasks 0..pool-1, cloned by the warm start; fresh: new tasks "
-                         "from the whole train split every iteration (a warm start that clones the family)")
-    ap.add_argument("--lr-sweep", default=None, help="comma list of learning rates; each row runs at its best "
-                    f"(default: {regime_default_text('lr_sweep', sep='; ')})")
-    ap.add_argument("--sweep-seeds", type=int, default=1, help="seeds per (row, lr) of the sweep (seeds 1000+)")
-    ap.add_argument("--seeds", type=int, default=5, help="final seeds per row (0..n-1)")
-    restated = (("--train.num_iterations", "iterations", None, "", ("--iterations",)),
-                ("--rollout.batch_size", "tasks", None, "", ("--tasks",)),
-                ("--rollout.n_samples_per_prompt", "rollouts", None, "", ("--rollouts",)),
-                ("--env.max_steps", "max_steps", 8, "of every run and of the warm start", ("--max-steps",)),
-                ("--env.history_length", "history", 1, "of every run and of the warm start", ("--history",)),
-                ("--sft.num_tasks", "sft_tasks", None, "of the warm start", ("--sft-tasks",)),
-                ("--sft.max_epochs", "sft_epochs", None, "of the warm start", ("--sft-epochs",)),
-                ("--sft.lr", "sft_lr", 3e-3, "of the warm start", ("--sft-lr",)),
-                ("--algo.kl.init_coef", "kl", 0.0, "of the RL runs", ("--kl",)))
-    for option, dest, default, note, old in restated:
-        flags.restate(ap, TrainConfig, option, dest=dest, default=default, note=note, old=old,
-                      words=LAB_WORDS.get(option),
-                      shown_default=regime_default_text(dest) if dest in REGIME_DEFAULTS["fixed"] else None)
-    ap.add_argument("--pool", type=int, default=None,
-                    help="fixed regime: training tasks, train-split tasks 0..pool-1; the warm start clones them and "
-                         "every iteration draws --rollout.batch_size of them (the trainer's seeded shuffle); default "
-                         "--rollout.batch_size")
-    ap.add_argument("--target", type=float, default=0.5, help="success rate whose first crossing is reported")
-    ap.add_argument("--reference", default="gigpo", help="row of the restricted-mean ratio column ('' = none)")
-    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (1 thread each)")
-    ap.add_argument("--out", default=None,
-                    help="run folders and report (default: runs/bench/<block>, learning-lm or learning-lm-fresh)")
-    ap.add_argument("--write-docs", action="store_true", help="replace the generated block of docs/fidelity.md")
-    args = ap.parse_args(list(argv))
-    for name, value in REGIME_DEFAULTS[args.regime].items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
-    if args.regime == "fresh" and args.pool is not None:
-        raise ValueError(f"--pool is for --regime fixed (fresh tasks come from the whole split), got {args.pool}")
+    given = lab_settings.build_parser(LearningLMArgs, "python -m research learning-lm",
+                                      __doc__.split("\n\n")[0]).parse_args(list(argv))
+    regime = getattr(given, "regime", "fixed")
+    settings = flags.build(LearningLMArgs, given, defaults=LearningLMArgs.for_regime(regime))
+    args = lab_settings.flat(settings, iterations="train.num_iterations", tasks="rollout.batch_size",
+                             rollouts="rollout.n_samples_per_prompt", max_steps="env.max_steps",
+                             history="env.history_length", sft_tasks="sft.num_tasks", sft_epochs="sft.max_epochs",
+                             sft_lr="sft.lr", kl="algo.kl.init_coef")
+    args.sft_micro_batch = REGIME_DEFAULTS[regime]["sft_micro_batch"]
     if args.pool is None:
-        args.pool = 0 if args.regime == "fresh" else args.tasks
-    option = {dest: option for option, dest, *_ in restated}
-    for name in ("sweep_seeds", "seeds", "iterations", "tasks", "rollouts", "max_steps", "sft_tasks", "sft_epochs",
-                 "workers", "history", "pool"):
-        low = 0 if name == "history" or (name, args.regime) == ("pool", "fresh") else 1
-        if getattr(args, name) < low:
-            hint = " (fresh tasks: --regime fresh)" if name == "pool" else ""
-            flag = option.get(name, f"--{name.replace('_', '-')}")
-            raise ValueError(f"{flag} must be >= {low}, got {getattr(args, name)}{hint}")
-    if args.rollouts < 2:
-        raise ValueError(f"--rollout.n_samples_per_prompt must be >= 2 (a group of one has no signal), got {args.rollouts}")
-    if not 0 < args.target <= 1:
-        raise ValueError(f"--target must be in (0, 1], got {args.target}")
-    if not (args.sft_lr > 0 and args.kl >= 0):
-        raise ValueError(f"--sft.lr must be > 0 and --algo.kl.init_coef >= 0, got {args.sft_lr}, {args.kl}")
+        args.pool = 0 if regime == "fresh" else args.tasks
     args.lrs = parse_lr_grid(args.lr_sweep)
-    if not args.lrs:
-        raise ValueError(f"--lr-sweep needs at least one rate, got {args.lr_sweep!r}")
     args.env_list = [e.strip() for e in args.envs.split(",") if e.strip()]
-    bad = [e for e in args.env_list if e not in envs]
-    if bad or not args.env_list:
-        raise ValueError(f"--envs must name synthetic envs of {envs}, got {args.envs!r}")
-    if ORACLE_ROW in [s.strip() for s in args.estimators.split(",")]:
-        raise ValueError(f"--estimators: {NO_ORACLE}")
     args.rows = parse_rows(args.estimators)
     if args.out is None:  # one folder per regime: a run folder of other flags would be removed as stale
         args.out = f"runs/bench/{block_name(args.regime, args.iterations)}"

@@ -18,22 +18,23 @@ Written to explain docs/fidelity.md, "Why E1+E2 does not learn".
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from scipy.stats import spearmanr
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
 from research.fidelity_core import config_base, prompt_key
-from research.learning import LAB_WORDS
 from research.oracle import ExactOracle
 from progpo.envs.synthetic.families import AlfworldFamily
 from progpo.envs.synthetic.alfworld_like import SyntheticTask, make_tasks
-from progpo.run import flags
-from progpo.trainer.config import TrainConfig
+from progpo.bounds import check_fields, number
+from research import settings as lab_settings
+from research.settings import LabTrainSettings, check_counts, train_section
 
 LEARN_CFG = AlfworldFamily.learn_cfg  #: the learning benchmark's ALFWorld-like tasks
 
@@ -223,23 +224,36 @@ def mode_train(args) -> None:
         pol.update([(*r, float(a)) for r, a in zip(recs, adv)], args.lr, len(wins))
 
 
+@dataclass(frozen=True)
+class ProbeArgs:
+    """The flags of ``python -m research.learning_probe``."""
+
+    mode: Literal["batch", "train"] = "batch"
+    """batch: the estimators on fixed-policy batches; train: E1+E2 along its own training run"""
+    batches: int = 5
+    """batch mode: batches (seeds)"""
+    train: LabTrainSettings = train_section("num_iterations", num_iterations=41)
+    every: int = 5
+    """train mode: measure every this many iterations"""
+    progpo: AdvantageConfig = field(default_factory=lambda: AdvantageConfig(beta_episode=0.0, state_key="obs"),
+                                    metadata={"flags": ("beta_episode", "state_key")})
+    lr: float = number(10.0, "> 0")
+    """step size of the tabular policy"""
+
+    def __post_init__(self) -> None:
+        check_counts(self, {"batches": 1, "every": 1})
+        check_fields(self, lambda name: f"--{name}")
+
+
 def main(argv: Sequence[str]) -> int:
-    """Entry point; prints a markdown table."""
-    ap = argparse.ArgumentParser(prog="python -m research.learning_probe", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=("batch", "train"), default="batch")
-    ap.add_argument("--batches", type=int, default=5, help="batch mode: batches (seeds)")
-    flags.restate(ap, TrainConfig, "--train.num_iterations", dest="iterations", default=41,
-                  note="train mode: policy updates", old=("--iterations",), words=LAB_WORDS["--train.num_iterations"])
-    ap.add_argument("--every", type=int, default=5, help="train mode: measure every this many iterations")
-    flags.restate(ap, AdvantageConfig, "--progpo.beta_episode", prefix=("progpo",), dest="beta_episode", default=0.0,
-                  note="train mode", old=("--beta-episode",))
-    flags.restate(ap, AdvantageConfig, "--progpo.state_key", prefix=("progpo",), dest="state_key", default="obs",
-                  note="train mode", old=("--state-key",))
-    ap.add_argument("--lr", type=float, default=10.0)
-    args = ap.parse_args(list(argv))
-    for flag, value in (("--batches", args.batches), ("--train.num_iterations", args.iterations), ("--every", args.every)):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
+    """Entry point; prints a markdown table (exit 2 with one line on a bad flag)."""
+    try:
+        settings = lab_settings.parse(ProbeArgs, argv, "python -m research.learning_probe", __doc__.split("\n\n")[0])
+    except ValueError as exc:
+        print(f"python -m research.learning_probe: error: {exc}", file=sys.stderr)
+        return 2
+    args = lab_settings.flat(settings, iterations="train.num_iterations", beta_episode="progpo.beta_episode",
+                             state_key="progpo.state_key")
     (mode_batch if args.mode == "batch" else mode_train)(args)
     return 0
 

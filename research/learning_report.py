@@ -4,10 +4,12 @@ fixed-policy fidelity, and how well each fidelity measure predicts learning (mar
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
+from progpo.bounds import number
 from research import report
 from research.fidelity_core import mean_ci, run_variants, sample_truth_batch
 from research.learner import RunResult
@@ -322,18 +324,30 @@ def ratio_table(final: dict[str, list[RunResult]], references: Sequence[str], ta
     return report.markdown_table(header, rows)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m research.learning_report RUNS.pkl --references gigpo,hgpo``: the ratio table of a
-    finished learning run (its ``*-runs.pkl``) against several reference rows."""
-    import argparse
-    import pickle
+@dataclass(frozen=True)
+class ReportArgs:
+    """The flags of ``python -m research.learning_report``."""
 
-    ap = argparse.ArgumentParser(prog="python -m research.learning_report", description=main.__doc__)
-    ap.add_argument("runs", help="the *-runs.pkl a learning run wrote next to its report")
-    ap.add_argument("--references", default="gigpo,hgpo", help="comma list of reference rows")
-    ap.add_argument("--target", type=float, default=0.8)
-    ap.add_argument("--oracle", default="oracle", help="row of the gap-share columns ('' or absent = none)")
-    args = ap.parse_args(argv)
+    runs: str
+    """the *-runs.pkl a learning run wrote next to its report"""
+    references: str = "gigpo,hgpo"
+    """comma list of reference rows"""
+    target: float = number(0.8, "(0, 1]")
+    """success rate whose first crossing is reported"""
+    oracle: str = "oracle"
+    """row of the gap-share columns ('' or absent = none)"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m research.learning_report --runs RUNS.pkl --references gigpo,hgpo``: the ratio table of a
+    finished learning run (its ``*-runs.pkl``) against several reference rows."""
+    import pickle
+    import sys
+
+    from research import settings as lab_settings
+
+    args = lab_settings.parse(ReportArgs, sys.argv[1:] if argv is None else argv, "python -m research.learning_report",
+                              main.__doc__)
     with open(args.runs, "rb") as fh:
         final = pickle.load(fh)["final"]  # noqa: S301 - our own run files
     oracle = args.oracle if args.oracle in final else None

@@ -54,8 +54,7 @@ DIFFERENT = {
     ("research.collapse_trace", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
     ("research kinds", "--lr"): "the tabular/feature policy's step size on its logits, not AdamW's learning rate",
     ("research.learning_probe", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
-    ("research fidelity", "--env"): "a mode, synthetic families or real ALFWorld, not a registered env id",
-    ("research fidelity", "--n-rollouts"): "a grid of group sizes compared side by side, not one run's group size",
+    ("research fidelity", "--n_rollouts"): "a grid of group sizes compared side by side, not one run's group size",
     ("benchmarks webshop", "--seed"): "the seed of the synthetic product catalog",
     ("benchmarks webshop", "--cache_dir"): "the benchmark's own scratch folder, emptied first",
     ("benchmarks webshop", "--steps"): "steps per load-generator session, not OpenRLHF's --eval.steps",
@@ -217,7 +216,7 @@ def test_train_ray_s_former_names_parse_with_one_warning_line(argv, dest, value,
                                      ["research.collapse_trace"]])
 def test_a_lab_restating_the_run_length_says_what_it_means_there(command):
     """train's help of --train.num_iterations describes its None default (one pass over the training tasks);
-    no lab run takes that default, so the lab says the setting in its own words (restate's ``words``)."""
+    no lab run takes that default, so the lab says the setting in its own words (research.settings.LabTrainSettings)."""
     import subprocess
     import sys
 
@@ -226,17 +225,3 @@ def test_a_lab_restating_the_run_length_says_what_it_means_there(command):
     shown = " ".join(out.split())
     assert "--train.num_iterations N rollout + update iterations per run" in shown
     assert "one pass over the training tasks" not in shown
-
-
-def test_restate_puts_the_bench_s_words_and_shown_default_in_place_of_the_setting_s():
-    import argparse
-
-    from progpo.run import flags
-    from progpo.trainer.config import TrainConfig
-
-    p = argparse.ArgumentParser()
-    flags.restate(p, TrainConfig, "--train.num_iterations", default=3, words="my words", note="here")
-    flags.restate(p, TrainConfig, "--rollout.batch_size", default=None, shown_default="fixed 2, fresh 4")
-    shown = " ".join(p.format_help().split())
-    assert "my words; here (default: 3)" in shown
-    assert "tasks (groups) per iteration (default: fixed 2, fresh 4)" in shown

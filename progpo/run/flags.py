@@ -25,9 +25,8 @@ returning them}`` (e.g. the env registry's ids) and ``metadata={"flag": False}``
 Numbers: every float field (``float``, ``float | None``, tuples of floats) takes a finite number in its
 declared range (:mod:`progpo.bounds`: ``lr: float = number(1e-6, "> 0")``; any finite number where none is
 declared). :func:`build` checks every such field on every CLI, so NaN, +-inf and out-of-range values are refused
-in one line naming the flag and the value (``--actor.adam.lr must be a finite number > 0, got inf``); a bench
-flag restated from a setting (:func:`restate`) refuses NaN and +-inf as argparse parses it (its range is the
-bench's). A negative number is read as a value, ``--actor.adam.lr -1e-5`` as ``--actor.adam.lr=-1e-5``
+in one line naming the flag and the value (``--actor.adam.lr must be a finite number > 0, got inf``).
+A negative number is read as a value, ``--actor.adam.lr -1e-5`` as ``--actor.adam.lr=-1e-5``
 (:func:`accept_negative_numbers`).
 
 Errors: a value the type rejects is argparse's error (exit 2, naming the flag); a value the
@@ -364,53 +363,6 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
     return flags
 
 
-def restate(parser: argparse.ArgumentParser | argparse._ArgumentGroup, root: type, option: str, *,  # noqa: SLF001
-            prefix: Sequence[str] = (), dest: str | None = None, default: Any = MISSING, note: str = "",
-            old: Sequence[str] = (), words: str | None = None, shown_default: str | None = None) -> Flag:
-    """Add one setting of the settings tree ``root`` (e.g. ``TrainConfig``) to a bench or lab parser.
-
-    The flag's name, type, choices and help are the generator's (:func:`iter_flags`), so a bench that
-    restates a training setting says it the way ``train`` does (``--rollout.n_samples_per_prompt``,
-    not ``--n``). A float setting takes a finite number, checked as argparse reads the value (argparse's error,
-    exit 2, naming the flag and the value, as for a value that is no number); range checks stay with the bench
-    (it may allow values ``train`` refuses, or the reverse).
-
-    Args:
-        parser: the bench's parser (or an argument group). root: the settings dataclass that holds ``option``.
-        prefix: the path of ``root`` in the flag tree (``("eval",)`` for ``EvalSettings``).
-        option: the training flag (``--env.max_steps``). dest: the attribute of the parsed namespace
-            (default: the dotted path). default: the bench's default (default: the setting's own).
-        note: bench-specific words appended to the help. old: the bench's former names of the setting:
-            they parse for one release, with a one-line deprecation naming ``option``. words: the bench's own
-            help in place of the setting's, where the setting's words do not hold in the bench (a ``None``
-            default that ``train`` resolves and the bench never passes). shown_default: what the help shows as
-            the default in place of ``default`` (a bench that fills ``None`` from other flags, e.g. per regime).
-
-    Returns:
-        The :class:`Flag` added.
-
-    Raises:
-        KeyError: ``option`` is no flag of ``root``.
-    """
-    flag = {f.option: f for f in iter_flags(root, prefix)}[option]
-    default = flag.default if default is MISSING else default
-    kwargs = argparse_kwargs(flag)
-    if flag.bounds is not None:  # NaN and +-inf are no value of any setting; the range is the bench's
-        kwargs["type"] = _in_range(kwargs["type"], _bounds.ANY_FINITE)
-    if isinstance(parser, argparse.ArgumentParser):
-        accept_negative_numbers(parser)
-    dest = dest or flag.dest
-    own = flag.help if words is None else words
-    text = f"{own}; {note}" if note else own
-    shown = f"{text} (default: {_show(default) if shown_default is None else shown_default})".replace("%", "%%")
-    parser.add_argument(option, dest=dest, default=default, help=shown, **kwargs)
-    kwargs.pop("metavar", None)
-    for name in old:
-        parser.add_argument(name, dest=dest, default=argparse.SUPPRESS, action=_Deprecated, new=option,
-                            help=argparse.SUPPRESS, **kwargs)
-    return flag
-
-
 Deprecated = _Deprecated  # the action of an old flag name, for parsers written by hand
 
 
@@ -428,20 +380,6 @@ def accept_negative_numbers(parser: argparse.ArgumentParser) -> argparse.Argumen
     if not parser._has_negative_number_optionals:  # noqa: SLF001
         parser._negative_number_matcher = _NEGATIVE_NUMBER  # noqa: SLF001
     return parser
-
-
-def _in_range(parse: Any, rng: _bounds.Range) -> Any:
-    """``parse`` (argparse ``type``) that also refuses a number outside ``rng`` (argparse's error names the flag)."""
-
-    def fn(text: str) -> Any:
-        value = parse(text)
-        words = _bounds.refusal(value, rng)
-        if words is not None:
-            raise argparse.ArgumentTypeError(words)
-        return value
-
-    fn.__name__ = getattr(parse, "__name__", "value")
-    return fn
 
 
 def check_numbers(parser: argparse.ArgumentParser, values: argparse.Namespace,

@@ -34,8 +34,8 @@ def test_a_former_bench_flag_name_is_refused(bench, old, capsys):
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-0.5"])
 def test_fidelity_sign_threshold_must_be_finite_non_negative(value):
-    with pytest.raises(ValueError, match="--sign-threshold"):
-        fidelity.parse_args(["--sign-threshold", value])
+    with pytest.raises(ValueError, match="--sign_threshold"):
+        fidelity.parse_args(["--sign_threshold", value])
 
 
 def test_speed_bench_rows_are_the_published_estimators():

@@ -102,7 +102,7 @@ def test_the_branch_finder_finds_each_form(code, lines):
 
 def test_no_code_outside_an_env_module_branches_on_an_env_name():
     """The lab (``research/``, outside the product) is not searched: its synthetic task families are named as the
-    envs they imitate (``--family alfworld``), and its fidelity study's ``--env alfworld`` picks its own
+    envs they imitate (``--family alfworld``), and its fidelity study's ``--mode alfworld`` picks its own
     real-ALFWorld experiment."""
     names, own = set(env_ids()), _own_files()
     offenders = []

@@ -72,12 +72,12 @@ def test_bad_input_is_named(argv, flag, capsys):
     assert flag in capsys.readouterr().err
 
 
-def test_the_former_flag_names_parse_for_one_release_with_a_warning(capsys):
-    args = clone_probe.parse_args(["--env", "alfworld_like", "--model", "tiny-agent", "--tasks", "3", "--history", "2",
-                                   "--max-steps", "5", "--temperature", "0.5", "--max-new-tokens", "9", "--seed", "4",
-                                   "--split", "train"])
+def test_the_trainer_s_flags_fill_the_probe_s_settings():
+    """Each setting is the trainer's own (its flag, type and checks), read back under the probe's names."""
+    args = clone_probe.parse_args(["--env.name", "alfworld_like", "--actor.model_name_or_path", "tiny-agent",
+                                   "--eval.num_tasks", "3", "--env.history_length", "2", "--env.max_steps", "5",
+                                   "--rollout.temperature", "0.5", "--rollout.max_new_tokens", "9", "--eval.seed", "4",
+                                   "--env.eval_split", "train"])
     assert (args.env, args.model, args.tasks, args.history, args.max_steps, args.temperature, args.max_new_tokens,
             args.seed, args.split) == ("alfworld_like", "tiny-agent", 3, 2, 5, 0.5, 9, 4, "train")
-    err = capsys.readouterr().err
-    assert "--model is deprecated and goes in the next release; use --actor.model_name_or_path" in err
-    assert "--tasks is deprecated and goes in the next release; use --eval.num_tasks" in err
+    assert isinstance(args.settings, clone_probe.CloneArgs)

@@ -27,13 +27,13 @@ def test_trace_replays_the_benchmark_run():
 
 
 def test_main_prints_the_tables_and_refuses_bad_flags(capsys):
-    argv = ["--family", "alfworld", "--regime", "fixed", "--iterations", "4", "--tasks", "2", "--rollouts", "4",
-            "--row", "progpo semantic_expansion=false", "--compare", "hgpo", "--escape-at", "2",
-            "--escape-with", "grpo,oracle", "--sizes-seeds", "1", "--sizes-iterations", "2", "--workers", "1"]
+    argv = ["--family", "alfworld", "--regime", "fixed", "--train.num_iterations", "4", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "4",
+            "--row", "progpo semantic_expansion=false", "--compare", "hgpo", "--escape_at", "2",
+            "--escape_with", "grpo,oracle", "--sizes_seeds", "1", "--sizes_iterations", "2", "--workers", "1"]
     assert collapse_trace.main(argv) == 0
     out = capsys.readouterr().out
     assert "**Trace**" in out and "**Escape**" in out and "**Update size**" in out and "| oracle |" in out
     assert collapse_trace.main(["--lr", "0"]) == 2
-    assert collapse_trace.main(["--escape-at", "100"]) == 2
+    assert collapse_trace.main(["--escape_at", "100"]) == 2
     assert collapse_trace.main(["--row", "nope"]) == 2
     assert "error: " in capsys.readouterr().err

@@ -45,8 +45,8 @@ def test_metrics_on_known_cases():
 def test_bad_flags_name_the_flag():
     with pytest.raises(ValueError, match="--batches"):
         fidelity.parse_args(["--batches", "0"])
-    with pytest.raises(ValueError, match="--n-rollouts"):
-        fidelity.parse_args(["--n-rollouts", "4,x"])
+    with pytest.raises(ValueError, match="--n_rollouts"):
+        fidelity.parse_args(["--n_rollouts", "4,x"])
     with pytest.raises(ValueError, match="n_variants"):
         MDPConfig(n_variants=0)
 

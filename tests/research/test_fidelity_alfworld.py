@@ -19,15 +19,15 @@ def test_noisy_expert_follows_walkthrough_and_walks_back():
     random_pol = NoisyExpert(["go to desk 1"], p=0.0)
     picks = {random_pol.act([], ["a", "b", "c"], rng) for _ in range(50)}
     assert picks == {"a", "b", "c"}
-    with pytest.raises(ValueError, match="--p-expert"):
+    with pytest.raises(ValueError, match="--p_expert"):
         NoisyExpert([], p=1.5)
 
 
 @pytest.mark.slow
 def test_tiny_alfworld_run(shared_data, tmp_path, capsys):
     pytest.importorskip("alfworld")
-    argv = ["--env", "alfworld", "--games", "0", "--alf-rollouts", "2", "--continuations", "1",
-            "--alf-max-steps", "3", "--estimators", "grpo,gigpo,progpo", "--encoder", "none", "--out", str(tmp_path)]
+    argv = ["--mode", "alfworld", "--games", "0", "--rollout.n_samples_per_prompt", "2", "--continuations", "1",
+            "--env.max_steps", "3", "--estimators", "grpo,gigpo,progpo", "--encoder", "none", "--out", str(tmp_path)]
     assert fidelity.main(argv) == 0
     text = capsys.readouterr().out
     assert "Truth standard error" in text and "| gigpo |" in text

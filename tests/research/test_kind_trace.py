@@ -89,5 +89,5 @@ def test_main_prints_the_table_and_refuses_bad_flags(capsys):
     assert kind_trace.main(["--lr", "0"]) == 2
     assert kind_trace.main(["--every", "0"]) == 2
     assert kind_trace.main(["--rows", "oracle"]) == 2
-    assert kind_trace.main(["--path-row", "nope"]) == 2
+    assert kind_trace.main(["--path_row", "nope"]) == 2
     assert "error: " in capsys.readouterr().err

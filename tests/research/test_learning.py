@@ -33,8 +33,8 @@ def test_steps_to_target():
 def test_bad_flags_name_the_flag():
     with pytest.raises(ValueError, match="--lr"):
         learning.parse_args(["--lr", "0"])
-    with pytest.raises(ValueError, match="--lr-sweep"):
-        learning.parse_args(["--lr-sweep", "3,x"])
+    with pytest.raises(ValueError, match="--lr_sweep"):
+        learning.parse_args(["--lr_sweep", "3,x"])
     with pytest.raises(ValueError, match="unknown task family"):
         learning.parse_args(["--family", "nope"])
     with pytest.raises(ValueError, match="row 'nope'"):
@@ -85,7 +85,7 @@ def test_fresh_regime_draws_new_tasks_the_same_for_every_row():
     assert np.all(np.isfinite(runs[0].probes["spearman"])) and np.all(runs[0].probes["J"] >= 0)
 
 
-@pytest.mark.parametrize("argv", [["--encoder", "none", "--lr-sweep", "5,10"],
+@pytest.mark.parametrize("argv", [["--encoder", "none", "--lr_sweep", "5,10"],
                                   ["--family", "webshop", "--regime", "fresh", "--estimators", "gigpo,progpo,hgpo"]])
 def test_quick_pipeline_runs(argv, tmp_path, capsys):
     assert learning.main(["--quick", "--out", str(tmp_path), *argv]) == 0
@@ -94,7 +94,7 @@ def test_quick_pipeline_runs(argv, tmp_path, capsys):
     for part in ("**Learning**", "**On-policy fidelity**", "**Matched-policy fidelity**", "**Fixed-policy fidelity**",
                  "predicts learning", "matched-policy Spearman", "Cost:"):
         assert part in text
-    if "--lr-sweep" in argv:
+    if "--lr_sweep" in argv:
         assert "**Learning-rate sweep**" in text
     assert list(tmp_path.glob("*.png")) and list(tmp_path.glob("learning*-quick.md"))
     runs = pickle.loads(next(tmp_path.glob("learning*-quick-runs.pkl")).read_bytes())
@@ -171,10 +171,10 @@ def test_a_bad_row_is_one_line_and_runs_nothing(tmp_path, capsys):
 
 
 def test_hard_preset_is_selectable_and_writes_its_own_block(tmp_path, capsys):
-    args = learning.parse_args(["--family", "webshop", "--regime", "fresh", "--task-preset", "hard"])
+    args = learning.parse_args(["--family", "webshop", "--regime", "fresh", "--task_preset", "hard"])
     assert learning._block(args) == "learning-webshop-fresh-hard"
     assert learning._block(learning.parse_args(["--regime", "fresh"])) == "learning-alfworld-fresh"
-    assert learning.main(["--quick", "--out", str(tmp_path), "--encoder", "none", "--task-preset", "hard",
+    assert learning.main(["--quick", "--out", str(tmp_path), "--encoder", "none", "--task_preset", "hard",
                           "--estimators", "gigpo,oracle"]) == 0
     text = capsys.readouterr().out
     first, head = text.split("\n\n")[:2]
@@ -188,7 +188,7 @@ def test_hard_preset_is_selectable_and_writes_its_own_block(tmp_path, capsys):
 
 
 def test_an_unknown_preset_is_one_line_naming_the_flag(tmp_path, capsys):
-    assert learning.main(["--quick", "--out", str(tmp_path), "--family", "webshop", "--task-preset", "hrad"]) == 2
+    assert learning.main(["--quick", "--out", str(tmp_path), "--family", "webshop", "--task_preset", "hrad"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--task-preset" in err[0] and "'hrad'" in err[0] and "['hard']" in err[0]
+    assert len(err) == 1 and "--task_preset" in err[0] and "'hrad'" in err[0] and "['hard']" in err[0]
     assert not any(tmp_path.iterdir())

@@ -33,8 +33,8 @@ def test_the_paper_preset_row_differs_from_the_default():
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["--seeds", "0"], "--seeds"), (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt"), (["--lr-sweep", "1e-3,x"], "--lr-sweep"),
-    (["--lr-sweep", "0"], "--lr-sweep"), (["--envs", "webshop"], "--envs"), (["--target", "1.5"], "--target"),
+    (["--seeds", "0"], "--seeds"), (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt"), (["--lr_sweep", "1e-3,x"], "--lr_sweep"),
+    (["--lr_sweep", "0"], "--lr_sweep"), (["--envs", "webshop"], "--envs"), (["--target", "1.5"], "--target"),
     (["--pool", "-1"], "--pool"), (["--pool", "0"], "--regime fresh"), (["--regime", "fresh", "--pool", "3"], "--pool"),
     (["--env.history_length", "-1"], "--env.history_length"), (["--sft.lr", "0"], "--sft.lr"), (["--estimators", "nope"], "--estimators"),
 ])
@@ -57,7 +57,7 @@ def test_main_prints_one_line_on_bad_flags(capsys):
 @pytest.mark.slow
 def test_the_pipeline_runs_at_toy_size(tmp_path, capsys):
     out = tmp_path / "bench"
-    argv = ["--envs", "alfworld_like", "--estimators", "grpo,progpo", "--lr-sweep", "1e-3", "--seeds", "2",
+    argv = ["--envs", "alfworld_like", "--estimators", "grpo,progpo", "--lr_sweep", "1e-3", "--seeds", "2",
             "--train.num_iterations", "2", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2",
             "--pool", "2", "--env.max_steps", "8", "--sft.num_tasks", "8", "--sft.max_epochs", "1", "--workers", "1", "--out", str(out)]
     assert learning_lm.main(argv) == 0
@@ -97,10 +97,12 @@ def test_each_regime_has_its_own_defaults_and_a_flag_wins():
     mine = learning_lm.parse_args(["--regime", "fresh", "--sft.num_tasks", "64", "--rollout.batch_size", "2"])
     assert (mine.sft_tasks, mine.tasks, mine.sft_epochs) == (64, 2, 8)
     assert learning_lm.parse_args(["--rollout.batch_size", "3"]).pool == 3  # the fixed pool follows the batch
-    old = learning_lm.parse_args(["--tasks", "3", "--rollouts", "4", "--iterations", "5", "--max-steps", "6", "--history",
-                                  "0", "--sft-tasks", "7", "--sft-epochs", "2", "--sft-lr", "1e-2", "--kl", "0.1"])
-    assert (old.tasks, old.rollouts, old.iterations, old.max_steps, old.history, old.sft_tasks, old.sft_epochs,
-            old.sft_lr, old.kl) == (3, 4, 5, 6, 0, 7, 2, 1e-2, 0.1)  # the former names, for one release
+    given = learning_lm.parse_args(["--regime", "fresh", "--rollout.batch_size", "3", "--rollout.n_samples_per_prompt",
+                                    "4", "--train.num_iterations", "5", "--env.max_steps", "6", "--env.history_length",
+                                    "0", "--sft.num_tasks", "7", "--sft.max_epochs", "2", "--sft.lr", "1e-2",
+                                    "--algo.kl.init_coef", "0.1"])
+    assert (given.tasks, given.rollouts, given.iterations, given.max_steps, given.history, given.sft_tasks,
+            given.sft_epochs, given.sft_lr, given.kl, given.lrs) == (3, 4, 5, 6, 0, 7, 2, 1e-2, 0.1, [3e-4, 1e-3])
 
 
 def test_the_fresh_warm_start_is_the_command_whose_clone_reads_the_family(monkeypatch, tmp_path):
@@ -144,26 +146,22 @@ def test_the_paired_gap_compares_second_halves_seed_by_seed():
     assert "| 0.200 ± 1.271 |" in table  # mean of [0.3, 0.1], t(0.975, 1) * sd 0.1414 / sqrt 2
 
 
-def test_the_help_shows_each_regime_default_from_regime_defaults(capsys):
-    """A setting the regime fills shows the regime's defaults, read from REGIME_DEFAULTS, not argparse's None."""
+def test_the_help_shows_each_regime_s_defaults_from_regime_defaults(capsys):
+    """Beside each flag the help shows fixed's default; --regime's help lists what each regime sets, read from
+    REGIME_DEFAULTS."""
     with pytest.raises(SystemExit):
         learning_lm.parse_args(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert "(default: None)" not in shown
-    assert "(default: fixed 2, fresh 4)" in shown and "(default: fixed 170, fresh 1600)" in shown
-    assert learning_lm.regime_default_text("iterations") == "16"
-    assert learning_lm.regime_default_text("sft_epochs") == "fixed 1, fresh 8"
+    assert "--rollout.batch_size N tasks (groups) per iteration (default: 2)" in shown
+    assert "--sft.num_tasks 1600" in shown and "--lr_sweep 3e-4,1e-3" in shown and "--rollout.batch_size 4" in shown
 
 
-def test_the_lr_sweep_help_follows_regime_defaults(capsys, monkeypatch):
-    """--lr-sweep's shown default is read from REGIME_DEFAULTS (regimes joined by '; ', the value being a comma
-    list), so a changed default cannot leave the help behind."""
-    with pytest.raises(SystemExit):
-        learning_lm.parse_args(["--help"])
-    assert "(default: fixed 1e-3,2e-3; fresh 3e-4,1e-3)" in " ".join(capsys.readouterr().out.split())
-    changed = {regime: {**defaults, "lr_sweep": f"{i + 7}e-4"}
+def test_the_regime_defaults_follow_regime_defaults(monkeypatch):
+    """The regime's defaults and --regime's help are read from REGIME_DEFAULTS, so a changed default cannot leave
+    the help or the run behind."""
+    changed = {regime: {**defaults, "lr_sweep": f"{i + 7}e-4", "sft_tasks": 11 + i}
                for i, (regime, defaults) in enumerate(learning_lm.REGIME_DEFAULTS.items())}
     monkeypatch.setattr(learning_lm, "REGIME_DEFAULTS", changed)
-    with pytest.raises(SystemExit):
-        learning_lm.parse_args(["--help"])
-    assert "(default: fixed 7e-4; fresh 8e-4)" in " ".join(capsys.readouterr().out.split())
+    assert "fixed: --rollout.batch_size 2" in learning_lm.regime_help() and "--lr_sweep 8e-4" in learning_lm.regime_help()
+    fresh = learning_lm.parse_args(["--regime", "fresh"])
+    assert (fresh.lrs, fresh.sft_tasks) == ([8e-4], 12)

@@ -35,6 +35,6 @@ def test_take_credit_needs_inventory_keys():
 
 
 def test_main_train_prints_table(capsys):
-    assert main(["--mode", "train", "--iterations", "1"]) == 0
+    assert main(["--mode", "train", "--train.num_iterations", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 0 |" in out and "state_key=obs" in out

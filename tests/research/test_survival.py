@@ -84,7 +84,7 @@ def test_ratio_table_against_several_references(tmp_path):
     assert "| c | 0.580 ± 0.000 | 0/2 | 600 ± 0 | 1.50 [1.50, 1.50] | -0.67 [-0.67, -0.67] |" in text
     with pytest.raises(ValueError, match=r"reference rows \['z'\]"):
         lr.ratio_table(final, ["z"])
-    assert lr.main([str(tmp_path / "x-runs.pkl"), "--references", "b"]) == 0
+    assert lr.main(["--runs", str(tmp_path / "x-runs.pkl"), "--references", "b"]) == 0
 
 
 def test_restricted_mean_needs_only_the_unreached_seeds_observed_up_to_tau():

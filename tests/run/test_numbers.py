@@ -1,7 +1,7 @@
 """Every number a user passes is checked as a kind: each float flag of every command takes a finite number in
 the range its settings field declares (``progpo.bounds``), and a value outside it is refused in one line naming
 the flag and the value, on ``train``, ``sft``, ``evaluate`` and ``train_ray`` (OpenRLHF's own flags included),
-and NaN and +-inf on a bench flag restated from a setting (whose range is the bench's own).
+and on the lab commands, which nest the same settings.
 
 The property test draws every float flag of each command with NaN, +-inf, negatives, huge and ordinary values,
 passed as ``--flag VALUE`` (so negatives are read in the form argparse took for an unknown option), and checks
@@ -172,21 +172,15 @@ def test_an_infinite_default_keeps_inf_but_never_nan(commands):
     assert run(["--ckpt.max_mem", "nan"]) == f"{lead}--ckpt.max_mem must be a finite number, got nan"
 
 
-def test_a_bench_flag_restated_from_a_setting_refuses_nan_and_inf_and_leaves_the_range_to_the_bench(capsys):
-    import argparse
-
+def test_a_lab_command_s_settings_are_held_to_the_trainer_s_ranges(capsys):
+    """A lab command nests the trainer's settings, so the generator checks them as on ``train``: one line naming
+    the flag and the value, nothing run."""
     from research import learning_probe
 
-    with pytest.raises(SystemExit) as exc:  # a lab command: refused as argparse reads it, before anything runs
-        learning_probe.main(["--progpo.beta_episode", "nan"])
-    assert exc.value.code == 2
-    assert "argument --progpo.beta_episode: must be a finite number, got nan" in capsys.readouterr().err
-    bench = argparse.ArgumentParser()
-    flags.restate(bench, AdvantageConfig, "--progpo.beta_episode", prefix=("progpo",), dest="beta")
-    assert bench.parse_args(["--progpo.beta_episode", "-1e-5"]).beta == -1e-5  # a value, not an arity error
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--progpo.beta_episode", "-inf"])
-    assert "argument --progpo.beta_episode: must be a finite number, got -inf" in capsys.readouterr().err
+    assert learning_probe.main(["--progpo.beta_episode", "nan"]) == 2
+    assert "--progpo.beta_episode must be a finite number in [0, 1e6], got nan" in capsys.readouterr().err
+    assert learning_probe.main(["--lr", "-1e-5"]) == 2  # a value, not an arity error
+    assert "--lr must be > 0, got -1e-05" in capsys.readouterr().err
 
 
 def test_a_setting_built_in_code_is_held_to_the_same_range():

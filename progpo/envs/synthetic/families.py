@@ -15,7 +15,7 @@ and ``webshop`` (:mod:`progpo.envs.synthetic.webshop_like`, search, results, ite
 To add one: write the task class (the :class:`Task` members), a :class:`TaskFamily` with its two
 configs, its presets and features, and register it in :data:`FAMILIES`.
 
-**Presets** (:attr:`TaskFamily.presets`, ``bench learning --task-preset NAME``) are named overrides of a family's
+**Presets** (:attr:`TaskFamily.presets`, ``bench learning --task_preset NAME``) are named overrides of a family's
 learning config, one definition per family. ``hard``: longer horizons, more distractors and sparser success, as
 real ALFWorld and WebShop have, aimed at settings where credit assignment matters: on fresh tasks the exact
 advantage (the lab's ``oracle`` row) needs at most 0.7x GiGPO's env steps to 80% and GiGPO's final success stays
@@ -76,7 +76,7 @@ class TaskFamily(Protocol):
     fidelity_cfg: Any  #: config of the fixed-policy fidelity benchmark's tasks
     quick_overrides: dict[str, Any]  #: ``fidelity_cfg`` overrides of ``--quick`` (CI)
     sweep: dict[str, dict[str, Any]]  #: fidelity sweep: setting name -> ``fidelity_cfg`` overrides
-    presets: dict[str, dict[str, Any]]  #: named ``learn_cfg`` overrides (``--task-preset``): name -> field -> value
+    presets: dict[str, dict[str, Any]]  #: named ``learn_cfg`` overrides (``--task_preset``): name -> field -> value
 
     def make_task(self, cfg: Any, seed: int) -> Task:
         """One seeded task (equal seeds give identical tasks)."""

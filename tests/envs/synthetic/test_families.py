@@ -54,7 +54,7 @@ def test_hard_preset_is_longer_with_more_distractors(name):
         assert hard.n_locations > base.n_locations and hard.process_prob == hard.closed_prob == 1.0
     else:  # more option values to get wrong, a noisier search
         assert (hard.n_colors, hard.n_sizes) > (base.n_colors, base.n_sizes) and hard.search_noise > base.search_noise
-    # --task-config still applies on top of the preset
+    # --task_config still applies on top of the preset
     assert family_config(fam, "learn", ["horizon=9"], preset="hard").horizon == 9
     task = make_tasks(fam, hard, 1, 3)[0]
     assert task.horizon == hard.horizon
