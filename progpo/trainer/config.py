@@ -4,8 +4,8 @@
 reads: the flag ``--actor.adam.lr`` is the field ``cfg.actor.adam.lr`` (:mod:`progpo.run.flags`
 generates the flags from the fields and their attribute docstrings; the dataclasses are the only
 source of defaults). Flag names are OpenRLHF 0.11.2's where OpenRLHF has the setting (``--actor.*``,
-``--ds.*``, ``--algo.kl.*``, ``--train.*``, ``--ckpt.*``, ``--rollout.*``), and the shared
-``--env.*`` / ``--rollout.*`` settings of :mod:`progpo.run.settings` are the same classes on
+``--ds.*``, ``--algo.advantage.estimator``, ``--algo.kl.*``, ``--train.*``, ``--ckpt.*``, ``--rollout.*``), and the
+shared ``--env.*`` / ``--rollout.*`` settings of :mod:`progpo.run.settings` are the same classes on
 ``train_ray``; ``--progpo.<field>`` is every field of ``progpo.advantages.AdvantageConfig``.
 Every validation error is a :class:`~progpo.run.flags.FlagError` naming the flag.
 """
