@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             env_s = max(rollout_s - gen_s, 0.0)
             n_steps = roll.metrics["rollout/num_steps"]
             for name in names:
-                trainer.cfg = dataclasses.replace(cfg, advantage_estimator=name,
+                algo = dataclasses.replace(cfg.algo, advantage=dataclasses.replace(cfg.algo.advantage, estimator=name))
+                trainer.cfg = dataclasses.replace(cfg, algo=algo,
                                                   progpo=AdvantageConfig(estimator=name, max_steps=cfg.env.max_steps))
                 t0 = time.perf_counter()
                 samples, _ = trainer.advantages(roll.episodes)

@@ -319,12 +319,12 @@ def sft_job(env: str, out: str, args: dict) -> dict:
 
 
 def row_flags(row: Variant) -> list[str]:
-    """``train`` flags that select ``row``'s estimator settings: ``--advantage_estimator`` and one
+    """``train`` flags that select ``row``'s estimator settings: ``--algo.advantage.estimator`` and one
     ``--progpo.<field> value`` per override (so every row runs as a user would run it)."""
     out: list[str] = []
     for key, value in row.overrides:
         if key == "estimator":
-            out += ["--advantage_estimator", str(value)]
+            out += ["--algo.advantage.estimator", str(value)]
         else:
             out += [f"--progpo.{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     return out

@@ -1,14 +1,15 @@
 """One name per concept on every command line: ``train``, ``train_ray``, ``sft``, ``evaluate``, every ``bench``
 subcommand and the lab's own commands.
 
-The flags compared are the ones each command's ``--help`` shows (old names parse for one release but are
-hidden). Three checks:
+The flags compared are the ones each command's ``--help`` shows; the product commands (``train``, ``train_ray``,
+``sft``, ``evaluate``) parse no other (no hidden old name: nothing was released under one). Four checks:
 
 * no flag is a known synonym of a canonical flag (:data:`CONCEPTS`: the spellings this project has used);
 * a bench or lab flag whose last word is a word of the training commands' flags (``max_steps``,
   ``batch_size``, ``seed``, ``lr`` ...) is that training flag itself, unless :data:`DIFFERENT` says why the
   quantity differs;
-* no command shows two flags of one concept.
+* no command shows two flags of one concept;
+* a product command parses only the flags its ``--help`` shows.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from progpo.trainer import config
 
 #: concept -> (its flag, the other spellings it has had). A spelling is the flag's last word, ``-`` read as ``_``.
 #: The run's length is ``--train.num_iterations`` on ``train`` and ``train_ray``; OpenRLHF's ``--train.num_episodes``
-#: (passes over the prompt dataset) parses on ``train_ray`` for one release, hidden and deprecated, so a command
-#: that shows it (or any other run-length spelling) fails here.
+#: (passes over the prompt dataset) is dropped from ``train_ray``'s parser, so a command that shows it (or any other
+#: run-length spelling) fails here. The estimator is OpenRLHF's ``--algo.advantage.estimator`` on both backends
+#: (``--algo.kl.estimator`` is the KL term's, another concept).
 CONCEPTS = {
+    "advantage estimator": ("--algo.advantage.estimator", {"advantage_estimator", "adv_estimator"}),
     "group size": ("--rollout.n_samples_per_prompt", {"n", "rollouts", "trajectories", "n_rollouts", "alf_rollouts",
                                                        "group_size", "num_rollouts"}),
     "tasks per iteration": ("--rollout.batch_size", {"tasks", "tasks_per_batch", "tasks_per_iter"}),
@@ -80,12 +83,13 @@ def _help_flags(run, argv) -> list[str]:
     return [m.group(2) for m in re.finditer(r"^  (-\w, )?(--[\w.\-]+)", out.getvalue(), re.M) if m.group(2) != "--help"]
 
 
+PRODUCT = {"train": config.build_parser, "sft": sft.build_parser, "evaluate": evaluate.build_parser,
+           "train_ray": train_ray.build_parser}
+
+
 @pytest.fixture(scope="module")
 def clis() -> dict[str, list[str]]:
-    out = {"train": _help_flags(lambda a: config.build_parser().parse_args(a), ["--help"]),
-           "sft": _help_flags(lambda a: sft.build_parser().parse_args(a), ["--help"]),
-           "evaluate": _help_flags(lambda a: evaluate.build_parser().parse_args(a), ["--help"]),
-           "train_ray": _help_flags(lambda a: train_ray.build_parser().parse_args(a), ["--help"])}
+    out = {cli: _help_flags(lambda a, build=build: build().parse_args(a), ["--help"]) for cli, build in PRODUCT.items()}
     for name in bench.BENCHMARKS:
         out[f"benchmarks {name}"] = _help_flags(bench.main, [name, "--help"])
     for name in lab.COMMANDS:
@@ -136,6 +140,15 @@ def test_no_command_has_two_flags_for_one_concept(clis):
             seen[c] = flag
 
 
+def test_the_product_commands_parse_only_the_flags_they_show(clis):
+    """A hidden second name (a deprecated alias, argparse ``help=SUPPRESS``) is a second spelling too."""
+    from progpo.run.flags import option_strings
+
+    for cli, build in PRODUCT.items():
+        hidden = sorted(set(option_strings(build())) - set(clis[cli]) - {"--help"})
+        assert not hidden, f"{cli} parses flags its --help does not show: {hidden}"
+
+
 def test_the_exemptions_are_still_there(clis):
     """An exemption whose flag is gone must go too (else it would excuse a new flag of that name)."""
     assert [key for key in DIFFERENT if key[1] not in clis[key[0]]] == []
@@ -145,7 +158,8 @@ def test_the_canonical_flags_are_what_train_and_train_ray_show(clis):
     for concept, (canonical, _) in CONCEPTS.items():
         if concept not in ("policy model", "env") and concept != "KL coefficient":
             assert canonical in clis["train"] or canonical in clis["train_ray"], (concept, canonical)
-    for flag in ("--rollout.backend", "--rollout.gen_batch_size", "--logger.tensorboard_dir", "--train.num_iterations"):
+    for flag in ("--rollout.backend", "--rollout.gen_batch_size", "--logger.tensorboard_dir", "--train.num_iterations",
+                 "--algo.advantage.estimator"):
         assert flag in clis["train"] and flag in clis["train_ray"], flag
     shared = [f for f in clis["train"] if f.startswith("--sft.") and f != "--sft.cache_dir"]
     assert shared == [f for f in clis["sft"] if f.startswith("--sft.")]
@@ -161,35 +175,11 @@ def test_the_word_rule_catches_a_new_synonym():
         test_no_command_shows_a_synonym_of_a_canonical_flag(fake)
     with pytest.raises(AssertionError, match="both the group size"):
         test_no_command_has_two_flags_for_one_concept({"bench fake": ["--rollout.n_samples_per_prompt", "--n"]})
-
-
-@pytest.mark.parametrize("argv, field, value, line", [
-    (["--warm_start.num_tasks", "3"], ("sft", "num_tasks"), 3, "--warm_start.num_tasks is deprecated and goes in the "
-                                                                "next release; use --sft.num_tasks"),
-    (["--warm_start.epochs", "4"], ("sft", "max_epochs"), 4, "use --sft.max_epochs"),
-    (["--warm_start.lr", "2e-5"], ("sft", "lr"), 2e-5, "use --sft.lr"),
-    (["--warm_start.batch_size", "5"], ("sft", "batch_size"), 5, "use --sft.batch_size"),
-    (["--warm_start.keep_failed", "true"], ("sft", "keep_failed"), True, "use --sft.keep_failed"),
-    (["--warm_start.cache_dir", "/tmp/c"], ("sft", "cache_dir"), "/tmp/c", "use --sft.cache_dir"),
-    (["--logger.tensorboard", "false"], ("logger", "tensorboard_dir"), None, "use --logger.tensorboard_dir none"),
-    (["--logger.tensorboard"], ("logger", "tensorboard_dir"), "tensorboard", "use --logger.tensorboard_dir tensorboard"),
-    (["--log.tensorboard", "no"], ("logger", "tensorboard_dir"), None, "use --logger.tensorboard_dir none"),
-])
-def test_train_s_former_names_parse_with_one_warning_line(argv, field, value, line, capsys):
-    cfg = config.config_from_args(argv)
-    assert getattr(getattr(cfg, field[0]), field[1]) == value
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and line in err[0], err
-
-
-@pytest.mark.parametrize("argv, field, value, new", [
-    (["--actor.adam.lr", "3e-4"], "lr", 3e-4, "--sft.lr"), (["--train.max_epochs", "3"], "max_epochs", 3, "--sft.max_epochs"),
-    (["--train.batch_size", "4"], "batch_size", 4, "--sft.batch_size"),
-])
-def test_sft_s_former_names_parse_with_one_warning_line(argv, field, value, new, capsys):
-    assert getattr(sft.parse(argv).sft, field) == value
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"warning: {argv[0]} is deprecated and goes in the next release; use {new}"]
+    with pytest.raises(AssertionError, match="--advantage_estimator -> --algo.advantage.estimator"):
+        test_no_command_shows_a_synonym_of_a_canonical_flag({"train_ray": ["--advantage_estimator"]})
+    with pytest.raises(AssertionError, match="both the advantage estimator"):
+        test_no_command_has_two_flags_for_one_concept({"train_ray": ["--algo.advantage.estimator",
+                                                                      "--advantage_estimator"]})
 
 
 def test_the_warm_start_and_the_sft_command_share_their_defaults():
@@ -197,18 +187,6 @@ def test_the_warm_start_and_the_sft_command_share_their_defaults():
     assert (warm.num_tasks, own.num_tasks) == (0, 64)  # train: no warm start unless asked
     assert (warm.max_epochs, warm.lr, warm.batch_size, warm.keep_failed) == \
         (own.max_epochs, own.lr, own.batch_size, own.keep_failed) == (2, 5e-5, 8, False)
-
-
-@pytest.mark.parametrize("argv, dest, value, line", [
-    (["--device", "cpu"], "rollout.backend", "hf", "use --rollout.backend hf"),
-    (["--device", "cuda"], "rollout.backend", "vllm", "use --rollout.backend vllm"),
-    (["--cpu.engine_batch_size", "8"], "rollout.gen_batch_size", 8, "use --rollout.gen_batch_size"),
-])
-def test_train_ray_s_former_names_parse_with_one_warning_line(argv, dest, value, line, capsys):
-    ns = train_ray.build_parser().parse_args(argv)
-    assert getattr(ns, dest) == value
-    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
-    assert len(err) == 1 and f"warning: {argv[0]} is deprecated" in err[0] and line in err[0], err
 
 
 @pytest.mark.parametrize("command", [["research", "learning"], ["research", "learning-lm"],

@@ -32,7 +32,7 @@ MAX_STEPS=$(printf '%s\n' "$STEP_LIMITS" | grep -m1 .)
 CMD=(python3 -m progpo.cli.train
   --actor.model_name_or_path smollm2-135m
   --env.name "$ENV"
-  --advantage_estimator "$ESTIMATOR"
+  --algo.advantage.estimator "$ESTIMATOR"
   --ckpt.path "runs/${ENV}_${ESTIMATOR}"
   --train.num_iterations 3
   --rollout.batch_size 2

@@ -101,7 +101,7 @@ evaluate "$OUT/sft" test "$EVAL_TEST_TASKS" 0.4 "$OUT/eval_sft_test.json"
 log "4/6 ProGPO from the SFT model on train tasks $RL_OFFSET..$((RL_OFFSET + RL_TASKS - 1)), $RL_ITERS iterations"
 RESUME=()
 if [ -e "$OUT/rl/checkpoints/latest" ] || [ -e "$OUT/rl/metrics.jsonl" ]; then RESUME=(--ckpt.load_enable); fi  # no checkpoint yet: --ckpt.load_enable starts it over
-python3 -m progpo.cli.train "${RESUME[@]}" --actor.model_name_or_path "$OUT/sft" --ckpt.path "$OUT/rl" --advantage_estimator progpo "${PROTOCOL[@]}" \
+python3 -m progpo.cli.train "${RESUME[@]}" --actor.model_name_or_path "$OUT/sft" --ckpt.path "$OUT/rl" --algo.advantage.estimator progpo "${PROTOCOL[@]}" \
   --env.task_offset "$RL_OFFSET" --env.num_tasks "$RL_TASKS" \
   --train.num_iterations "$RL_ITERS" --rollout.batch_size "$RL_BATCH_TASKS" --rollout.n_samples_per_prompt "$RL_ROLLOUTS" \
   --rollout.temperature 1.0 --train.batch_size "$RL_TRAIN_BATCH" --train.micro_batch_size 2 --actor.adam.lr "$RL_LR" --train.seed "$RL_SEED" \

@@ -27,7 +27,7 @@ if [ ! -f "$OUT/sft/sft_summary.json" ]; then
     --sft.lr 3e-3 --rollout.max_new_tokens 48 --train.seed 0 --logger.progress_bar false
 fi
 python3 -m progpo.cli.train "${ENV_FLAGS[@]}" --actor.model_name_or_path "$OUT/sft" --ckpt.path "$OUT/rl" \
-  --advantage_estimator "$ESTIMATOR" --rollout.batch_size 2 --rollout.n_samples_per_prompt "$ROLLOUTS" \
+  --algo.advantage.estimator "$ESTIMATOR" --rollout.batch_size 2 --rollout.n_samples_per_prompt "$ROLLOUTS" \
   --rollout.max_new_tokens 48 --rollout.max_prompt_tokens 2000 --train.num_iterations "$ITERATIONS" \
   --train.batch_size 32 --train.micro_batch_size 16 --actor.adam.lr "$LR" --actor.lr_scheduler constant_with_warmup \
   --actor.lr_warmup_ratio 0.1 --algo.kl.init_coef 0 --train.seed "$SEED" --ckpt.save_steps 1000 \

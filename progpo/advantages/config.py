@@ -19,7 +19,7 @@ from progpo.bounds import check_fields, number
 class Estimator(enum.StrEnum):
     """The estimator names, written once (verl's ``AdvantageEstimator`` enum): the registry
     (``progpo.advantages.registry.ESTIMATORS``) maps each member to its function, and every CLI's
-    ``--advantage_estimator`` choices and both backends' lists are these members (tests check it)."""
+    ``--algo.advantage.estimator`` choices and both backends' lists are these members (tests check it)."""
 
     GRPO = "grpo"
     GIGPO = "gigpo"
@@ -327,7 +327,7 @@ def preset_estimator_error(name: str, estimator: str) -> str | None:
     if owner is None or estimator == owner:
         return None
     return (f"preset {name!r} is {owner.value.upper()}'s paper settings and needs estimator {owner.value!r} "
-            f"(--advantage_estimator {owner.value}), got {str(estimator)!r}")
+            f"(--algo.advantage.estimator {owner.value}), got {str(estimator)!r}")
 
 
 def config_from_preset(preset: str | None = None, **overrides: object) -> AdvantageConfig:

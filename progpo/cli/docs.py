@@ -30,7 +30,7 @@ def tables() -> dict[str, str]:
         from progpo.openrlhf import launch
 
         ray = train_ray.build_parser()
-    ours = ("advantage_estimator", "progpo", *(f.dest for f in iter_flags(launch.RayArgs)))
+    ours = ("algo.advantage.estimator", "progpo", *(f.dest for f in iter_flags(launch.RayArgs)))
     return {"train": markdown_table(config.build_parser()), "sft": markdown_table(sft.build_parser()),
             "evaluate": markdown_table(evaluate.build_parser()), "train_ray": markdown_table(ray, only=ours)}
 

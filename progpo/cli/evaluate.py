@@ -19,7 +19,6 @@ from pathlib import Path
 
 from progpo.run import flags
 from progpo.run.settings import EnvSettings, EvalSettings, RolloutSettings
-from progpo.trainer.config import DEPRECATED as TRAIN_DEPRECATED
 
 
 @dataclass(frozen=True)
@@ -44,14 +43,10 @@ class EvaluateArgs:
     """also write the JSON here"""
 
 
-DEPRECATED = {"--model": "--actor.model_name_or_path", "--seed": "--eval.seed",
-              "--env.webshop_url": TRAIN_DEPRECATED["--env.webshop_url"]}
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The evaluate CLI parser."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.evaluate", description=__doc__.split("\n")[0])
-    flags.add_flags(p, EvaluateArgs, deprecated=DEPRECATED)
+    flags.add_flags(p, EvaluateArgs)
     return p
 
 

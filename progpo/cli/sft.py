@@ -21,25 +21,14 @@ import sys
 from typing import Any
 
 from progpo.run import flags
-from progpo.trainer.config import DEPRECATED as TRAIN_DEPRECATED
 from progpo.trainer.warm_start import SUMMARY, SFTArgs, SFTSettings  # noqa: F401 - SUMMARY, SFTSettings: this CLI's API
 
 logger = logging.getLogger(__name__)
 
-DEPRECATED = {
-    **{k: v for k, v in TRAIN_DEPRECATED.items()
-       if not k.startswith("--warm_start.") and k not in ("--resume", "--rollout.invalid_penalty", "--algo.eps_clip_low_high",
-                                                          "--algo.entropy.coef", "--log.tensorboard", "--logger.tensorboard")},
-    "--actor.adam.lr": "--sft.lr",  # the sft command's names before train's warm start and it shared --sft.*
-    "--train.max_epochs": "--sft.max_epochs",
-    "--train.batch_size": "--sft.batch_size",
-}
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The sft CLI parser (flag names shared with ``progpo.cli.train`` where they mean the same)."""
     p = argparse.ArgumentParser(prog="python -m progpo.cli.sft", description=__doc__.split("\n")[0], allow_abbrev=False)
-    flags.add_flags(p, SFTArgs, deprecated=DEPRECATED)
+    flags.add_flags(p, SFTArgs)
     return p
 
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     def show(it: int, metrics: dict[str, float]) -> None:
         write(format_metrics(it, metrics))
 
-    print(f"run folder: {cfg.save_path} | env {cfg.env.name} | estimator {cfg.advantage_estimator} | "
+    print(f"run folder: {cfg.save_path} | env {cfg.env.name} | estimator {cfg.algo.advantage.estimator} | "
           f"model {cfg.actor.model_name_or_path}", flush=True)
     try:
         with logging_redirect_tqdm():  # log lines above the progress bar, not through it

@@ -1,9 +1,10 @@
 """``python -m progpo.cli.train_ray``: OpenRLHF's Ray PPO trainer with ProGPO's step-level estimators.
 
-Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser, unchanged) plus:
+Accepts every flag of OpenRLHF 0.11.2's ``train_ppo_ray`` (its own parser) but ``--train.num_episodes`` (the run's
+length is ``--train.num_iterations``, as on ``train``), plus:
 
-* ``--advantage_estimator`` -- ours (the ``progpo.advantages`` registry: per-step samples) or any of
-  OpenRLHF's (``--algo.advantage.estimator`` choices);
+* ``--algo.advantage.estimator`` -- OpenRLHF's flag, the same name as on ``train``, taking ours (the
+  ``progpo.advantages`` registry: per-step samples; the default, ``progpo``) or OpenRLHF's critic-free ones;
 * ``--progpo.<field>`` / ``--progpo.preset NAME`` -- the estimator's settings, as on ``train``;
 * ``--env.*``, ``--rollout.max_prompt_tokens``, ``--eval.num_tasks`` -- the environment, episode loop and
   task list, the same settings classes (and so the same flags) as ``train``;
@@ -44,7 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     :mod:`progpo.openrlhf.cpu` stand in during the import only (nothing of them is called).
     A flag error exits with one line naming the flag plus a hint (see :func:`one_line_errors`).
     """
-    from progpo.advantages import Estimator
     from progpo.openrlhf import launch
     from progpo.openrlhf.cpu import import_shims
     from progpo.run.settings import add_advantage_flags
@@ -57,13 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.allow_abbrev = False  # a prefix of a flag is no flag (--logger.tensorboard was read as ..._dir)
     parser.description = __doc__.split("\n")[0]
     one_line_errors(parser)
-    theirs = next(a for a in parser._actions if a.dest == "algo.advantage.estimator")  # noqa: SLF001
-    ours = [e.value for e in Estimator]
-    parser.add_argument(
-        "--advantage_estimator", choices=ours + [c for c in theirs.choices if c not in ours], default=None,
-        help=f"{'|'.join(ours)}: per-step samples and ProGPO's registry; any other value is OpenRLHF's own "
-             "--algo.advantage.estimator (default: progpo)",
-    )
     add_advantage_flags(parser)
     launch.add_flags(parser)
     return parser

@@ -127,11 +127,11 @@ class StepExperienceMaker(RemoteExperienceMaker):
         self._iteration = 0
         if self.advantage_estimator in ESTIMATORS:
             if advantage_config is None:
-                raise ValueError(f"--advantage_estimator {self.advantage_estimator} needs an AdvantageConfig")
+                raise ValueError(f"--algo.advantage.estimator {self.advantage_estimator} needs an AdvantageConfig")
             if advantage_config.estimator != self.advantage_estimator:
                 raise ValueError(
                     f"AdvantageConfig.estimator={advantage_config.estimator!r} differs from "
-                    f"--advantage_estimator={self.advantage_estimator!r}"
+                    f"--algo.advantage.estimator={self.advantage_estimator!r}"
                 )
 
     @torch.no_grad()
@@ -164,7 +164,7 @@ class StepExperienceMaker(RemoteExperienceMaker):
 
         kl_coef = 0.0 if args.algo.kl.use_loss else max(float(self.kl_ctl.value), 0.0)
         if kl_coef > 0 and self.advantage_estimator not in ESTIMATORS:
-            raise ValueError(f"--advantage_estimator {self.advantage_estimator} on per-step samples needs "
+            raise ValueError(f"--algo.advantage.estimator {self.advantage_estimator} on per-step samples needs "
                              "--algo.kl.use_loss (a KL reward penalty would be summed over a transcript)")
         self._iteration += 1
         if self.dump_dir:
@@ -201,7 +201,7 @@ class StepExperienceMaker(RemoteExperienceMaker):
             ValueError: no ``episodes_source``, or its episodes do not cover ``batch.traj_id``.
         """
         if self.episodes_source is None:
-            raise ValueError(f"--advantage_estimator {self.advantage_estimator} on per-step samples needs the "
+            raise ValueError(f"--algo.advantage.estimator {self.advantage_estimator} on per-step samples needs the "
                              "batch's episodes (StepExperienceMaker(episodes_source=...))")
         episodes = self.episodes_source()
         if not len(episodes) or int(batch.traj_id.max()) >= len(episodes):

@@ -37,16 +37,6 @@ AGENT_FILE = Path(__file__).resolve().parent / "agent_file.py"
 
 MODEL_ALIASES = ("tiny", "smollm2-135m")
 
-#: old flag names that still parse for one release (with a one-line deprecation note).
-DEPRECATED = {
-    "--env.split": "--env.train_split",
-    "--env.max_prompt_tokens": "--rollout.max_prompt_tokens",
-    "--env.num_eval_tasks": "--eval.num_tasks",
-    "--device": flags.Renamed("--rollout.backend", {"cuda": "vllm", "cpu": "hf"}.get, {"choices": ("cuda", "cpu")}),
-    "--cpu.engine_batch_size": "--rollout.gen_batch_size",
-}
-
-
 @dataclass(frozen=True)
 class CPUSettings:
     """A CPU run (``--cpu.*``; ``--rollout.backend hf`` only)."""
@@ -152,30 +142,49 @@ def ray_run(args: Any) -> RayRun:
 
 
 def add_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
-    """Add :class:`RayArgs`'s flags (those OpenRLHF does not define itself) to OpenRLHF's parser, and make
-    OpenRLHF's ``--train.num_episodes`` a hidden deprecated name (:func:`deprecate_num_episodes`)."""
-    deprecate_num_episodes(parser)
-    return flags.add_flags(parser, RayArgs, taken=flags.option_strings(parser), deprecated=DEPRECATED,
+    """Add :class:`RayArgs`'s flags (those OpenRLHF does not define itself) to OpenRLHF's parser, make OpenRLHF's
+    ``--algo.advantage.estimator`` take ours (:func:`take_our_estimators`) and drop its ``--train.num_episodes``
+    (:func:`drop_num_episodes`)."""
+    take_our_estimators(parser)
+    drop_num_episodes(parser)
+    return flags.add_flags(parser, RayArgs, taken=flags.option_strings(parser),
                            title="progpo (env, episode loop, tasks, device)")
 
 
-def deprecate_num_episodes(parser: argparse.ArgumentParser) -> None:
-    """OpenRLHF 0.11.2's ``--train.num_episodes`` parses for one release, hidden from ``--help``, with a one-line
-    deprecation naming ``--train.num_iterations``, the run's length on ``train`` and ``train_ray``.
+#: OpenRLHF 0.11.2's own estimators offered on ``train_ray`` (episode advantage on every step): its choices less
+#: ``gae``, which needs a critic (ProGPO runs critic-free), and ``rloo``, which is ours (the registry's).
+OPENRLHF_ESTIMATORS = ("reinforce", "reinforce_baseline", "group_norm", "dr_grpo", "flash_reinforce")
+
+
+def take_our_estimators(parser: argparse.ArgumentParser) -> None:
+    """OpenRLHF's ``--algo.advantage.estimator`` is the one estimator flag of ``train_ray``, as of ``train``: its
+    choices become the registry's estimators (per-step samples, ``progpo.advantages``) then
+    :data:`OPENRLHF_ESTIMATORS`, its default ``progpo``, and its help says so."""
+    from progpo.advantages import Estimator
+
+    theirs = next(a for a in parser._actions if a.dest == "algo.advantage.estimator")  # noqa: SLF001
+    ours = [e.value for e in Estimator]
+    theirs.choices = [*ours, *OPENRLHF_ESTIMATORS]
+    theirs.default = Estimator.PROGPO.value
+    theirs.help = (f"{'|'.join(ours)}: per-step samples and ProGPO's registry; {'|'.join(OPENRLHF_ESTIMATORS)}: "
+                   "OpenRLHF's own, the episode's advantage on every step (gae needs a critic: not offered) "
+                   f"(default: {theirs.default})")
+
+
+def drop_num_episodes(parser: argparse.ArgumentParser) -> None:
+    """Remove OpenRLHF 0.11.2's ``--train.num_episodes``: the run's length is ``--train.num_iterations`` on
+    ``train`` and ``train_ray``, one name per concept. OpenRLHF's namespace still gets ``train.num_episodes = 1``
+    (:func:`finalize`): one pass over the task list, which ``--train.num_iterations`` sizes.
 
     Why not OpenRLHF's name: its "episode" is one pass over the prompt dataset (``len(dataset) /
     --rollout.batch_size`` iterations, ``openrlhf/trainer/ppo_trainer.py``), not an iteration, and not an
     episode in this project's sense (one agent trajectory: ``rollout/num_episodes`` counts those), so
-    ``--train.num_episodes 3`` would read as three trajectories. OpenRLHF has no flag for the run's length in
-    iterations. The old flag keeps its meaning (passes over ``--env.num_tasks`` tasks or ``--data.prompt_dataset``)
-    and its value still reaches OpenRLHF's namespace.
+    ``--train.num_episodes 3`` would read as three trajectories.
     """
     theirs = next(a for a in parser._actions if a.dest == "train.num_episodes")  # noqa: SLF001
     for option in theirs.option_strings:  # what argparse's conflict_handler="resolve" does to a replaced option
         parser._option_string_actions.pop(option)  # noqa: SLF001
     theirs.container._remove_action(theirs)  # noqa: SLF001
-    parser.add_argument("--train.num_episodes", dest=theirs.dest, type=theirs.type, default=theirs.default,
-                        action=flags.Deprecated, new="--train.num_iterations", help=argparse.SUPPRESS)
 
 
 # ---- task files -------------------------------------------------------------------------------------
@@ -214,17 +223,11 @@ def train_task_count(o: Any, env: EnvSettings, length: TrainSettings) -> int | N
     (``o``: :func:`openrlhf_view`).
 
     Raises:
-        FlagError: ``--train.num_episodes`` below 1 (no pass trains nothing); ``--train.num_iterations`` with the
-            deprecated ``--train.num_episodes`` other than 1, with ``--data.prompt_dataset``, or asking more than
+        FlagError: ``--train.num_iterations`` with ``--data.prompt_dataset``, or asking more than
             :data:`MAX_TRAIN_TASKS` tasks.
     """
-    if o.train.num_episodes < 1:
-        raise FlagError("--train.num_episodes", f"must be >= 1 (passes over the task list), got {o.train.num_episodes}")
     if length.num_iterations is None:
         return env.num_tasks
-    if o.train.num_episodes != 1:
-        raise FlagError("--train.num_episodes", f"must be 1 with --train.num_iterations (one pass over the task "
-                                                f"list), got {o.train.num_episodes}")
     if o.data.prompt_dataset is not None:
         raise FlagError("--train.num_iterations", "sets the task list; --data.prompt_dataset gives another")
     num_tasks = length.num_iterations * o.rollout.batch_size
@@ -420,9 +423,7 @@ def per_step_checks(o: Any, estimator: str) -> None:
                                                         "assumes one sample per episode and would drop step rows)")
     if estimator in ESTIMATORS:
         return
-    why = f"with OpenRLHF's --advantage_estimator {estimator} on per-step samples (episode advantage on every step)"
-    if estimator == "gae":
-        raise FlagError("--advantage_estimator", f"gae needs a critic; ProGPO runs critic-free ({why})")
+    why = f"with OpenRLHF's --algo.advantage.estimator {estimator} on per-step samples (episode advantage on every step)"
     if o.algo.advantage.gamma != 1:
         raise FlagError("--algo.advantage.gamma", f"must be 1 {why}, got {o.algo.advantage.gamma}")
     if o.algo.kl.init_coef > 0 and not o.algo.kl.use_loss:
@@ -467,8 +468,8 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     """Check our flags and fold them into the flat namespace OpenRLHF's main block expects.
 
     Adds ``progpo``, the job's :class:`RayRun` (our settings, the ``AdvantageConfig`` of our estimators and
-    the episode loop's ``AgentConfig``); sets ``--algo.advantage.estimator``, ``--train.agent_func_path``
-    and, unless given, the task datasets.
+    the episode loop's ``AgentConfig``); sets ``train.num_episodes`` to 1 (one pass over the task list, the flag
+    is dropped: :func:`drop_num_episodes`), ``--train.agent_func_path`` and, unless given, the task datasets.
 
     Raises:
         FlagError: naming the first bad flag.
@@ -482,15 +483,15 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     rargs = dataclasses.replace(rargs, env=env)
     o = openrlhf_view(ns)
     fill, device = apply_device(o, rargs)
-    estimator = ns.get("advantage_estimator") or "progpo"
+    estimator = ns["algo.advantage.estimator"]
     ours = estimator in ESTIMATORS
     progpo_given = any(k.startswith("progpo.") for k in ns) or ns.get("progpo_preset") is not None
     if not ours and progpo_given:
-        raise FlagError("--progpo.*", f"only apply to --advantage_estimator in {[e.value for e in ESTIMATORS]}, "
+        raise FlagError("--progpo.*", f"only apply to --algo.advantage.estimator in {[e.value for e in ESTIMATORS]}, "
                                       f"not {estimator!r}")
     advantage = advantage_config(ns, estimator, env.max_steps) if ours else None
     if ours and o.train.async_enable:
-        raise FlagError("--train.async_enable", f"is not supported with --advantage_estimator {estimator}")
+        raise FlagError("--train.async_enable", f"is not supported with --algo.advantage.estimator {estimator}")
     if ours:
         check_group_size(estimator, o.rollout.n_samples_per_prompt)
     per_step_checks(o, estimator)
@@ -508,14 +509,13 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
     if rargs.debug.dump_dir:
         _folder("--debug.dump_dir", Path(rargs.debug.dump_dir))
     if rargs.rollout.dynamic_sampling and not ours:
-        raise FlagError("--rollout.dynamic_sampling", f"applies to --advantage_estimator in "
+        raise FlagError("--rollout.dynamic_sampling", f"applies to --algo.advantage.estimator in "
                         f"{[e.value for e in ESTIMATORS]} (per-step samples); OpenRLHF's own estimators have "
                         "--algo.dynamic_filtering_enable")
     dump_dir = rargs.debug.dump_dir and str(Path(rargs.debug.dump_dir).resolve())
     run = RayRun(settings=rargs, advantage=advantage, agent=agent, dump_dir=dump_dir, **device)
-    theirs = {k: v for k, v in ns.items() if k not in ours_keys and not k.startswith("progpo")
-              and k != "advantage_estimator"}
-    return argparse.Namespace(**{**theirs, **fill, "algo.advantage.estimator": estimator, "progpo": run})
+    theirs = {k: v for k, v in ns.items() if k not in ours_keys and not k.startswith("progpo")}
+    return argparse.Namespace(**{**theirs, **fill, "train.num_episodes": 1, "progpo": run})
 
 
 #: ``RolloutSettings`` fields that are OpenRLHF's own ``--rollout.*`` flags on ``train_ray``.

@@ -285,36 +285,22 @@ def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-@dataclasses.dataclass(frozen=True)
-class Renamed:
-    """An old flag whose value becomes another value of the new flag (``--device cpu`` ->
-    ``--rollout.backend hf``): ``convert`` maps the old flag's parsed value to the new flag's;
-    ``kwargs`` are the old flag's ``add_argument`` keywords (its type, choices, nargs)."""
-
-    new: str
-    convert: Any
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
 class _Deprecated(argparse.Action):
-    """An old flag name: stores under the new name's dest and prints one deprecation line
-    (``add_argument(old, action=Deprecated, new="--new.flag", ...)``)."""
+    """An old name of a bench or lab flag (:func:`restate`'s ``old``, or a bench's own parser): stores under the new
+    name's dest and prints one deprecation line (``add_argument(old, action=Deprecated, new="--new.flag", ...)``)."""
 
-    def __init__(self, option_strings, dest, new: str, value: Any = MISSING, convert: Any = None, **kwargs):
-        self.new, self.value, self.convert = new, value, convert
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        self.new = new
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        value = self.value if self.convert is None else self.convert(values)
-        shown = "none" if value is None else _show(value).strip(chr(39)) or chr(39) * 2
-        use = self.new if value is MISSING or value is True else f"{self.new} {shown}"
-        sys.stderr.write(f"warning: {option_string} is deprecated and goes in the next release; use {use}\n")
-        setattr(namespace, self.dest, values if value is MISSING else value)
+        sys.stderr.write(f"warning: {option_string} is deprecated and goes in the next release; use {self.new}\n")
+        setattr(namespace, self.dest, values)
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[str] = (), defaults: Any = None,
               only: Sequence[str] | None = None, skip: Sequence[str] = (), taken: Sequence[str] = (),
-              deprecated: Mapping[str, str] | None = None, title: str | None = None) -> list[Flag]:
+              title: str | None = None) -> list[Flag]:
     """Add one flag per leaf setting of ``cls`` to ``parser``.
 
     Flags default to "not given" (``argparse.SUPPRESS``), so :func:`build` keeps the dataclass's
@@ -324,9 +310,6 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
         parser: the CLI's parser. cls, prefix, defaults, only, skip: as :func:`iter_flags`.
         taken: flags another parser part already defines (OpenRLHF's): not added here, and
             :func:`build` reads their values under the same dest.
-        deprecated: ``old flag -> new flag`` (old names parse for one release, with a warning line),
-            ``old flag -> (new flag, value)`` for an old switch that sets the new flag to ``value``, or
-            ``old flag -> Renamed(new flag, convert, kwargs)`` for an old flag whose values map to new ones.
         title: argument group title (None: no group).
 
     Returns:
@@ -336,7 +319,6 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
         accept_negative_numbers(parser)
     target = parser.add_argument_group(title) if title else parser
     flags = list(iter_flags(cls, prefix, defaults, only=only, skip=skip))
-    by_option = {f.option: f for f in flags}
     for flag in flags:
         if flag.option in taken:
             continue
@@ -345,21 +327,6 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
         shown = "required" if required else f"default: {_show(flag.default)}"
         target.add_argument(flag.option, dest=flag.dest, default=argparse.SUPPRESS, required=required,
                             help=f"{flag.help} ({shown})".strip(), **kwargs)
-    for old, new in (deprecated or {}).items():
-        if isinstance(new, Renamed):
-            target.add_argument(old, dest=by_option[new.new].dest, default=argparse.SUPPRESS, action=_Deprecated,
-                                new=new.new, convert=new.convert, help=argparse.SUPPRESS, **new.kwargs)
-            continue
-        if isinstance(new, tuple):
-            flag = by_option[new[0]]
-            target.add_argument(old, dest=flag.dest, default=argparse.SUPPRESS, action=_Deprecated, new=new[0],
-                                value=new[1], nargs=0, help=argparse.SUPPRESS)
-            continue
-        flag = by_option[new]
-        kwargs = argparse_kwargs(flag)
-        kwargs.pop("metavar", None)
-        target.add_argument(old, dest=flag.dest, default=argparse.SUPPRESS, action=_Deprecated, new=new,
-                            help=argparse.SUPPRESS, **kwargs)
     return flags
 
 

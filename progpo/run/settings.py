@@ -153,7 +153,7 @@ class TrainSettings:
     """
 
     num_iterations: int | None = None
-    """rollout + update iterations, each --rollout.batch_size tasks x --rollout.n_samples_per_prompt episodes then the update; None: one pass over the training tasks, ceil(tasks / --rollout.batch_size) iterations (the tasks: --env.num_tasks from --env.task_offset, on train the rest of the split without it; on train_ray --env.num_tasks or --data.prompt_dataset). Not OpenRLHF's --train.num_episodes (deprecated on train_ray): an OpenRLHF episode is a pass over the prompt dataset"""
+    """rollout + update iterations, each --rollout.batch_size tasks x --rollout.n_samples_per_prompt episodes then the update; None: one pass over the training tasks, ceil(tasks / --rollout.batch_size) iterations (the tasks: --env.num_tasks from --env.task_offset, on train the rest of the split without it; on train_ray --env.num_tasks or --data.prompt_dataset). Not OpenRLHF's --train.num_episodes (not offered on train_ray): an OpenRLHF episode is a pass over the prompt dataset"""
     batch_size: int = 16
     """step samples per optimizer step"""
     micro_batch_size: int = 4
@@ -252,7 +252,7 @@ def add_advantage_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
     group.add_argument("--progpo.preset", dest="progpo_preset", default=None, metavar="NAME",
                        help=f"named AdvantageConfig preset, one of {list(PRESETS)} (paper = the spec's paper reading; "
                             f"{', '.join(PRESET_ESTIMATOR)} = those papers' own settings, each with its own "
-                            "--advantage_estimator only); "
+                            "--algo.advantage.estimator only); "
                             "individual --progpo.<field> flags override it (default: none, the product defaults)")
     added = flags.add_flags(group, AdvantageConfig, prefix=("progpo",), skip=("estimator",))
     return added
@@ -263,7 +263,7 @@ def advantage_config(values: dict[str, Any] | argparse.Namespace, estimator: str
     (``max_steps``: the estimators' horizon H), then each ``--progpo.<field>`` given.
 
     Raises:
-        FlagError: naming ``--progpo.preset``, ``--progpo.<field>`` or ``--advantage_estimator``.
+        FlagError: naming ``--progpo.preset``, ``--progpo.<field>`` or ``--algo.advantage.estimator``.
     """
     from progpo.advantages.config import preset_estimator_error, preset_fields
 
@@ -288,5 +288,5 @@ def advantage_config(values: dict[str, Any] | argparse.Namespace, estimator: str
     except (ValueError, TypeError) as exc:
         err = flags._flag_error(exc, AdvantageConfig, ("progpo",))  # noqa: SLF001 - the one mapping of field -> flag
         if err.flag == "--progpo.estimator":
-            raise flags.FlagError("--advantage_estimator", err.message) from exc
+            raise flags.FlagError("--algo.advantage.estimator", err.message) from exc
         raise err from exc

@@ -4,8 +4,8 @@
 reads: the flag ``--actor.adam.lr`` is the field ``cfg.actor.adam.lr`` (:mod:`progpo.run.flags`
 generates the flags from the fields and their attribute docstrings; the dataclasses are the only
 source of defaults). Flag names are OpenRLHF 0.11.2's where OpenRLHF has the setting (``--actor.*``,
-``--ds.*``, ``--algo.kl.*``, ``--train.*``, ``--ckpt.*``, ``--rollout.*``), and the shared
-``--env.*`` / ``--rollout.*`` settings of :mod:`progpo.run.settings` are the same classes on
+``--ds.*``, ``--algo.advantage.estimator``, ``--algo.kl.*``, ``--train.*``, ``--ckpt.*``, ``--rollout.*``), and the
+shared ``--env.*`` / ``--rollout.*`` settings of :mod:`progpo.run.settings` are the same classes on
 ``train_ray``; ``--progpo.<field>`` is every field of ``progpo.advantages.AdvantageConfig``.
 Every validation error is a :class:`~progpo.run.flags.FlagError` naming the flag.
 """
@@ -17,7 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from progpo.advantages import AdvantageConfig, Estimator
+from progpo.advantages import AdvantageConfig
 from progpo.bounds import check_fields, number
 from progpo.run import flags
 from progpo.run.settings import (EnvSettings, RolloutSettings, TrainSettings, add_advantage_flags, advantage_config,
@@ -25,38 +25,6 @@ from progpo.run.settings import (EnvSettings, RolloutSettings, TrainSettings, ad
 from progpo.trainer.actor import ActorConfig
 from progpo.trainer.settings import ActorSettings, AlgoSettings, DeepSpeedSettings
 from progpo.trainer.update import UpdateConfig
-
-_SWITCH = {"type": flags.parse_bool, "nargs": "?", "const": True}  # an old true/false flag
-
-
-def _tensorboard_dir(on: bool) -> str | None:
-    """``--logger.tensorboard_dir`` of the former ``--logger.tensorboard true|false``."""
-    return "tensorboard" if on else None
-
-
-#: old flag names that still parse for one release (with a one-line deprecation note).
-DEPRECATED = {
-    "--pretrain": "--actor.model_name_or_path",
-    "--save_path": "--ckpt.path",
-    "--seed": "--train.seed",
-    "--resume": ("--ckpt.load_enable", True),
-    "--env.webshop_url": "--env.url",
-    "--rollout.invalid_penalty": "--env.invalid_penalty",
-    "--algo.eps_clip_low_high": "--actor.eps_clip_low_high",
-    "--algo.entropy.coef": "--actor.entropy_coef",
-    "--ds.gradient_checkpointing": ("--actor.gradient_checkpointing_enable", True),
-    "--ds.bf16": ("--ds.param_dtype", "bf16"),
-    "--log.tensorboard": flags.Renamed("--logger.tensorboard_dir", _tensorboard_dir, _SWITCH),
-    "--logger.tensorboard": flags.Renamed("--logger.tensorboard_dir", _tensorboard_dir, _SWITCH),
-    "--log.progress_bar": "--logger.progress_bar",
-    "--warm_start.num_tasks": "--sft.num_tasks",
-    "--warm_start.epochs": "--sft.max_epochs",
-    "--warm_start.lr": "--sft.lr",
-    "--warm_start.batch_size": "--sft.batch_size",
-    "--warm_start.keep_failed": "--sft.keep_failed",
-    "--warm_start.cache_dir": "--sft.cache_dir",
-}
-
 
 @dataclass(frozen=True)
 class CkptSettings:
@@ -132,8 +100,6 @@ def _train_rollout() -> RolloutSettings:
 class TrainConfig:
     """Everything one local run needs (``python -m progpo.cli.train``); never mutated at run time."""
 
-    advantage_estimator: Estimator = Estimator.PROGPO
-    """step-level advantage estimator (progpo.advantages registry)"""
     env: EnvSettings = field(default_factory=lambda: EnvSettings(pool="local"), metadata={"skip": ("split_size", "task_dir")})
     rollout: RolloutSettings = field(default_factory=_train_rollout)
     actor: ActorSettings = field(default_factory=ActorSettings)
@@ -144,17 +110,18 @@ class TrainConfig:
     logger: LoggerSettings = field(default_factory=LoggerSettings)
     sft: SFTSettings = field(default_factory=lambda: SFTSettings(num_tasks=0))
     progpo: AdvantageConfig | None = field(default=None, metadata={"flag": False})
-    """the estimator's settings, built from --advantage_estimator, --progpo.preset and --progpo.<field> (None: the estimator's defaults with the env's step limit)"""
+    """the estimator's settings, built from --algo.advantage.estimator, --progpo.preset and --progpo.<field> (None: the estimator's defaults with the env's step limit)"""
 
     def __post_init__(self) -> None:
-        check_group_size(self.advantage_estimator, self.rollout.n_samples_per_prompt)
+        estimator = self.algo.advantage.estimator
+        check_group_size(estimator, self.rollout.n_samples_per_prompt)
         if self.env.pool == "http":
             raise ValueError("--env.pool http serves the engines' event loops on train_ray; use local or ray on train")
         if self.progpo is None:
             max_steps = self.env.max_steps or self.env.spec.max_steps
-            object.__setattr__(self, "progpo", AdvantageConfig(estimator=self.advantage_estimator, max_steps=max_steps))
-        elif self.progpo.estimator != self.advantage_estimator:
-            raise ValueError(f"--advantage_estimator is {self.advantage_estimator} but the estimator settings are "
+            object.__setattr__(self, "progpo", AdvantageConfig(estimator=estimator, max_steps=max_steps))
+        elif self.progpo.estimator != estimator:
+            raise ValueError(f"--algo.advantage.estimator is {estimator} but the estimator settings are "
                              f"for {self.progpo.estimator}")
         # their checks name the flags, now rather than at the first update; they do not depend on the schedule's
         # length, and a run whose length is one pass over tasks not yet counted has at least one iteration
@@ -163,7 +130,7 @@ class TrainConfig:
     @property
     def save_path(self) -> str:
         """The run folder (``--ckpt.path``, default ``runs/<env>_<estimator>``)."""
-        return self.ckpt.path or f"runs/{self.env.name}_{self.advantage_estimator}"
+        return self.ckpt.path or f"runs/{self.env.name}_{self.algo.advantage.estimator}"
 
     def actor_config(self, num_iterations: int) -> ActorConfig:
         """The actor's runtime settings (``progpo.trainer.actor``): ``--actor.*``, ``--ds.*`` and ``--train.*``,
@@ -197,7 +164,7 @@ def build_parser(prog: str = "python -m progpo.cli.train") -> argparse.ArgumentP
     """The ``train`` parser: every leaf of :class:`TrainConfig` as a flag, plus the estimator's."""
     p = argparse.ArgumentParser(prog=prog, description="Train an LLM agent with step-level group RL "
                                 "(ProGPO, GiGPO, GRPO, ...) on the local backend.", allow_abbrev=False)
-    flags.add_flags(p, TrainConfig, deprecated=DEPRECATED)
+    flags.add_flags(p, TrainConfig)
     add_advantage_flags(p)
     return p
 
@@ -217,7 +184,7 @@ def config_from_namespace(ns: argparse.Namespace) -> TrainConfig:
     """:func:`config_from_args` after parsing (``ns`` from :func:`build_parser`)."""
     base = flags.build(TrainConfig, {k: v for k, v in vars(ns).items() if not k.startswith("progpo")})
     env = base.env.resolved(pool="local")
-    adv = advantage_config(ns, base.advantage_estimator, env.max_steps)
+    adv = advantage_config(ns, base.algo.advantage.estimator, env.max_steps)
     try:
         return dataclasses.replace(base, env=env, progpo=adv)
     except ValueError as exc:

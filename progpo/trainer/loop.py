@@ -353,7 +353,7 @@ class Trainer:
         result = compute_advantages(batch, self.cfg.progpo, encoder=self.encoder)
         adv = np.asarray(result.advantages, dtype=np.float64)
         if adv.shape != (batch.num_steps,) or not np.all(np.isfinite(adv)):
-            raise ValueError(f"estimator {self.cfg.advantage_estimator!r} returned advantages of shape {adv.shape} "
+            raise ValueError(f"estimator {self.cfg.algo.advantage.estimator!r} returned advantages of shape {adv.shape} "
                              f"(finite: {bool(np.all(np.isfinite(adv)))}), expected ({batch.num_steps},) finite")
         steps = training_steps(episodes)
         samples = [TrainSample(s.prompt_ids, s.response_ids, float(a),

@@ -1,6 +1,6 @@
-"""The actor's, DeepSpeed's, the KL term's and the training loop's settings of the local backend
-(``--actor.*``, ``--ds.*``, ``--algo.kl.*``): one frozen dataclass per flag prefix. The ``--train.*`` section,
-which ``train_ray`` shares for the run's length, is :class:`progpo.run.settings.TrainSettings`.
+"""The actor's, DeepSpeed's, the estimator's, the KL term's and the training loop's settings of the local backend
+(``--actor.*``, ``--ds.*``, ``--algo.advantage.*``, ``--algo.kl.*``): one frozen dataclass per flag prefix. The
+``--train.*`` section, which ``train_ray`` shares for the run's length, is :class:`progpo.run.settings.TrainSettings`.
 
 These are the flags of ``train`` and ``sft`` (:mod:`progpo.trainer.config`, :mod:`progpo.trainer.warm_start`)
 and what the runtime reads: :class:`~progpo.trainer.actor.ActorConfig` and
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from progpo.advantages import Estimator
 from progpo.bounds import check_fields, number
 from progpo.run.precision import MixedPrecision, check_precision_settings
 from progpo.trainer.ppo import KL_ESTIMATORS
@@ -129,7 +130,18 @@ class KLSettings:
 
 
 @dataclass(frozen=True)
+class AdvantageSettings:
+    """The advantage estimator (``--algo.advantage.*``): OpenRLHF's flag name, taking the registry's estimators
+    (``progpo.advantages.Estimator``; on ``train_ray`` also OpenRLHF's own critic-free ones). Its settings are
+    ``--progpo.preset`` and ``--progpo.<field>`` (``progpo.advantages.AdvantageConfig``)."""
+
+    estimator: Estimator = Estimator.PROGPO
+    """step-level advantage estimator (progpo.advantages registry)"""
+
+
+@dataclass(frozen=True)
 class AlgoSettings:
     """Algorithm settings (``--algo.*``)."""
 
+    advantage: AdvantageSettings = field(default_factory=AdvantageSettings)
     kl: KLSettings = field(default_factory=KLSettings)

@@ -193,6 +193,6 @@ def test_train_ray_hands_the_round_cap_to_the_samples_generator(train_ray, tmp_p
     assert ns.progpo.dynamic_sampling_max_rounds == 4 and getattr(ns, "algo.dynamic_filtering_enable") is False
     assert not any(k.startswith("rollout.dynamic_sampling") for k in vars(ns))
     with pytest.raises(SystemExit):  # OpenRLHF's own estimators have their own filter
-        _finalize(train_ray, BASE + ["--advantage_estimator", "reinforce_baseline", "--algo.kl.use_loss",
+        _finalize(train_ray, BASE + ["--algo.advantage.estimator", "reinforce_baseline", "--algo.kl.use_loss",
                                      "--rollout.dynamic_sampling", "true"], tmp_path)
     assert "--rollout.dynamic_sampling" in capsys.readouterr().err

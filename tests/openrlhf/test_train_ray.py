@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,7 +47,7 @@ def test_help_lists_openrlhf_and_our_flags(cli, capsys):
         cli.train_ray.main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for flag in ["--advantage_estimator", "--env.name", "--env.url", "--env.max_steps", "--env.history_length",
+    for flag in ["--algo.advantage.estimator", "--env.name", "--env.url", "--env.max_steps", "--env.history_length",
                  "--actor.model_name_or_path", "--ds.zero_stage", "--algo.kl.use_loss", "--vllm.num_engines"]:
         assert flag in out, flag
     for f in dataclasses.fields(AdvantageConfig):
@@ -62,7 +61,7 @@ def test_help_lists_openrlhf_and_our_flags(cli, capsys):
     (["--progpo.tau", "1.5"], "--progpo.tau"),
     (["--progpo.fusion", "median"], "--progpo.fusion"),
     (["--progpo.use_peer", "maybe"], "--progpo.use_peer"),
-    (["--advantage_estimator", "ppo2"], "--advantage_estimator"),
+    (["--algo.advantage.estimator", "ppo2"], "--algo.advantage.estimator"),
     (["--env.history_length", "-1"], "--env.history_length"),
     (["--env.url", "localhost:3000"], "--env.url"),
     (["--env.num_tasks", "0"], "--env.num_tasks"),
@@ -70,26 +69,22 @@ def test_help_lists_openrlhf_and_our_flags(cli, capsys):
     (["--train.async_enable"], "--train.async_enable"),
     (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt"),
     (["--eval.num_tasks", "-1"], "--eval.num_tasks"),
-    (["--advantage_estimator", "group_norm", "--progpo.kappa", "2"], "--progpo.*"),
+    (["--algo.advantage.estimator", "group_norm", "--progpo.kappa", "2"], "--progpo.*"),
     (["--progpo.preset", "papr"], "--progpo.preset"),
-    (["--advantage_estimator", "group_norm", "--progpo.preset", "paper"], "--progpo.*"),
+    (["--algo.advantage.estimator", "group_norm", "--progpo.preset", "paper"], "--progpo.*"),
     (["--env.max_failed_frac", "1.5"], "--env.max_failed_frac"),
     (["--env.call_timeout_s", "0"], "--env.call_timeout_s"),
     (["--env.start_timeout_s", "inf"], "--env.start_timeout_s"),
     (["--train.batch_size", "100"], "--train.batch_size"),  # not whole micro-batches x 8 ranks
     (["--rollout.micro_batch_size", "32"], "--train.batch_size"),  # 128 is no multiple of 32 x 8
     (["--train.dynamic_batch_enable"], "--train.dynamic_batch_enable"),
-    (["--advantage_estimator", "gae"], "--advantage_estimator"),
-    (["--advantage_estimator", "group_norm", "--algo.kl.use_loss", "--algo.advantage.gamma", "0.9"],
+    (["--algo.advantage.estimator", "gae"], "--algo.advantage.estimator"),
+    (["--algo.advantage.estimator", "group_norm", "--algo.kl.use_loss", "--algo.advantage.gamma", "0.9"],
      "--algo.advantage.gamma"),
-    (["--advantage_estimator", "group_norm", "--algo.kl.init_coef", "0.01"], "--algo.kl.use_loss"),
-    (["--advantage_estimator", "group_norm", "--algo.kl.use_loss", "--reward.overlong_buffer_len", "64"],
+    (["--algo.advantage.estimator", "group_norm", "--algo.kl.init_coef", "0.01"], "--algo.kl.use_loss"),
+    (["--algo.advantage.estimator", "group_norm", "--algo.kl.use_loss", "--reward.overlong_buffer_len", "64"],
      "--reward.overlong_buffer_len"),
     (["--env.name", "alfworld", "--env.data_dir", "/no/such/alfworld"], "--env.data_dir"),
-    # the deprecated name took any int: 0 or -1 passes over the task list trained nothing, after Ray and the models
-    (["--train.num_episodes", "0"], "--train.num_episodes"),
-    (["--train.num_episodes", "-1"], "--train.num_episodes"),
-    (["--train.num_iterations", "3", "--train.num_episodes", "0"], "--train.num_episodes"),
     # the whole task list is built and written up front: 10**5 x 16 rows took seconds and 100 MB, 10**11 x 16
     # filled the memory
     (["--train.num_iterations", str(10**5)], "--train.num_iterations"),
@@ -129,7 +124,7 @@ def test_closure_potentials_reach_the_ray_run_and_are_refused_on_a_baseline(cli,
     ns = _finalize(cli, BASE + ["--progpo.potential_target", "closure"], tmp_path)
     assert (ns.progpo.advantage.estimator, ns.progpo.advantage.potential_target) == ("progpo", "closure")
     with pytest.raises(SystemExit) as exc:
-        _finalize(cli, BASE + ["--advantage_estimator", "gigpo", "--progpo.potential_target", "closure"], tmp_path)
+        _finalize(cli, BASE + ["--algo.advantage.estimator", "gigpo", "--progpo.potential_target", "closure"], tmp_path)
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "potential_target='closure' acts only with estimator='progpo'" in err
     assert len([line for line in err.splitlines() if "error" in line]) == 1
@@ -143,7 +138,7 @@ def test_missing_service_url_is_reported(cli, capsys, tmp_path):
 
 
 def test_finalize_builds_configs_tasks_and_agent_path(cli, tmp_path):
-    ns = _finalize(cli, BASE + ["--advantage_estimator", "gigpo", "--progpo.omega", "0.5",
+    ns = _finalize(cli, BASE + ["--algo.advantage.estimator", "gigpo", "--progpo.omega", "0.5",
                                 "--progpo.use_potential", "false", "--eval.num_tasks", "3",
                                 "--env.eval_split", "test"], tmp_path)
     assert getattr(ns, "algo.advantage.estimator") == "gigpo"
@@ -255,7 +250,7 @@ def test_help_works_without_the_gpu_stack():
                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(repo)))
     assert res.returncode == 0, res.stderr[-3000:]
     for flag in ["--rollout.backend", "--cpu.ray_num_cpus", "--cpu.torch_threads", "--rollout.gen_batch_size", "--debug.dump_dir",
-                 "--debug.check_weight_sync", "--advantage_estimator", "--progpo.kappa", "--env.name",
+                 "--debug.check_weight_sync", "--algo.advantage.estimator", "--progpo.kappa", "--env.name",
                  "--ds.zero_stage", "--vllm.num_engines", "--actor.model_name_or_path"]:
         assert flag in res.stdout, flag
 
@@ -359,28 +354,30 @@ def test_the_run_length_cycles_through_env_num_tasks(cli, tmp_path):
     assert getattr(ns, "train.num_episodes") == 1
 
 
-def test_openrlhf_s_num_episodes_is_a_hidden_deprecated_name(cli, tmp_path, capsys):
-    """OpenRLHF's ``--train.num_episodes`` (passes over the task list) still parses, keeps its meaning, prints one
-    line naming ``--train.num_iterations`` and is not in ``--help``."""
-    ns = _finalize(cli, BASE + ["--train.num_episodes", "2"], tmp_path)
-    err = capsys.readouterr().err
-    assert getattr(ns, "train.num_episodes") == 2
-    assert len(Path(getattr(ns, "data.prompt_dataset")).read_text().splitlines()) == 16  # the list, passed twice
-    assert [line for line in err.splitlines() if "num_episodes" in line] == [
-        "warning: --train.num_episodes is deprecated and goes in the next release; use --train.num_iterations"]
-    assert not re.search(r"^  --train\.num_episodes", cli.train_ray.build_parser().format_help(), re.M)  # no option line
-    assert getattr(_finalize(cli, BASE, tmp_path / "b"), "train.num_episodes") == 1  # OpenRLHF's default
-
-
-@pytest.mark.parametrize("extra, flag", [
-    (["--train.num_episodes", "2"], "--train.num_episodes"), (["--train.num_iterations", "0"], "--train.num_iterations"),
-])
-def test_the_run_length_is_given_once(cli, tmp_path, capsys, extra, flag):
-    base = BASE[:6] + BASE[8:]  # without --env.num_tasks
-    argv = base + (extra if extra[0] == "--train.num_iterations" else ["--train.num_iterations", "3", *extra])
+def test_openrlhf_s_num_episodes_is_no_flag_of_train_ray(cli, tmp_path, capsys):
+    """OpenRLHF's ``--train.num_episodes`` (passes over the task list) is a second name of the run's length: it is
+    refused like any unknown flag, and OpenRLHF's namespace gets 1 (one pass over the list ``--train.num_iterations``
+    or ``--env.num_tasks`` sizes)."""
     with pytest.raises(SystemExit) as exc:
-        _finalize(cli, argv, tmp_path)
-    assert exc.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+        _finalize(cli, BASE + ["--train.num_episodes", "2"], tmp_path)
+    assert exc.value.code == 2 and "unrecognized arguments: --train.num_episodes 2" in capsys.readouterr().err
+    assert "--train.num_episodes" not in cli.train_ray.build_parser().format_usage()
+    assert getattr(_finalize(cli, BASE, tmp_path / "b"), "train.num_episodes") == 1
+
+
+def test_the_run_length_is_at_least_one_iteration(cli, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _finalize(cli, BASE[:6] + BASE[8:] + ["--train.num_iterations", "0"], tmp_path)
+    assert exc.value.code == 2 and "argument --train.num_iterations" in capsys.readouterr().err
+
+
+def test_the_estimator_is_openrlhf_s_flag_taking_ours_and_its_own(cli, tmp_path):
+    """One flag, ``--algo.advantage.estimator``: ours by default (per-step samples, an ``AdvantageConfig``), or one
+    of OpenRLHF's critic-free estimators (no ``AdvantageConfig``), handed to OpenRLHF under that same name."""
+    ns = _finalize(cli, BASE, tmp_path)
+    assert getattr(ns, "algo.advantage.estimator") == "progpo" == ns.progpo.advantage.estimator
+    ns = _finalize(cli, BASE + ["--algo.advantage.estimator", "group_norm", "--algo.kl.use_loss"], tmp_path / "b")
+    assert getattr(ns, "algo.advantage.estimator") == "group_norm" and ns.progpo.advantage is None
 
 
 def test_the_run_settings_reach_every_actor_through_hierarchize_and_pickle(cli, tmp_path):

@@ -211,7 +211,7 @@ def test_local_loop_keeps_groups_whose_returns_differ_only_in_timing(tmp_path):
     assert (m["rollout/dynamic_kept_groups"], m["rollout/dynamic_dropped_groups"], m["rollout/dynamic_rounds"]) == (
         2.0, 0.0, 0.0)
     grpo = _trainer(tmp_path / "grpo", "--rollout.dynamic_sampling", "true", "--rollout.dynamic_sampling_max_rounds",
-                    "2", "--advantage_estimator", "grpo")
+                    "2", "--algo.advantage.estimator", "grpo")
     calls = []
     grpo._play = _timing_only_play(calls)
     roll = grpo.rollout(1, loop=None)

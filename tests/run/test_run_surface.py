@@ -52,9 +52,10 @@ def test_estimator_names_are_written_once(parsers):
     names = [e.value for e in Estimator]
     assert set(ESTIMATORS) == set(Estimator) and len(names) == len(set(names))
     assert list(AdvantageConfig.choices("estimator")) == names
-    assert sorted(_choices(parsers["train"], "--advantage_estimator")) == sorted(names)
-    ray = _choices(parsers["train_ray"], "--advantage_estimator")
-    assert ray[: len(names)] == names  # ours first, then OpenRLHF's own estimators
+    assert sorted(_choices(parsers["train"], "--algo.advantage.estimator")) == sorted(names)
+    ray = _choices(parsers["train_ray"], "--algo.advantage.estimator")
+    assert ray[: len(names)] == names  # ours first, then OpenRLHF's own critic-free estimators
+    assert "gae" not in ray and "rloo" not in ray[len(names):]
     from progpo.openrlhf import experience, samples
 
     for module in (samples, experience):  # both backends route on the registry itself, not a copy of it
@@ -97,7 +98,7 @@ def test_shared_settings_have_the_same_flags_on_both_backends(parsers):
                  "--actor.gradient_checkpointing_enable", "--ds.zero_stage", "--ds.param_dtype",
                  "--algo.kl.init_coef", "--algo.kl.estimator", "--train.batch_size", "--train.micro_batch_size",
                  "--train.max_epochs", "--train.seed", "--ckpt.path", "--ckpt.load_enable", "--ckpt.save_steps",
-                 "--ckpt.max_num", "--advantage_estimator", "--progpo.preset", "--progpo.kappa"):
+                 "--ckpt.max_num", "--algo.advantage.estimator", "--progpo.preset", "--progpo.kappa"):
         assert flag in train and flag in ray, flag
     assert {o for o in train if o.startswith("--progpo.")} == {o for o in ray if o.startswith("--progpo.")}
 
@@ -119,32 +120,41 @@ def test_the_dataclass_is_the_only_source_of_defaults(parsers):
     assert built.env == default.env.resolved(pool="local")
 
 
-def test_settings_arrive_as_attributes_and_old_names_parse_with_one_note(capsys):
+def test_settings_arrive_as_attributes():
     from progpo.trainer.config import config_from_args
 
-    cfg = config_from_args(["--env.webshop_url", "http://h:3000", "--rollout.invalid_penalty", "0.3", "--ds.bf16",
-                            "--seed", "5", "--pretrain", "tiny", "--save_path", "runs/x"])
+    cfg = config_from_args(["--env.url", "http://h:3000", "--env.invalid_penalty", "0.3", "--ds.param_dtype", "bf16",
+                            "--train.seed", "5", "--actor.model_name_or_path", "tiny", "--ckpt.path", "runs/x",
+                            "--algo.advantage.estimator", "gigpo"])
     assert (cfg.env.url, cfg.env.invalid_penalty, cfg.ds.param_dtype, cfg.train.seed) == ("http://h:3000", 0.3,
                                                                                           "bf16", 5)
     assert (cfg.actor.model_name_or_path, cfg.save_path) == ("tiny", "runs/x")
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 6 and all("deprecated" in line for line in err)
-    assert "use --env.url" in err[0] and "use --ds.param_dtype bf16" in err[2]
+    assert cfg.algo.advantage.estimator == "gigpo" == cfg.progpo.estimator
 
 
-def test_train_ray_old_names_still_parse(parsers, tmp_path, capsys):
-    from progpo.cli import train_ray
+#: former names the product CLIs took before the project's first release: none parses any more.
+FORMER_NAMES = {
+    "train": ["--advantage_estimator", "--pretrain", "--save_path", "--seed", "--resume", "--env.webshop_url",
+              "--rollout.invalid_penalty", "--algo.eps_clip_low_high", "--algo.entropy.coef",
+              "--ds.gradient_checkpointing", "--ds.bf16", "--log.tensorboard", "--logger.tensorboard",
+              "--log.progress_bar", "--warm_start.num_tasks", "--warm_start.epochs", "--warm_start.lr",
+              "--warm_start.batch_size", "--warm_start.keep_failed", "--warm_start.cache_dir"],
+    "sft": ["--pretrain", "--save_path", "--seed", "--env.webshop_url", "--ds.gradient_checkpointing", "--ds.bf16",
+            "--log.progress_bar", "--actor.adam.lr", "--train.max_epochs", "--train.batch_size"],
+    "evaluate": ["--model", "--seed", "--env.webshop_url"],
+    "train_ray": ["--advantage_estimator", "--env.split", "--env.max_prompt_tokens", "--env.num_eval_tasks",
+                  "--device", "--cpu.engine_batch_size", "--train.num_episodes"],
+}
 
-    parser = parsers["train_ray"]
-    ns = train_ray.finalize(parser, parser.parse_args([
-        "--actor.model_name_or_path", "/m", "--env.url", "http://h:3000", "--env.num_tasks", "4",
-        "--rollout.n_samples_per_prompt", "2", "--env.split", "test", "--env.max_prompt_tokens", "900",
-        "--ckpt.path", str(tmp_path)]))
-    import json
 
-    agent = json.loads(ns.progpo.agent.to_json())
-    assert agent["env"]["train_split"] == "test" and agent["rollout"]["max_prompt_tokens"] == 900
-    assert capsys.readouterr().err.count("deprecated") == 2
+@pytest.mark.parametrize("cli, old", [(cli, old) for cli, names in FORMER_NAMES.items() for old in names])
+def test_former_names_are_refused(parsers, cli, old, capsys):
+    parser = parsers[cli]
+    assert old not in flags.option_strings(parser)
+    required = ["--actor.model_name_or_path", "m"] if cli == "evaluate" else []
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args([*required, old, "1"])
+    assert exc.value.code == 2 and f"unrecognized arguments: {old}" in capsys.readouterr().err
 
 
 def test_help_text_sits_beside_each_field():

@@ -93,7 +93,7 @@ def test_train_scripts_pass_the_gigpo_protocol(script):
     assert argv[:3] == ["python3", "-m", "progpo.cli.train_ray"]
     est, env = script.stem.split("_")[1:3]
     paper = PAPER_PROTOCOLS.get((est, env), {})
-    assert _flag(argv, "--advantage_estimator") == est and _flag(argv, "--env.name") == env
+    assert _flag(argv, "--algo.advantage.estimator") == est and _flag(argv, "--env.name") == env
     assert _flag(argv, "--rollout.batch_size") == "16" and _flag(argv, "--rollout.n_samples_per_prompt") == "8"
     assert _flag(argv, "--env.history_length") == "2"
     gigpo = {"--env.max_steps": {"webshop": "15", "alfworld": "50"}[env], "--train.num_iterations": "160",
@@ -112,7 +112,7 @@ def test_cpu_script_runs_the_same_job_small_on_cpu():
     """The CPU script: the GPU scripts' job (ZeRO-3, KL loss, OpenRLHF actors) in the CPU profile."""
     argv = _dry_run(SCRIPTS / "train_progpo_webshop_cpu.sh")
     assert argv[:3] == ["python3", "-m", "progpo.cli.train_ray"]
-    assert _flag(argv, "--rollout.backend") == "hf" and _flag(argv, "--advantage_estimator") == "progpo"
+    assert _flag(argv, "--rollout.backend") == "hf" and _flag(argv, "--algo.advantage.estimator") == "progpo"
     assert _flag(argv, "--actor.model_name_or_path") == "smollm2-135m"
     assert (_flag(argv, "--rollout.batch_size"), _flag(argv, "--rollout.n_samples_per_prompt")) == ("2", "4")
     assert _flag(argv, "--env.max_steps") == "3" and _flag(argv, "--train.num_iterations") == "2"

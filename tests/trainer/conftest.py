@@ -60,7 +60,7 @@ class RunCache:
 
     def flags(self, env: str, estimator: str) -> list[str]:
         """The full flag list (without ``--ckpt.path``) of the (env, estimator) run."""
-        flags = [*E2E_FLAGS, "--env.name", env, "--advantage_estimator", estimator]
+        flags = [*E2E_FLAGS, "--env.name", env, "--algo.advantage.estimator", estimator]
         if estimator == "progpo":  # the tiny model's batches often carry no return signal, which ProGPO's
             flags += ["--progpo.zero_signal", "off"]  # default zeroes; the wiring checks need non-zero values
         if env == "webshop":

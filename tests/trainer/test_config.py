@@ -12,13 +12,13 @@ from progpo.trainer.config import build_parser, config_from_args
 
 def test_defaults_and_dotted_flags():
     cfg = config_from_args(["--env.name", "alfworld", "--rollout.n_samples_per_prompt", "6", "--ds.zero_stage", "3",
-                            "--actor.adam.lr", "2e-5", "--algo.kl.init_coef", "0.05", "--advantage_estimator", "gigpo"])
+                            "--actor.adam.lr", "2e-5", "--algo.kl.init_coef", "0.05", "--algo.advantage.estimator", "gigpo"])
     assert cfg.env.max_steps == 50 and cfg.env.eval_split == "valid_unseen"
     assert cfg.rollout.n_samples_per_prompt == 6
     assert cfg.ds.zero_stage == 3 and cfg.actor.adam.lr == 2e-5 and cfg.actor_config(1).use_ref
     assert (cfg.actor_config(1).ds.zero_stage, cfg.actor_config(1).actor.adam.lr) == (3, 2e-5)
     assert cfg.algo.kl.init_coef == 0.05 and cfg.update_config().kl.init_coef == 0.05
-    assert cfg.progpo.estimator == "gigpo" == cfg.advantage_estimator
+    assert cfg.progpo.estimator == "gigpo" == cfg.algo.advantage.estimator
     assert cfg.progpo.max_steps == 50  # estimator horizon follows --env.max_steps
     assert cfg.save_path == "runs/alfworld_gigpo"
     assert not config_from_args(["--algo.kl.init_coef", "0"]).actor_config(1).use_ref
@@ -63,7 +63,7 @@ def test_progpo_flags_reach_the_config():
     (["--progpo.tau", "2"], "--progpo.tau"),
     (["--progpo.zero_signal_return", "sum", "--progpo.timing_scale", "spread"],
      "--progpo.timing_scale"),  # no effect with zero_signal_return=sum
-    (["--advantage_estimator", "gigpo", "--progpo.zero_signal_return", "discounted", "--progpo.timing_scale",
+    (["--algo.advantage.estimator", "gigpo", "--progpo.zero_signal_return", "discounted", "--progpo.timing_scale",
       "spread"], "--progpo.timing_scale"),  # no effect outside ProGPO
     (["--ckpt.save_steps", "0"], "--ckpt.save_steps"),
 ])
@@ -94,8 +94,8 @@ def test_an_abbreviated_flag_is_refused(abbrev, capsys):
 
 def test_bad_choice_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit):
-        config_from_args(["--advantage_estimator", "ppo"])
-    assert "--advantage_estimator" in capsys.readouterr().err
+        config_from_args(["--algo.advantage.estimator", "ppo"])
+    assert "--algo.advantage.estimator" in capsys.readouterr().err
 
 
 def test_cli_exit_code_and_message(capsys):
@@ -127,7 +127,7 @@ def test_preset_then_flags():
     assert paper.sigma2_floor_ref == "success_reward" and paper.credit_lambda == 0.0
     # a flag overrides the preset; the preset applies to any estimator (fair comparisons)
     cand = config_from_args(["--progpo.preset", "candidate", "--progpo.credit_lambda", "0.5",
-                             "--advantage_estimator", "gigpo"]).progpo
+                             "--algo.advantage.estimator", "gigpo"]).progpo
     assert (cand.estimator, cand.state_key, cand.zero_signal, cand.credit_lambda) == ("gigpo", "obs_inventory",
                                                                                      "task", 0.5)
     assert config_from_args(["--progpo.preset", "default"]).progpo == config_from_args([]).progpo
@@ -136,21 +136,21 @@ def test_preset_then_flags():
 def test_peer_paper_presets_on_the_cli(capsys):
     from progpo.cli.train import main
 
-    crbc = config_from_args(["--advantage_estimator", "crbc", "--progpo.preset", "crbc"]).progpo
+    crbc = config_from_args(["--algo.advantage.estimator", "crbc", "--progpo.preset", "crbc"]).progpo
     assert (crbc.crbc_beta, crbc.omega, crbc.beta_episode, crbc.crbc_sigma_min) == (0.98, 5.0, 1.0, 0.1)
-    graft = config_from_args(["--advantage_estimator", "graft", "--progpo.preset", "graft_webshop"]).progpo
+    graft = config_from_args(["--algo.advantage.estimator", "graft", "--progpo.preset", "graft_webshop"]).progpo
     assert (graft.graft_gamma, graft.graft_lambda) == (0.99, 0.8)
-    pgpo = config_from_args(["--advantage_estimator", "pgpo", "--progpo.preset", "pgpo"]).progpo
+    pgpo = config_from_args(["--algo.advantage.estimator", "pgpo", "--progpo.preset", "pgpo"]).progpo
     assert (pgpo.gamma, pgpo.pgpo_alpha, pgpo.pgpo_beta, pgpo.pgpo_gamma) == (0.95, 2.0, 1.0, 1.0)
     # CRBC and GRAFT key anchor states on observation + state_extra (their environment key / state string),
     # PGPO on the exact observation; ProGPO's state key stays an option of the baselines (above)
-    assert [config_from_args(["--advantage_estimator", e]).progpo.for_batch(True).state_key
+    assert [config_from_args(["--algo.advantage.estimator", e]).progpo.for_batch(True).state_key
             for e in ("crbc", "graft", "pgpo")] == ["obs_inventory", "obs_inventory", "obs"]
-    assert config_from_args(["--advantage_estimator", "crbc", "--progpo.state_key", "obs"]).progpo.state_key == "obs"
+    assert config_from_args(["--algo.advantage.estimator", "crbc", "--progpo.state_key", "obs"]).progpo.state_key == "obs"
     # a paper's preset means nothing for another estimator: one line naming the flag
-    assert main(["--advantage_estimator", "gigpo", "--progpo.preset", "crbc"]) == 2
+    assert main(["--algo.advantage.estimator", "gigpo", "--progpo.preset", "crbc"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--progpo.preset: preset 'crbc'" in err[0] and "--advantage_estimator crbc" in err[0]
+    assert len(err) == 1 and "--progpo.preset: preset 'crbc'" in err[0] and "--algo.advantage.estimator crbc" in err[0]
 
 
 def test_bad_preset_is_one_line_naming_the_flag(capsys):
@@ -165,8 +165,8 @@ def test_progpo_default_and_baselines_on_the_cli():
     prog = config_from_args([]).progpo
     assert (prog.estimator, prog.state_key, prog.credit_lambda, prog.zero_signal) == ("progpo", "auto", 0.8, "task")
     for est in ("gigpo", "hgpo", "grpo", "rloo", "g2po", "pgpo"):
-        cfg = config_from_args(["--advantage_estimator", est]).progpo
+        cfg = config_from_args(["--algo.advantage.estimator", est]).progpo
         assert cfg.zero_signal == "off" and cfg.for_batch(True).state_key == "obs"  # as published
-        opt = config_from_args(["--advantage_estimator", est, "--progpo.state_key", "obs_inventory",
+        opt = config_from_args(["--algo.advantage.estimator", est, "--progpo.state_key", "obs_inventory",
                                 "--progpo.zero_signal", "batch"]).progpo
         assert (opt.state_key, opt.zero_signal) == ("obs_inventory", "batch")  # offered as options

@@ -1,7 +1,7 @@
 """End to end: 2 iterations with the tiny random model, 4 tasks x 4 rollouts, max 5 steps.
 
 WebShop runs against one shared server on the real 87 products; ALFWorld on the real games.
-progpo, gigpo and grpo go through the same code path (only ``--advantage_estimator`` differs).
+progpo, gigpo and grpo go through the same code path (only ``--algo.advantage.estimator`` differs).
 """
 
 from __future__ import annotations

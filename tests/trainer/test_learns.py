@@ -43,7 +43,7 @@ def test_progpo_raises_success_on_the_training_tasks(tmp_path):
     assert summary["expert_success"]["rate"] == 1.0
     cfg = config_from_args(ENV + [
         "--actor.model_name_or_path", str(tmp_path / "sft"), "--ckpt.path", str(tmp_path / "rl"),
-        "--advantage_estimator", "progpo", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "32",
+        "--algo.advantage.estimator", "progpo", "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "32",
         "--rollout.max_new_tokens", "48", "--rollout.max_prompt_tokens", "2000",  # tiny-agent's context: 2048
         "--train.num_iterations", str(ITERATIONS), "--train.batch_size", "32",
         "--train.micro_batch_size", "16", "--actor.adam.lr", "1e-3", "--actor.lr_scheduler", "constant_with_warmup",

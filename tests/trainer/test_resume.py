@@ -31,7 +31,7 @@ def test_resume_gives_identical_parameters(e2e_runs, train_run, tmp_path):
     full = e2e_runs.get("webshop", "progpo")  # uninterrupted: 2 iterations
     resumed_dir = tmp_path / "resumed"
     _simulate_kill_after_iteration_1(full.save_path, resumed_dir)
-    resumed = train_run(resumed_dir, "--env.name", "webshop", "--advantage_estimator", "progpo",
+    resumed = train_run(resumed_dir, "--env.name", "webshop", "--algo.advantage.estimator", "progpo",
                         "--progpo.zero_signal", "off",  # as the e2e run it resumes (tests/trainer/conftest.py)
                         "--env.url", e2e_runs.webshop_url, "--ckpt.load_enable")
     assert [m["iteration"] for m in resumed.history] == [2]  # only the missing iteration ran

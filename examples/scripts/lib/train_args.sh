@@ -13,7 +13,7 @@
 # not a whole number >= 1 stops the script in one line naming it); any extra flag given to a launch script
 # is appended last and wins (argparse keeps the last value).
 #
-# Inputs: ESTIMATOR (an --advantage_estimator name: progpo, gigpo, grpo, rloo, hgpo, g2po, pgpo, crbc,
+# Inputs: ESTIMATOR (an --algo.advantage.estimator name: progpo, gigpo, grpo, rloo, hgpo, g2po, pgpo, crbc,
 # graft), ENV_NAME (a registered env: webshop, alfworld, ...), WEBSHOP_URL (an env with a server: webshop),
 # PRESET (an AdvantageConfig preset passed as --progpo.preset: a paper's own estimator settings, e.g. crbc;
 # train_{pgpo,crbc,graft}_*.sh set their paper's, with that paper's protocol where it differs from GiGPO's).
@@ -93,7 +93,7 @@ progpo_train_args() {
   local out=${OUTPUT_DIR:-$PWD/runs/$run}  # absolute: Ray actors may run in other working dirs
 
   PROGPO_ARGS=(
-    --advantage_estimator "$estimator"
+    --algo.advantage.estimator "$estimator"
     --actor.model_name_or_path "$model"
     --env.name "$env_name"
     --env.max_steps "${MAX_STEPS:-$max_steps}"
