@@ -285,19 +285,6 @@ def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-class _Deprecated(argparse.Action):
-    """An old name of a bench or lab flag (:func:`restate`'s ``old``, or a bench's own parser): stores under the new
-    name's dest and prints one deprecation line (``add_argument(old, action=Deprecated, new="--new.flag", ...)``)."""
-
-    def __init__(self, option_strings, dest, new: str, **kwargs):
-        self.new = new
-        super().__init__(option_strings, dest, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        sys.stderr.write(f"warning: {option_string} is deprecated and goes in the next release; use {self.new}\n")
-        setattr(namespace, self.dest, values)
-
-
 def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[str] = (), defaults: Any = None,
               only: Sequence[str] | None = None, skip: Sequence[str] = (), taken: Sequence[str] = (),
               title: str | None = None) -> list[Flag]:
@@ -329,8 +316,6 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
                             help=f"{flag.help} ({shown})".strip(), **kwargs)
     return flags
 
-
-Deprecated = _Deprecated  # the action of an old flag name, for parsers written by hand
 
 
 #: what argparse reads as a value, not an option, after a flag: a negative number in any form ``float`` takes.
@@ -473,7 +458,7 @@ def option_strings(parser: argparse.ArgumentParser) -> list[str]:
 
 def markdown_table(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> str:
     """The visible flags of ``parser`` (or those whose dest starts with one of ``only``) as a Markdown
-    table: flag, default, meaning (the help text beside each field; deprecated names are hidden)."""
+    table: flag, default, meaning (the help text beside each field; hidden flags are left out)."""
     rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
     for action in parser._actions:  # noqa: SLF001
         if action.help is argparse.SUPPRESS or not action.option_strings or action.option_strings[0] in ("-h", "--help"):
