@@ -67,9 +67,11 @@ pip_install() {
   "$PYTHON" -m pip install --progress-bar off "$@"
 }
 # progpo_src: where the installed progpo comes from (a file:// URL; empty when none is installed or
-# it carries no direct_url.json)
-progpo_src() { "$PYTHON" -c 'import importlib.metadata as m, json; d = m.distribution("progpo").read_text("direct_url.json"); print(json.loads(d)["url"] if d else "")' 2>/dev/null || true; }
-installed_progpo() { "$PYTHON" -c 'import importlib.metadata as m; m.version("progpo")' >/dev/null 2>&1; }
+# it carries no direct_url.json). Both look past this checkout on sys.path ("" of python -c, or
+# PYTHONPATH): after a `pip install -e .` it holds a progpo.egg-info, which is no installed package.
+site_only='import os, sys; sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.getcwd()]; import importlib.metadata as m, json'
+progpo_src() { "$PYTHON" -c "$site_only"'; d = m.distribution("progpo").read_text("direct_url.json"); print(json.loads(d)["url"] if d else "")' 2>/dev/null || true; }
+installed_progpo() { "$PYTHON" -c "$site_only"'; m.version("progpo")' >/dev/null 2>&1; }
 here="file://$PWD"
 if [ -n "$need_main" ]; then
   log "pyproject.toml .[$EXTRAS]: $(printf '%s\n' "$need_main" | wc -l) requirement(s) unmet: $(printf '%s\n' "$need_main" | tr '\n' ' ' | cut -c1-300)"
