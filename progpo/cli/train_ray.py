@@ -132,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     if run.device == "cpu":
         install()
     elif missing_gpu_packages():
-        parser.error(f"argument --rollout.backend: vllm needs {' and '.join(missing_gpu_packages())} installed (pip install -r "
-                     "requirements-gpu.txt); for a CPU dry run of this job add --rollout.backend hf")
+        parser.error(f"argument --rollout.backend: vllm needs {' and '.join(missing_gpu_packages())} installed (torch, "
+                     "flash-attn, then pip install -e '.[gpu]': docs/distributed.md \"Install\"); "
+                     "for a CPU dry run of this job add --rollout.backend hf")
     from progpo.run.answer_format import check_model_answer_format
 
     try:  # before Ray starts: the policy's tokenizer must carry the answer format (loaded as OpenRLHF's actors do)

