@@ -55,11 +55,13 @@ LEARNING: dict[str, tuple[str, ...]] = {  # draw -> the block of each regime, in
 }
 FIDELITY = {"ALFWorld-like": "fidelity", "WebShop-like": "fidelity-webshop"}
 FIDELITY_ROWS = ("grpo", "rloo", "gigpo", "hgpo", "progpo paper", "progpo", "TD oracle (true V)")
-THROUGHPUT = {  # name -> (section heading of docs/training.md, the paragraph start the table follows, command)
+THROUGHPUT = {  # name -> (section heading of docs/training.md, the paragraph start the table follows, commands)
     "main-job": ("Measured on a fresh clone (2026-12-02)", "Measured 2026-12-02 on a fresh clone",
-                 "bash examples/scripts/run_local.sh"),
-    "roofline": ("Throughput against this machine's bound (`bench roofline`)", "Measured 2026-12-04 on an AMD EPYC",
-                 "python -m benchmarks roofline --ds.mixed_precision off, then --ds.mixed_precision bf16"),
+                 ("bash examples/scripts/run_local.sh",)),
+    "roofline": ("Throughput against this machine's bound (`python -m benchmarks roofline`)",
+                 "Measured 2026-12-04 on an AMD EPYC",
+                 ("python -m benchmarks roofline --ds.mixed_precision off",
+                  "python -m benchmarks roofline --ds.mixed_precision bf16")),
 }
 FIDELITY_NOTE = ("`progpo` in this table is the default of 2026-11-30, before its `zero_signal_return = discounted` "
                  "(2026-12-04, commit c0ea0cc); these blocks were not regenerated since. The learning blocks above carry "
@@ -181,10 +183,11 @@ def throughput_tables(training: str) -> list[str]:
     titles = {"main-job": "Main job, per iteration (fp32, SmolLM2-135M-Instruct, WebShop, 2 tasks x 4 rollouts)",
               "roofline": "Phase times against this machine's bound, fp32 and bf16-mixed (main job's batch)"}
     out = []
-    for name, (heading, marker, cmd) in THROUGHPUT.items():
+    for name, (heading, marker, cmds) in THROUGHPUT.items():
         run = RUNS[name]
+        cmd = ", then ".join(f"`{c}`" for c in cmds)
         out += [f"### {titles[name]}", ""] + table_after(section(training, heading), marker) + [
-            "", f"- {run.date}, commit {run.commit}, {run.machine}; `{cmd}`; copied from "
+            "", f"- {run.date}, commit {run.commit}, {run.machine}; {cmd}; copied from "
                 f"[training.md, \"{heading}\"](training.md#{slug(heading)}) (paragraph \"{marker}\"), no stored "
                 f"machine-readable copy.",
             ""]

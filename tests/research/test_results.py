@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
+
+import pytest
 
 from research import report, results
 
@@ -67,3 +71,25 @@ def test_the_readme_quotes_the_generated_page():
     assert "2026-12-04" in section and "commit 1d53a47" in section
     assert results.command(results.block(results.BLOCKS.read_text(), "learning-task9001")).startswith(
         section.split("```bash\n")[1].split("\n")[0])
+
+
+def _parsers():
+    from benchmarks import roofline
+    from research import fidelity, learning
+    return {"python -m research learning": learning.parse_args, "python -m research fidelity": fidelity.parse_args,
+            "python -m benchmarks roofline": roofline.parse, "python -m research results": results.parse_args}
+
+
+def test_every_command_the_page_names_parses():
+    """Each backticked command of docs/results.md is one its command's parser takes as written (a command pasted
+    from the page runs; prose inside the backticks, or a flag that was renamed, fails here)."""
+    parsers = _parsers()
+    commands = re.findall(r"`(python -m [^`]+)`", results.PAGE.read_text())
+    assert len(commands) >= 11, commands
+    for cmd in commands:
+        prefix = next((p for p in parsers if cmd == p or cmd.startswith(p + " ")), None)
+        assert prefix, f"no parser known for {cmd!r}"
+        try:
+            parsers[prefix](shlex.split(cmd[len(prefix):]))
+        except SystemExit as exc:
+            pytest.fail(f"{cmd!r} does not parse (exit {exc.code})")
