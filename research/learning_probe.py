@@ -40,7 +40,7 @@ LEARN_CFG = AlfworldFamily.learn_cfg  #: the learning benchmark's ALFWorld-like 
 
 
 # The reference loop: one episode and one dict lookup at a time (``research.engine`` is the fast,
-# vectorised version the learning benchmark uses; tests/lab/test_engine.py checks they agree).
+# vectorised version the learning benchmark uses; tests/research/test_engine.py checks they agree).
 class LogLinearPolicy:
     """Tabular/log-linear softmax over admissible actions; parameters are dicts (sparse, start at 0)."""
 

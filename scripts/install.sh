@@ -23,7 +23,7 @@ WITH_TESTS=0
 for arg in "$@"; do
   case "$arg" in
     --tests) WITH_TESTS=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;;  # the header comment, up to the first line of code
     *) echo "scripts/install.sh: unknown argument $arg (expected --tests)" >&2; exit 2 ;;
   esac
 done

@@ -1,8 +1,8 @@
-"""``python -m progpo.cli.docs [--write | --check]``: the generated flag tables of docs/training.md and docs/distributed.md.
+"""``python -m progpo.cli.docs [--write]``: check (or rewrite) the generated flag tables of docs/training.md and docs/distributed.md.
 
 Each table is built from the CLI's own parser (the settings dataclasses and the help beside each
 field), between ``<!-- flags:NAME -->`` and ``<!-- /flags:NAME -->`` markers, so the docs cannot drift
-from the flags. ``--check`` exits 1 naming a stale table; ``--write`` rewrites them.
+from the flags. Without ``--write`` it exits 1 naming a stale table; ``--write`` rewrites them.
 """
 
 from __future__ import annotations

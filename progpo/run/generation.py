@@ -250,8 +250,8 @@ def prefix_plan(prompts: list[list[int]], *, min_shared: int = MIN_SHARED_PREFIX
 DECODE_STATS = ("prefill_s", "prefill_cpu_s", "decode_cpu_s", "prefill_rows", "prefill_tokens", "prefill_sq_tokens",
                 "prompt_tokens", "prefill_causal_sq", "prefill_logit_rows", "prefill_passes", "decode_steps",
                 "decode_rows", "decode_ctx_tokens")
-"""Work counters of :meth:`HFGenerator._decode` in ``HFGenerator.stats`` (for ``bench roofline``): prefill
-wall seconds; process CPU seconds (all threads) of the prefill and decode passes; rows, padded tokens
+"""Work counters of :meth:`HFGenerator._decode` in ``HFGenerator.stats`` (for ``python -m benchmarks roofline``):
+prefill wall seconds; process CPU seconds (all threads) of the prefill and decode passes; rows, padded tokens
 (``rows * width``) and padded ``rows * width * context`` of the prefill passes; real prompt tokens
 prefilled (a shared prefix counted once), the sum over them of twice the real tokens each attends to
 (``n (n + 1)`` for one ``n``-token prompt), the rows whose logits were computed, and the prefill forward

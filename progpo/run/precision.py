@@ -13,7 +13,7 @@ cpuinfo's view of CPUID): ``amx_bf16`` (Intel AMX) or ``avx512_bf16`` (AVX512-BF
 that oneDNN runs bf16 GEMMs natively, faster than fp32; without them bf16 is emulated, far slower than fp32
 (the rates measured on each kind of CPU: docs/training.md, "Precision"). The flags, not a timed probe, are
 read: a probe on a machine shared with other jobs swings from run to run, and a run's precision must not
-change between a run and its resume (or the warm-start cache key). ``bench roofline`` measures both GEMM
+change between a run and its resume (or the warm-start cache key). ``python -m benchmarks roofline`` measures both GEMM
 rates beside it.
 
 ``auto`` is fp32 even where bf16 is native: the autocast forward rounds the weights to bf16, and the

@@ -1,4 +1,5 @@
-"""``bench roofline``'s work model on hand-computed values (the benchmark itself prints measured figures)."""
+"""``python -m benchmarks roofline``'s work model on hand-computed values (the benchmark itself prints measured
+figures)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,8 @@ def test_every_table_names_its_date_commit_machine_and_command():
     page, text = results.PAGE.read_text(), results.BLOCKS.read_text()
     for name in [*results.FIDELITY.values(), *(n for names in results.LEARNING.values() for n in names)]:
         run = results.header(results.block(text, name), name)
-        assert f"{run.date}, commit {run.commit}, {run.machine}; block `{name}`; `{run.command}`" in page, name
+        assert f"{run.date}, commit {run.commit}, {run.machine}; block `{name}`; `{results.shown(run.command)}`" in page, name
+        assert "--out" not in results.shown(run.command), name
     for heading in results.THROUGHPUT.values():
         line = next(x for x in results.section(results.TRAINING.read_text(), heading).split("\n")
                     if x.startswith("Measured by"))
@@ -159,3 +161,26 @@ def test_the_readme_quotes_the_generated_page():
     assert "2026-12-04" in section and "commit 1d53a47" in section
     assert results.command(results.block(results.BLOCKS.read_text(), "learning-task9001")).startswith(
         section.split("```bash\n")[1].split("\n")[0])
+
+
+def _parsers():
+    from benchmarks import roofline
+    from research import fidelity, learning
+    return {"python -m research learning": learning.parse_args, "python -m research fidelity": fidelity.parse_args,
+            "python -m benchmarks roofline": roofline.parse, "python -m research results": results.parse_args}
+
+
+def test_every_command_the_page_names_parses():
+    """Each backticked command of docs/results.md is one its command's parser takes as written (a command pasted
+    from the page runs; prose inside the backticks, or a flag that was renamed, fails here)."""
+    parsers = _parsers()
+    lines = re.findall(r"`(python -m [^`]+)`", results.PAGE.read_text())
+    assert len(lines) >= 11, lines
+    commands = [part.strip() for line in lines for part in line.split(" && ")]  # a shell line of two runs
+    for cmd in commands:
+        prefix = next((p for p in parsers if cmd == p or cmd.startswith(p + " ")), None)
+        assert prefix, f"no parser known for {cmd!r}"
+        try:
+            parsers[prefix](shlex.split(cmd[len(prefix):]))
+        except SystemExit as exc:
+            pytest.fail(f"{cmd!r} does not parse (exit {exc.code})")

@@ -53,6 +53,14 @@ def test_check_rejects_a_bad_line_and_a_missing_file(tmp_path):
     assert res.returncode == 2 and "nope.txt" in res.stderr
 
 
+def test_help_is_the_header_comment_and_no_code():
+    res = subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), "--help"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "--tests" in res.stdout and "PYTHON selects the interpreter" in lines[-1], lines[-3:]
+    assert not any(line.startswith(("set -", "cd ")) for line in lines), lines[-3:]
+
+
 def _project(tmp_path: Path, text: str) -> Path:
     folder = tmp_path / "proj"
     folder.mkdir()

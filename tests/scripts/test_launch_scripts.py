@@ -526,7 +526,7 @@ def test_slurm_script_starts_ray_and_webshop_and_submits_a_job(tmp_path, shared_
 def test_main_job_warm_starts_in_fp32_and_its_flags_parse():
     """The README's main job: `train`'s own parser accepts its command line; it clones the expert before RL
     (so its batches carry signal) in fp32, with a step limit the expert can finish WebShop in; and
-    `bench roofline` measures that same batch shape by default."""
+    `python -m benchmarks roofline` measures that same batch shape by default."""
     from benchmarks.roofline import parse
     from progpo.trainer.config import config_from_args
 
