@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import datetime
 import math
+import os
 import pickle
+import platform
 import re
+import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 DOCS_DIR = Path(__file__).resolve().parents[1] / "docs"
@@ -21,6 +26,81 @@ def block_file(block: str, files: Sequence[Path] = BLOCK_FILES) -> Path:
         if path.exists() and begin in path.read_text():
             return path
     return files[0]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What produced a table: the command, the date (UTC), the commit and the machine it ran on.
+
+    Written as the first line of each generated block (:func:`write_docs_block`) and of each measured
+    table that docs/results.md copies, :meth:`line`; read back by :func:`parse_provenance`.
+    """
+
+    command: str
+    date: str
+    commit: str
+    machine: str
+
+    def line(self, verb: str = "Generated") -> str:
+        """The one-line header: ``{verb} by `command` on DATE (UTC), commit C, machine: M:``.
+
+        Raises:
+            ValueError: the command holds a backquote or a line break, or a field a line break (the line
+                could not be read back).
+        """
+        if "`" in self.command or any("\n" in f for f in (self.command, self.date, self.commit, self.machine)):
+            raise ValueError(f"provenance of {self.command!r}: no backquote in the command, no line break in a field")
+        return f"{verb} by `{self.command}` on {self.date} (UTC), commit {self.commit}, machine: {self.machine}:"
+
+
+PROVENANCE = re.compile(r"(?:Generated|Measured) by `([^`\n]+)` on (\d{4}-\d\d-\d\d) \(UTC\), commit (\S+), "
+                        r"machine: ([^\n]+):$", re.M)
+
+
+def parse_provenance(line: str) -> Provenance | None:
+    """The :class:`Provenance` of a header line written by :meth:`Provenance.line`, else None."""
+    m = PROVENANCE.fullmatch(line.strip())
+    return Provenance(*m.groups()) if m else None
+
+
+def git_commit(repo: Path = DOCS_DIR.parent) -> str:
+    """``git rev-parse --short HEAD`` of ``repo``, with ``+dirty`` when a tracked file outside docs/ differs from
+    it (the docs are where blocks are written, so an earlier block of the same session does not count), or
+    ``unknown`` outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        changes = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"],
+                                 cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if changes else "")
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's ``model name`` from ``cpuinfo``, else what :mod:`platform` knows."""
+    try:
+        m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.M)
+    except OSError:
+        m = None
+    return m.group(1).strip() if m else (platform.processor() or platform.machine() or "unknown CPU")
+
+
+def machine() -> str:
+    """This machine in words: core count, CPU model and bf16 capability (:func:`progpo.run.precision.bf16_capability`),
+    e.g. ``2-core AMD EPYC, bf16 native (avx512_bf16)``."""
+    from progpo.run.precision import bf16_capability
+
+    cap = bf16_capability()
+    flags = cap.detail.partition(": ")[2] or cap.detail
+    return f"{os.cpu_count()}-core {cpu_model()}, bf16 {'native' if cap.native else 'emulated'} ({flags})"
+
+
+def provenance(command: str) -> Provenance:
+    """The :class:`Provenance` of ``command`` run here and now: today's UTC date, :func:`git_commit`,
+    :func:`machine`."""
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    return Provenance(command, today, git_commit(), machine())
 
 
 def fmt_ci(mean: float, half: float, digits: int = 3) -> str:
@@ -124,15 +204,19 @@ def plot_curves(curves: dict[str, list[tuple[list[float], list[float]]]], path: 
     return path
 
 
-def write_docs_block(block: str, command: str, text: str, docs: Path | None = None) -> None:
+def write_docs_block(block: str, command: str, text: str, docs: Path | None = None,
+                     run: Provenance | None = None) -> None:
     """Replace (or append) the block ``<!-- BEGIN {block} -->...<!-- END {block} -->`` of ``docs`` (default:
     the file that holds it, :func:`block_file`; a new block goes to docs/fidelity-results.md).
 
-    The block holds the command that produced ``text`` and its exact output; nothing is typed by hand.
+    The block holds its provenance header (``run``, default :func:`provenance` of ``command``: the command that
+    produced ``text``, today's date, the commit and the machine) and ``text``, its exact output; nothing is
+    typed by hand.
     """
     docs = block_file(block) if docs is None else docs
+    run = provenance(command) if run is None else run
     begin, end = f"<!-- BEGIN {block} (generated) -->", f"<!-- END {block} -->"
-    body = f"{begin}\nGenerated by `{command}`:\n\n{text}\n{end}"
+    body = f"{begin}\n{run.line()}\n\n{text}\n{end}"
     current = docs.read_text() if docs.exists() else "# Credit-assignment fidelity\n"
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     new = pattern.sub(lambda _: body, current) if pattern.search(current) else current.rstrip() + "\n\n" + body + "\n"
