@@ -31,6 +31,8 @@ from research import collapse_trace, fidelity, kind_trace, learning, learning_lm
     (kind_trace, ["--path_row", ""], "--path_row must name one row"),
     (collapse_trace, ["--row", ""], "--row must name one row"),  # was an IndexError
     (collapse_trace, ["--compare", "progpo,,gigpo"], "--compare has an empty entry"),
+    (learning, ["--workers", "100000"], "--workers must be <= "),  # each a forked process, all started at once
+    (kind_trace, ["--workers", "100000"], "--workers must be <= "),
 ])
 def test_bad_input_is_refused_by_name(module, argv, words):
     with pytest.raises(ValueError) as exc:

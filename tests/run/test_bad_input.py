@@ -75,3 +75,19 @@ def test_seeds_are_not_negative():
         TrainSettings(seed=-1)
     with pytest.raises(ValueError, match=r"^--eval.seed must be >= 0, got -1$"):
         EvalSettings(seed=-1)
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["--advantage_estimator", "progpo"], "did you mean --algo.advantage.estimator"),  # the removed alias
+    (["--algo.advantage.estimator", "gae"], "grep -A2 -- '--algo.advantage.estimator'"),
+    (["--algo.advantage.est", "progpo"], "did you mean --algo.advantage.estimator"),
+])
+def test_train_answers_a_bad_estimator_flag_in_one_line_and_a_hint(argv, hint, capsys):
+    # it printed argparse's usage of every flag (about 100 lines) above the error
+    from progpo.trainer.config import config_from_args
+
+    with pytest.raises(SystemExit) as exc:
+        config_from_args(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 2, err
+    assert err[0].startswith("python -m progpo.cli.train: error:") and hint in err[1], err
