@@ -41,6 +41,8 @@ class AdvantagesBench:
     def __post_init__(self) -> None:
         if self.runs < 1:
             raise ValueError(f"--runs must be >= 1, got {self.runs}")
+        if self.env.max_steps is None:
+            raise ValueError("--env.max_steps must be >= 1, got None")
 
 
 VARIANTS = {

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from benchmarks import cli
 from progpo.envs.alfworld import AlfWorldEnv
 from progpo.envs.spec import spec
+from progpo.run.flags import comma_list
 from progpo.run.settings import EnvSettings, TrainSettings
 
 
@@ -52,9 +53,10 @@ class AlfWorldBench:
             ValueError: an entry that is no integer, naming the flag.
         """
         try:
-            return [int(a) for a in self.actors.split(",") if a.strip()]
-        except ValueError:
-            raise ValueError(f"--actors must be comma-separated integers, got {self.actors!r}") from None
+            return [int(a) for a in comma_list(self.actors, "--actors")]
+        except ValueError as exc:
+            raise ValueError(exc if str(exc).startswith("--actors") else
+                             f"--actors must be comma-separated integers, got {self.actors!r}") from None
 
 
 @dataclass

@@ -23,7 +23,8 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str] | 
     """Run ``commands[argv[0]]``'s ``main(argv[1:])``.
 
     ``commands``: name -> (module, one-line description). Returns the command's exit code; 0 after
-    printing the list of names for no name or ``--help``; 2 with that list on stderr for an unknown name.
+    printing the list of names for no name or ``--help``; 2 with that list on stderr for an unknown name; 2 with
+    one line for a file a flag names that is not there (a model, a data folder: a traceback after the setup).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
@@ -35,7 +36,11 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str] | 
         sys.stdout.write(msg + "\n")
         return 0
     module = importlib.import_module(commands[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    try:
+        return int(module.main(argv[1:]) or 0)
+    except FileNotFoundError as exc:  # every such message of the project names the flag and the path
+        sys.stderr.write(f"python -m {prog} {argv[0]}: error: {exc}\n")
+        return 2
 
 
 def settings_parser(cls: type, prog: str, description: str, **kwargs: Any) -> argparse.ArgumentParser:

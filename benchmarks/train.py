@@ -22,6 +22,7 @@ from typing import Any
 
 from benchmarks import cli
 from progpo.advantages import Estimator
+from progpo.run.flags import comma_list
 from progpo.run.settings import EnvSettings, RolloutSettings, TrainSettings
 from progpo.trainer.config import CkptSettings, LoggerSettings, TrainConfig
 from progpo.trainer.settings import ActorSettings
@@ -74,7 +75,7 @@ class TrainBench:
     @property
     def names(self) -> list[str]:
         """The estimators of ``--estimators``, in order."""
-        return [e.strip() for e in self.estimators.split(",") if e.strip()]
+        return comma_list(self.estimators, "--estimators")
 
     def train_config(self, ckpt_path: str | None) -> TrainConfig:
         """``train``'s config of this run: every sample of the rollout in one optimizer step."""

@@ -51,6 +51,7 @@ from envs.webshop_server import synth
 from envs.webshop_server.process import WebShopServerProcess
 from progpo.bounds import number
 from progpo.paths import data_root
+from progpo.run.flags import check_writable
 from progpo.run.settings import EnvSettings, RolloutSettings
 
 BENCH_CACHE_MARKER = ".progpo-bench-cache"  # a folder holding it is the benchmark's own: emptied freely
@@ -100,12 +101,18 @@ class WebShopBench:
 
     def __post_init__(self) -> None:
         at_least = {"products": 1, "steps": 1, "threads": 1, "workers": 1, "search_queries": 0, "search_cache": 0,
-                    "human_goals": 0, "original_products": 0}
+                    "human_goals": 0, "original_products": 0, "seed": 0}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ValueError(f"--{name} must be >= {low}, got {getattr(self, name)}")
         if min(self.sessions, default=0) < 1:
             raise ValueError(f"--sessions must be >= 1, got {min(self.sessions, default=0)}")
+        if self.original is not None and not Path(self.original).is_dir():
+            raise ValueError(f"--original {self.original} is no folder (a princeton-nlp/WebShop checkout)")
+        if self.env.data_dir and not Path(self.env.data_dir).is_dir():
+            raise ValueError(f"--env.data_dir {self.env.data_dir} is no folder")
+        check_writable(self.synth_dir, "--synth_dir")
+        check_writable(self.json_out, "--json_out", folder=False)  # written last: refused now, not after the run
 
     def runs(self, stage: str) -> bool:
         """Whether ``stage`` (cold, latency, search, episodes) runs: not in ``--skip``."""

@@ -41,6 +41,7 @@ from research.fidelity_core import ORACLE_ROW, select_variants
 from research.learner import Context, TaskSource, build_source, make_context, oracle_advantages
 from progpo.bounds import check_fields, number
 from progpo.run.settings import RolloutSettings
+from progpo.run.flags import comma_list
 from research import settings as lab_settings
 from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
 
@@ -52,9 +53,20 @@ def _advantages(ctx: Context, row, roll: engine.Rollout, g: engine.Graph, p: np.
     return compute_advantages(roll.batch, row.config(ctx.base), None).advantages
 
 
-def _rows(names: str) -> list:
-    """Variants of a comma list (``oracle`` = None)."""
-    return [None if n == ORACLE_ROW else select_variants([n])[0] for n in (x.strip() for x in names.split(",")) if n]
+def _rows(names: str, flag: str, *, one: bool = False) -> list:
+    """Variants of comma-list flag ``flag`` (``oracle`` = None); ``one``: exactly one row.
+
+    Raises:
+        ValueError: naming ``flag``: an empty entry, no row where ``one`` asks for one (or more than one), a row
+            that is no estimator.
+    """
+    items = comma_list(names, flag)
+    if one and len(items) != 1:
+        raise ValueError(f"{flag} must name one row, got {names!r}")
+    try:
+        return [None if n == ORACLE_ROW else select_variants([n])[0] for n in items]
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def _kinds(src: TaskSource, g: engine.Graph, roll: engine.Rollout) -> str:
@@ -176,7 +188,8 @@ class CollapseArgs:
     """processes compiling the task pool"""
 
     def __post_init__(self) -> None:
-        check_counts(self, {"show": 1, "sizes_iterations": 1, "workers": 1, "escape_at": 0, "sizes_seeds": 0})
+        check_counts(self, {"show": 1, "sizes_iterations": 1, "workers": 1, "escape_at": 0, "sizes_seeds": 0,
+                            "task_seed": 0})
         if self.train.seed < 0:
             raise ValueError(f"--train.seed must be >= 0, got {self.train.seed}")
         if self.escape_at >= self.train.num_iterations:
@@ -196,10 +209,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     settings = lab_settings.parse(CollapseArgs, argv, "python -m research.collapse_trace", __doc__.split("\n\n")[0])
     args = lab_settings.flat(settings, iterations="train.num_iterations", seed="train.seed",
                              tasks="rollout.batch_size", rollouts="rollout.n_samples_per_prompt")
-    args.row_v = _rows(args.row)[0]
-    args.compare_v = _rows(args.compare)
-    args.escape_v = _rows(args.escape_with)
-    args.path_v = _rows(args.sizes_path)[0]
+    args.row_v = _rows(args.row, "--row", one=True)[0]
+    args.compare_v = _rows(args.compare, "--compare")
+    args.escape_v = _rows(args.escape_with, "--escape_with")
+    args.path_v = _rows(args.sizes_path, "--sizes_path", one=True)[0]
     return args
 
 

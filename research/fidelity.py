@@ -36,8 +36,10 @@ from research.fidelity_core import (
     select_variants,
 )
 from research.oracle import ExactOracle
+from progpo.envs.spec import spec
 from progpo.envs.synthetic.families import get_family, make_tasks
 from progpo.bounds import check_fields, number
+from progpo.run.flags import check_writable, comma_list
 from progpo.run.settings import EnvSettings, RolloutSettings
 from research import settings as lab_settings
 from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
@@ -166,7 +168,7 @@ class FidelityArgs:
     """replace the generated block of docs/fidelity.md"""
     games: str = "0"
     """--mode alfworld: comma list of game indices of --split"""
-    split: str = "valid_seen"
+    split: str = field(default="valid_seen", metadata={"choices": lambda: spec("alfworld").splits})
     """--mode alfworld: ALFWorld split of --games"""
     p_expert: float = number(0.8, "[0, 1]")
     """--mode alfworld: probability of the walkthrough action"""
@@ -181,6 +183,51 @@ class FidelityArgs:
             raise ValueError("--env.max_steps must be >= 1, got None")
         check_fields(self, lambda name: f"--{name}")
         n_list(self.n_rollouts)
+        estimator_names(self.estimators)
+        try:
+            get_family(self.family)
+        except ValueError as exc:
+            raise ValueError(f"--family: {exc}") from None
+        if self.mode == "alfworld":
+            game_list(self.games)
+        if self.write_docs and self.quick:
+            raise ValueError("--write_docs: a --quick run's tiny settings are not written into the docs; drop one")
+        check_writable(self.out, "--out")
+
+
+def estimator_names(text: str | None) -> list[str] | None:
+    """The rows of ``--estimators`` (None: all), each checked (:func:`select_variants`).
+
+    Raises:
+        ValueError: naming ``--estimators``: an empty list or entry, or a row that is neither a named variant nor
+            a row spec.
+    """
+    if text is None:
+        return None
+    names = comma_list(text, "--estimators")
+    if not names:
+        raise ValueError(f"--estimators must name at least one row (none: all), got {text!r}")
+    try:
+        select_variants(names)
+    except ValueError as exc:
+        raise ValueError(f"--estimators: {exc}") from None
+    return names
+
+
+def game_list(text: str) -> list[int]:
+    """The game indices of ``--games`` (comma list of ints >= 0).
+
+    Raises:
+        ValueError: naming ``--games``.
+    """
+    try:
+        values = [int(x) for x in comma_list(text, "--games")]
+    except ValueError as exc:
+        raise ValueError(exc if str(exc).startswith("--games") else
+                         f"--games must be a comma list of game indices, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise ValueError(f"--games must list game indices >= 0, got {text!r}")
+    return values
 
 
 def n_list(text: str) -> list[int]:
@@ -190,9 +237,10 @@ def n_list(text: str) -> list[int]:
         ValueError: naming ``--n_rollouts``.
     """
     try:
-        values = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--n_rollouts must be a comma list of ints, got {text!r}") from None
+        values = [int(x) for x in comma_list(text, "--n_rollouts")]
+    except ValueError as exc:
+        raise ValueError(exc if str(exc).startswith("--n_rollouts") else
+                         f"--n_rollouts must be a comma list of ints, got {text!r}") from None
     if not values or min(values) < 1:
         raise ValueError(f"--n_rollouts must list ints >= 1, got {text!r}")
     return values
@@ -224,7 +272,7 @@ def _encoder(kind: str) -> tuple[CachedEncoder | None, float]:
 def run_synthetic(args: argparse.Namespace) -> str:
     """The synthetic benchmark: main tables per N, the sweep, PNGs; returns the markdown report."""
     t_start, c_start = time.perf_counter(), time.process_time()
-    variants = select_variants(args.estimators.split(",") if args.estimators else None)
+    variants = select_variants(estimator_names(args.estimators))
     family = get_family(args.family)
     base_cfg = family.fidelity_cfg
     if args.quick:

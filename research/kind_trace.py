@@ -43,6 +43,7 @@ from research.fidelity_core import select_variants
 from research.learner import Context, build_source, make_context
 from progpo.bounds import check_fields, number
 from progpo.run.settings import RolloutSettings
+from progpo.run.flags import comma_list
 from research import settings as lab_settings
 from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
 
@@ -224,15 +225,30 @@ class KindsArgs:
                                                n_samples_per_prompt=8)
     every: int = 5
     """probe every this many iterations"""
-    sign_threshold: float = 0.1
+    sign_threshold: float = number(0.1, ">= 0")
     """|A*| from which a step counts for sign"""
     workers: int = 1
     """processes compiling the task pool"""
 
     def __post_init__(self) -> None:
-        check_counts(self, {"seeds": 1, "every": 1, "workers": 1})
+        check_counts(self, {"seeds": 1, "every": 1, "workers": 1, "task_seed": 0})
         check_fields(self, lambda name: f"--{name}")
         get_family(self.family)
+
+
+def _rows(text: str, flag: str, *, one: bool = False) -> list:
+    """The rows of comma-list flag ``flag`` (:func:`select_variants`); ``one``: exactly one row.
+
+    Raises:
+        ValueError: naming ``flag``: no row (or more than one), an empty entry, a row that is no estimator.
+    """
+    names = comma_list(text, flag)
+    if not names or (one and len(names) > 1):
+        raise ValueError(f"{flag} must name {'one row' if one else 'at least one row'}, got {text!r}")
+    try:
+        return select_variants(names)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -245,8 +261,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     settings = lab_settings.parse(KindsArgs, argv, "python -m research kinds", __doc__.split("\n\n")[0])
     args = lab_settings.flat(settings, path="path_row", iterations="train.num_iterations", tasks="rollout.batch_size",
                              rollouts="rollout.n_samples_per_prompt")
-    args.path_v = select_variants([args.path])[0]
-    args.rows_v = select_variants([r.strip() for r in args.rows.split(",") if r.strip()])
+    args.path_v = _rows(args.path, "--path_row", one=True)[0]
+    args.rows_v = _rows(args.rows, "--rows")
     if args.path_v.exact or any(r.exact for r in args.rows_v):
         raise ValueError("--path_row/--rows: the oracle row is the truth itself; name estimator rows")
     return args

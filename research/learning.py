@@ -19,6 +19,7 @@ ranks the rows' learning.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -36,6 +37,7 @@ from research.learner import RunSpec, build_source, make_context, run_all
 from research.survival import COLLAPSE_RATIO, FINAL_WINDOW, MIN_DROP, PEAK_WINDOW
 from research.survival import steps_to_target  # noqa: F401  (re-exported: the benchmark's definition)
 from progpo.bounds import check_fields, number
+from progpo.run.flags import check_writable, comma_list
 from progpo.run.settings import RolloutSettings
 from research import settings as lab_settings
 from research.settings import LabTrainSettings, check_counts, rollout_section, train_section
@@ -89,7 +91,7 @@ class LearningArgs:
     """on-policy fidelity every k iterations (0 = off)"""
     fixed_fidelity_batches: int = 20
     """batches of the fixed-policy fidelity table on the same tasks (0 = skip)"""
-    sign_threshold: float = 0.1
+    sign_threshold: float = number(0.1, ">= 0")
     """|A*| above which a step counts for sign"""
     encoder: Literal["auto", "minilm", "none"] = "auto"
     """ProGPO's semantic expansion encoder (auto: minilm if fixed, none if fresh)"""
@@ -104,13 +106,37 @@ class LearningArgs:
 
     def __post_init__(self) -> None:
         check_counts(self, {"seeds": 1, "workers": 1, "sweep_seeds": 1, "pool": 0, "probe_every": 0,
-                            "fixed_fidelity_batches": 0})
+                            "fixed_fidelity_batches": 0, "task_seed": 0})
         check_fields(self, lambda name: f"--{name}")
         parse_lr_grid(self.lr_sweep)
         family = get_family(self.family)
         if self.task_preset and self.task_preset not in family.presets:
             raise ValueError(f"--task_preset: family {self.family} has no preset {self.task_preset!r}; "
                              f"presets: {sorted(family.presets)}")
+        try:
+            family_config(family, "learn", comma_list(self.task_config, "--task_config"), self.task_preset)
+        except ValueError as exc:
+            raise ValueError(exc if str(exc).startswith("--") else f"--task_config: {exc}") from None
+        parse_rows(self.estimators)
+        check_reference(self.reference)
+        if self.write_docs and self.quick:
+            raise ValueError("--write_docs: a --quick run's tiny settings are not written into the docs; drop one")
+        check_writable(self.out, "--out")
+
+
+def check_reference(name: str) -> None:
+    """Refuse a ``--reference`` that names no row at all (a typo; '' = none). A real row that ``--estimators``
+    leaves out still means no ratio column.
+
+    Raises:
+        ValueError: naming ``--reference``.
+    """
+    if not name:
+        return
+    try:
+        parse_rows(name)
+    except ValueError as exc:
+        raise ValueError(f"--reference: {exc}".replace("--reference: --estimators: ", "--reference: ")) from None
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -144,11 +170,12 @@ def parse_lr_grid(text: str) -> list[float]:
         ValueError: naming ``--lr_sweep``: an entry that is not a number, or a rate that is not > 0.
     """
     try:
-        lrs = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--lr_sweep must be a comma list of numbers, got {text!r}") from None
-    if any(not x > 0 for x in lrs):
-        raise ValueError(f"--lr_sweep rates must be > 0, got {text!r}")
+        lrs = [float(x) for x in comma_list(text, "--lr_sweep")]
+    except ValueError as exc:
+        raise ValueError(exc if str(exc).startswith("--lr_sweep") else
+                         f"--lr_sweep must be a comma list of numbers, got {text!r}") from None
+    if any(not (x > 0 and math.isfinite(x)) for x in lrs):
+        raise ValueError(f"--lr_sweep rates must be finite numbers > 0, got {text!r}")
     return lrs
 
 
@@ -160,7 +187,7 @@ def parse_rows(spec: str) -> list:
         ValueError: naming the row that is neither (and that ``oracle`` is also a row here).
     """
     rows = []
-    for name in dict.fromkeys(s.strip() for s in spec.split(",") if s.strip()):
+    for name in dict.fromkeys(comma_list(spec, "--estimators")):
         if name == ORACLE_ROW:
             rows.append(oracle_variant())
             continue
@@ -207,7 +234,7 @@ def run(args: argparse.Namespace) -> str:
     """Sweep (optional), final runs, tables; returns the markdown report (and writes the PNG)."""
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     family = get_family(args.family)
-    cfg = family_config(family, "learn", [x for x in args.task_config.split(",") if x.strip()], args.task_preset)
+    cfg = family_config(family, "learn", comma_list(args.task_config, "--task_config"), args.task_preset)
     rows = args.rows
     names = [r.name for r in rows]
     estimators = [r.name for r in rows if not r.exact]  # the rows with something to measure (no oracle)

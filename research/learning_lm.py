@@ -58,7 +58,7 @@ from research import learning_report as lr_report
 from research import report
 from research.fidelity_core import ORACLE_ROW, Variant, config_base, mean_ci
 from research.learner import RunResult, RunSpec
-from research.learning import SWEEP_SEED0, parse_lr_grid, parse_rows
+from research.learning import SWEEP_SEED0, check_reference, parse_lr_grid, parse_rows
 from research.survival import fmt_steps
 from progpo.bounds import check_fields, number
 from progpo.run import flags
@@ -187,11 +187,13 @@ class LearningLMArgs:
         if not parse_lr_grid(self.lr_sweep):
             raise ValueError(f"--lr_sweep needs at least one rate, got {self.lr_sweep!r}")
         envs = _synthetic_envs()
-        env_list = [e.strip() for e in self.envs.split(",") if e.strip()]
+        env_list = flags.comma_list(self.envs, "--envs")
         if not env_list or any(e not in envs for e in env_list):
             raise ValueError(f"--envs must name synthetic envs of {envs}, got {self.envs!r}")
         if ORACLE_ROW in [s.strip() for s in self.estimators.split(",")]:
             raise ValueError(f"--estimators: {NO_ORACLE}")
+        check_reference(self.reference)
+        flags.check_writable(self.out, "--out")
 
     @classmethod
     def for_regime(cls, regime: str) -> LearningLMArgs:
@@ -245,7 +247,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.pool is None:
         args.pool = 0 if regime == "fresh" else args.tasks
     args.lrs = parse_lr_grid(args.lr_sweep)
-    args.env_list = [e.strip() for e in args.envs.split(",") if e.strip()]
+    args.env_list = flags.comma_list(args.envs, "--envs")
     args.rows = parse_rows(args.estimators)
     if args.out is None:  # one folder per regime: a run folder of other flags would be removed as stale
         args.out = f"runs/bench/{block_name(args.regime, args.iterations)}"

@@ -346,12 +346,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from research import settings as lab_settings
 
-    args = lab_settings.parse(ReportArgs, sys.argv[1:] if argv is None else argv, "python -m research.learning_report",
-                              main.__doc__)
-    with open(args.runs, "rb") as fh:
-        final = pickle.load(fh)["final"]  # noqa: S301 - our own run files
+    from progpo.run.flags import comma_list
+
+    prog = "python -m research.learning_report"
+    try:
+        args = lab_settings.parse(ReportArgs, sys.argv[1:] if argv is None else argv, prog, main.__doc__)
+        references = comma_list(args.references, "--references")
+        with open(args.runs, "rb") as fh:
+            final = pickle.load(fh)["final"]  # noqa: S301 - our own run files
+    except (ValueError, OSError) as exc:  # a bad flag or an unreadable file: one line, exit 2
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, AttributeError, ImportError) as exc:
+        print(f"{prog}: error: --runs {args.runs} is no learning run's *-runs.pkl ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
+        return 2
     oracle = args.oracle if args.oracle in final else None
-    print(ratio_table(final, [r for r in args.references.split(",") if r], args.target, oracle))
+    try:
+        print(ratio_table(final, references, args.target, oracle))
+    except ValueError as exc:  # a reference that is no row of the run
+        print(f"{prog}: error: --references: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from progpo.run.flags import one_line_errors
 from research.report import Provenance, parse_provenance
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,6 +118,9 @@ def learning_table(text: str, draw: str, names: Sequence[str]) -> list[str]:
         col = {}
         for line in rows[2:]:
             c = cells(line)
+            if len(c) != len(head):
+                raise SourceError(f"block {name!r}: a Learning table row has {len(c)} cells, its header {len(head)}: "
+                                  f"{line.strip()!r}")
             col[c[0]] = c[ratio] + ("" if c[collapsed].startswith("0/") else f", {c[collapsed]} collapsed")
             if c[0] not in order:
                 order.append(c[0])
@@ -145,6 +149,9 @@ def fidelity_table(text: str) -> list[str]:
         for row in FIDELITY_ROWS:
             if row not in rows:
                 raise SourceError(f"block {name!r}: no row {row!r} in its N = 8 table")
+            if len(rows[row]) < 5:
+                raise SourceError(f"block {name!r}: row {row!r} of its N = 8 table has {len(rows[row])} cells, "
+                                  f"not the 5 it needs (row, sign agree, Spearman, Pearson, NMSE)")
             out.append(f"| {family} | {row} | " + " | ".join(rows[row][1:5]) + " |")
     return out + ["", FIDELITY_NOTE, ""] + _provenance(names, runs, list(FIDELITY))
 
@@ -200,6 +207,7 @@ def render(blocks_text: str, training_text: str) -> str:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """``--write`` or ``--check`` (one of them)."""
     ap = argparse.ArgumentParser(prog="python -m research results", description=__doc__.split("\n")[0])
+    one_line_errors(ap)  # no usage dump, and --chec is no --check
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="write docs/results.md")
     mode.add_argument("--check", action="store_true", help="exit 1 when docs/results.md is stale")
@@ -210,15 +218,20 @@ def main(argv: Sequence[str] | None = None, page: Path = PAGE, blocks: Path = BL
     """Write or check ``page``; exit 1 when it is stale (``--check``), 2 when a source lacks what it needs."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        text = render(blocks.read_text(), training.read_text())
+        text = render(blocks.read_text(encoding="utf-8"), training.read_text(encoding="utf-8"))
+        current = page.read_text(encoding="utf-8") if page.exists() else None
+        if args.write:
+            page.write_text(text, encoding="utf-8")
     except SourceError as e:
         print(f"research results: {e}", file=sys.stderr)
         return 2
+    except (OSError, UnicodeDecodeError) as e:  # a source or the page missing, unreadable, a folder, not UTF-8
+        print(f"research results: {e}", file=sys.stderr)
+        return 2
     if args.write:
-        page.write_text(text)
         print(f"wrote {page}")
         return 0
-    if page.exists() and page.read_text() == text:
+    if current == text:
         print(f"{page} is current")
         return 0
     print(f"{page} is stale: run `python -m research results --write`", file=sys.stderr)

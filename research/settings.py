@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -44,8 +45,15 @@ def rollout_section(*only: str, **values: Any) -> Any:
     return field(default_factory=lambda: RolloutSettings(**values), metadata={"flags": only})
 
 
+def max_workers() -> int:
+    """The most ``--workers`` a lab command takes: 4 per CPU of this machine, at least 8 (each worker is a forked
+    process, all started at once: ``--workers 100000`` forked until the machine stalled)."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
 def check_counts(obj: Any, lows: Mapping[str, int]) -> None:
-    """Refuse an integer field of ``obj`` below its least value: ``lows`` maps field name -> least value.
+    """Refuse an integer field of ``obj`` below its least value: ``lows`` maps field name -> least value; a
+    ``workers`` field is also held to :func:`max_workers`.
 
     Raises:
         ValueError: ``--name must be >= low, got value`` for the first such field (its flag is the field name).
@@ -54,6 +62,9 @@ def check_counts(obj: Any, lows: Mapping[str, int]) -> None:
         value = getattr(obj, name)
         if value is None or value < low:
             raise ValueError(f"--{name} must be >= {low}, got {value}")
+        if name == "workers" and value > max_workers():
+            raise ValueError(f"--workers must be <= {max_workers()} (4 per CPU of this machine, at least 8), "
+                             f"got {value}")
 
 
 def build_parser(cls: type, prog: str, description: str) -> argparse.ArgumentParser:

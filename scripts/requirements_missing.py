@@ -51,28 +51,43 @@ def project_requirements(folder: str, extras: list[str]) -> list[str]:
     """``[project] dependencies`` of ``folder``/pyproject.toml plus those of each extra in ``extras``.
 
     Raises:
-        OSError: no readable pyproject.toml. ValueError: the file is not TOML, or an extra is not declared.
+        OSError: no readable pyproject.toml. ValueError: the file is not TOML, has no ``[project]`` table, a
+        dependency list that is not a list of strings (a string was read letter by letter), or an extra is not
+        declared.
     """
     path = os.path.join(folder, "pyproject.toml")
     with open(path, "rb") as f:
         try:
-            project = tomllib.load(f).get("project", {})
+            project = tomllib.load(f).get("project")
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"{path}: not TOML ({exc})") from exc
+    if not isinstance(project, dict):
+        raise ValueError(f"{path}: no [project] table")
     declared = project.get("optional-dependencies", {})
-    out = list(project.get("dependencies", []))
+    if not isinstance(declared, dict):
+        raise ValueError(f"{path}: [project] optional-dependencies must be a table of lists")
+    out = _strings(project.get("dependencies", []), f"{path}: [project] dependencies")
     for extra in extras:
         if extra not in declared:
             raise ValueError(f"{path}: no extra {extra!r} (declared: {', '.join(sorted(declared)) or 'none'})")
-        out += declared[extra]
+        out += _strings(declared[extra], f"{path}: extra {extra!r}")
     return out
+
+
+def _strings(value: object, what: str) -> list[str]:
+    """``value`` when it is a list of strings; ValueError naming ``what`` otherwise."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} must be a list of requirement strings, got {value!r}")
+    return list(value)
 
 
 def source_requirements(source: str) -> list[str]:
     """The requirement strings of one SOURCE: a project folder (``.[cpu,tests]``) or a requirements file."""
     m = _PROJECT.match(source)
     if m and os.path.isdir(m["path"]):
-        extras = [e.strip() for e in (m["extras"] or "").split(",") if e.strip()]
+        extras = [e.strip() for e in m["extras"].split(",")] if m["extras"] and m["extras"].strip() else []
+        if not all(extras):
+            raise ValueError(f"{source}: an empty extra name (extras: .[a,b])")
         return project_requirements(m["path"], extras)
     return requirement_lines(source)
 
@@ -114,7 +129,7 @@ def missing(sources: list[str], everything: bool = False) -> list[str]:
             try:
                 req = Requirement(line)
             except InvalidRequirement as exc:
-                raise ValueError(f"{source}: not a requirement line: {line!r} ({exc})") from exc
+                raise ValueError(f"{source}: not a requirement line: {line!r} ({' '.join(str(exc).split())})") from exc
             if (everything or not satisfied(req)) and line not in out:
                 out.append(line)
     return out
@@ -124,6 +139,10 @@ def main(argv: list[str]) -> int:
     """Print the missing requirements of the sources named in ``argv``; exit code 2 on a bad source."""
     everything = "--all" in argv
     sources = [a for a in argv if a != "--all"]
+    unknown = [a for a in sources if a.startswith("-")]
+    if unknown:
+        sys.stderr.write(f"error: unknown option {unknown[0]} (expected --all, then SOURCE...)\n")
+        return 2
     try:
         lines = missing(sources, everything)
     except (OSError, ValueError) as exc:

@@ -23,19 +23,14 @@ The launch code is :mod:`progpo.openrlhf.launch`; see ``docs/distributed.md``.
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import os
-import re
 import sys
-import typing
 
 from progpo.bounds import Range
-from progpo.run.flags import as_flag_error, check_numbers, option_strings
+from progpo.run.flags import as_flag_error, check_numbers, one_line_errors
 
 logger = logging.getLogger(__name__)
-
-HELP_HINT = "python -m progpo.cli.train_ray --help lists every flag"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,35 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
 
         parser = openrlhf_parser()
     parser.prog = "python -m progpo.cli.train_ray"
-    parser.allow_abbrev = False  # a prefix of a flag is no flag (--logger.tensorboard was read as ..._dir)
     parser.description = __doc__.split("\n")[0]
     one_line_errors(parser)
     add_advantage_flags(parser)
     launch.add_flags(parser)
-    return parser
-
-
-def error_hint(parser: argparse.ArgumentParser, message: str) -> str:
-    """The hint line under a flag error: close flag names for an unknown flag, else where to look."""
-    m = re.search(r"unrecognized arguments: (\S+)", message)
-    if m:
-        wrong = m.group(1).split("=", 1)[0]
-        close = difflib.get_close_matches(wrong, option_strings(parser), n=3, cutoff=0.6)
-        if close:
-            return f"did you mean {' or '.join(close)}? ({HELP_HINT})"
-    m = re.search(r"argument (--[\w.]+)", message)
-    if m:
-        return f"python -m progpo.cli.train_ray --help | grep -A2 -- '{m.group(1)}' shows what it takes"
-    return HELP_HINT
-
-
-def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Make ``parser.error`` print ``<prog>: error: <message>`` and one hint line (no usage dump), exit 2."""
-
-    def error(message: str) -> typing.NoReturn:
-        parser.exit(2, f"{parser.prog}: error: {message}\n  hint: {error_hint(parser, message)}\n")
-
-    parser.error = error  # type: ignore[method-assign]
     return parser
 
 

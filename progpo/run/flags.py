@@ -39,10 +39,12 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import difflib
 import enum
 import functools
 import inspect
 import math
+import os
 import re
 import sys
 import textwrap
@@ -304,6 +306,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
     """
     if isinstance(parser, argparse.ArgumentParser):
         accept_negative_numbers(parser)
+        one_line_errors(parser)
     target = parser.add_argument_group(title) if title else parser
     flags = list(iter_flags(cls, prefix, defaults, only=only, skip=skip))
     for flag in flags:
@@ -316,6 +319,73 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, *, prefix: Sequence[st
                             help=f"{flag.help} ({shown})".strip(), **kwargs)
     return flags
 
+
+def error_hint(parser: argparse.ArgumentParser, message: str) -> str:
+    """The hint line under a flag error of ``parser``: close flag names for an unknown flag, else where to look."""
+    help_hint = f"{parser.prog} --help lists every flag"
+    m = re.search(r"unrecognized arguments: (\S+)", message)
+    if m:
+        wrong = m.group(1).split("=", 1)[0]
+        close = difflib.get_close_matches(wrong, option_strings(parser), n=3, cutoff=0.6)
+        if close:
+            return f"did you mean {' or '.join(close)}? ({help_hint})"
+    m = re.search(r"argument (--[\w.]+)", message)
+    if m:
+        return f"{parser.prog} --help | grep -A2 -- '{m.group(1)}' shows what it takes"
+    return help_hint
+
+
+def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser.error`` print ``<prog>: error: <message>`` and one hint line (:func:`error_hint`; no usage
+    dump), exit 2; and take no prefix of a flag for the flag (``allow_abbrev``: ``--est`` was read as
+    ``--estimators``, ``--n`` as ``--n_rollouts``). :func:`add_flags` does this to every parser it is given."""
+
+    def error(message: str) -> typing.NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message}\n  hint: {error_hint(parser, message)}\n")
+
+    parser.allow_abbrev = False
+    parser.error = error  # type: ignore[method-assign]
+    return parser
+
+
+def comma_list(text: str | None, flag: str) -> list[str]:
+    """The entries of comma-list flag ``flag``, stripped, in order; ``""`` (or None) is the empty list.
+
+    Raises:
+        ValueError: an empty entry (``1,,2``, ``a,``, ``,``), naming ``flag``: it was dropped without a word.
+    """
+    if text is None or not str(text).strip():
+        return []
+    items = [s.strip() for s in str(text).split(",")]
+    if not all(items):
+        raise ValueError(f"{flag} has an empty entry, got {text!r} (a comma list: a,b,c)")
+    return items
+
+
+def check_writable(path: str | None, flag: str, *, folder: bool = True) -> None:
+    """Refuse, before any work, an output path the run could only fail to write at its end.
+
+    ``path`` (a folder, or with ``folder=False`` a file; None: no output) must not be empty, must not be a file
+    where a folder is wanted or a folder where a file is, and its nearest existing parent must be a folder this
+    process may write.
+
+    Raises:
+        ValueError: naming ``flag`` and the path.
+    """
+    if path is None:
+        return
+    if not str(path).strip():
+        raise ValueError(f"{flag} must name a {'folder' if folder else 'file'}, got {path!r}")
+    p = os.path.abspath(os.path.expanduser(str(path)))
+    if os.path.exists(p) and os.path.isdir(p) != folder:
+        raise ValueError(f"{flag} {path} is a {'file' if folder else 'folder'}; choose a {'folder' if folder else 'file'}")
+    probe = p if folder and os.path.isdir(p) else os.path.dirname(p)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ValueError(f"{flag} {path} lies under {probe}, which is a file")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: {probe} is not writable")
 
 
 #: what argparse reads as a value, not an option, after a flag: a negative number in any form ``float`` takes.

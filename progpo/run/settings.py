@@ -170,6 +170,8 @@ class TrainSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--train.{name} must be >= 1, got {value}")
+        if self.seed < 0:  # numpy's generators take no negative seed: refused here, not deep in the run
+            raise ValueError(f"--train.seed must be >= 0, got {self.seed}")
 
     def iterations(self, num_tasks: int, tasks_per_iteration: int) -> int:
         """The run's length in iterations: ``num_iterations``, or one pass over ``num_tasks`` tasks,
@@ -195,6 +197,8 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if self.num_tasks is not None and self.num_tasks < 0:
             raise ValueError(f"--eval.num_tasks must be >= 0, got {self.num_tasks}")
+        if self.seed < 0:
+            raise ValueError(f"--eval.seed must be >= 0, got {self.seed}")
         if self.n_samples < 1:
             raise ValueError(f"--eval.n_samples must be >= 1, got {self.n_samples}")
         if self.task_offset < 0:

@@ -53,3 +53,12 @@ def test_speed_bench_rows_are_the_published_estimators():
     # the peers' rows time their paper's settings
     assert (rows["crbc"].crbc_beta, rows["crbc"].omega, rows["graft"].graft_gamma, rows["pgpo"].estimator) == (
         0.98, 5.0, 0.99, "pgpo")
+
+
+def test_a_data_folder_that_is_not_there_is_one_line(tmp_path, capsys):
+    # a FileNotFoundError naming the folder ended the benchmark with a traceback
+    from benchmarks.__main__ import main
+
+    assert main(["alfworld", "--env.data_dir", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m benchmarks alfworld: error:") and "nope" in err[0], err

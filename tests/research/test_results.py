@@ -184,3 +184,41 @@ def test_every_command_the_page_names_parses():
             parsers[prefix](shlex.split(cmd[len(prefix):]))
         except SystemExit as exc:
             pytest.fail(f"{cmd!r} does not parse (exit {exc.code})")
+
+
+def _short_row(text: str, block: str, table: str, row: str) -> str:
+    """``text`` with the ``row`` line of ``block``'s ``table`` cut to its first two cells."""
+    start = text.index(f"<!-- BEGIN {block} (generated) -->")
+    line_start = text.index(f"\n| {row} |", text.index(table, start)) + 1
+    line_end = text.index("\n", line_start)
+    return text[:line_start] + f"| {row} | 1.0 |" + text[line_end:]
+
+
+@pytest.mark.parametrize("block, table, row, words", [
+    ("i32-learning-alfworld-fixed", "**Learning**", "progpo", "a Learning table row has 2 cells"),  # was IndexError
+    ("fidelity", "**N = 8**", "grpo", "row 'grpo' of its N = 8 table has 2 cells"),  # was a silently short row
+])
+def test_a_short_table_row_is_one_clear_line(tmp_path, capsys, block, table, row, words):
+    blocks = tmp_path / "fidelity-results.md"
+    blocks.write_text(_short_row(results.BLOCKS.read_text(), block, table, row))
+    assert results.main(["--check"], blocks=blocks) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"research results: block {block!r}: {words}"), err
+
+
+def test_a_missing_or_unreadable_source_or_page_is_one_clear_line(tmp_path, capsys):
+    assert results.main(["--check"], blocks=tmp_path / "gone.md") == 2  # was a FileNotFoundError traceback
+    assert "gone.md" in capsys.readouterr().err
+    (tmp_path / "bad.md").write_bytes(b"\xff\xfe not utf-8")
+    assert results.main(["--check"], training=tmp_path / "bad.md") == 2
+    assert "utf-8" in capsys.readouterr().err
+    (tmp_path / "page").mkdir()
+    assert results.main(["--write"], page=tmp_path / "page") == 2  # IsADirectoryError after the render
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Is a directory" in err, err
+
+
+def test_a_prefix_of_check_is_no_flag(capsys):
+    with pytest.raises(SystemExit) as exc:
+        results.main(["--write", "--chec"])  # --chec was read as --check
+    assert exc.value.code == 2 and "unrecognized arguments: --chec" in capsys.readouterr().err

@@ -90,6 +90,31 @@ b = ["another-missing-xyz"]
     assert res.returncode == 2 and res.stderr == f"error: {folder}/pyproject.toml: no extra 'c' (declared: a, b)\n"
 
 
+@pytest.mark.parametrize("text, words", [
+    ('[project]\nname = "x"\ndependencies = "numpy"\n', "[project] dependencies must be a list of requirement strings"),
+    ('[project]\nname = "x"\ndependencies = [42]\n', "[project] dependencies must be a list"),  # was a TypeError
+    ('[project]\nname = "x"\n[project.optional-dependencies]\na = "numpy"\n', "extra 'a' must be a list"),
+    ('[tool.x]\ny = 1\n', "no [project] table"),  # nothing was checked, and all looked met
+    ('[project]\nname = "x"\ndependencies = ["torch>=>2"]\n', "not a requirement line: 'torch>=>2'"),
+])
+def test_check_refuses_a_malformed_project_in_one_line(tmp_path, text, words):
+    # a string of dependencies was read letter by letter: 'n', 'u', 'm', 'p', 'y' were the missing requirements
+    folder = _project(tmp_path, text)
+    res = subprocess.run([sys.executable, str(CHECK), f"{folder}[a]" if "extra" in words else str(folder)],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert len(res.stderr.strip().splitlines()) == 1 and words in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("args, words", [(["--bogus"], "unknown option --bogus"),
+                                         (["{folder}[a,,b]"], "an empty extra name")])
+def test_check_refuses_an_unknown_option_and_an_empty_extra(tmp_path, args, words):
+    folder = _project(tmp_path, '[project]\nname = "x"\n[project.optional-dependencies]\na = []\nb = []\n')
+    res = subprocess.run([sys.executable, str(CHECK), *(a.format(folder=folder) for a in args)], capture_output=True,
+                         text=True)
+    assert res.returncode == 2 and words in res.stderr, res.stderr
+
+
 def test_project_requirements_are_all_met_here():
     res = subprocess.run([sys.executable, str(CHECK), ".[cpu,research,tests]", "requirements-nodeps.txt"], cwd=REPO,
                          capture_output=True, text=True, check=True)
