@@ -9,27 +9,16 @@ before a sync, ``generate`` from the agent executor.
 
 from __future__ import annotations
 
-import asyncio
-import importlib.metadata
 import json
-import socket
-import threading
 
 import pytest
 import torch
 
 from progpo.openrlhf.cpu import vllm_setup
-from progpo_tests.vllm_cpu import pretend_vllm_cpu
+from progpo_tests.vllm_cpu import has_vllm_cpu, pretend_vllm_cpu
 
 
-def _version_ok() -> bool:
-    try:
-        return importlib.metadata.version("vllm-cpu") == vllm_setup.VLLM_CPU_VERSION
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-HAS_VLLM_CPU = _version_ok()
+HAS_VLLM_CPU = has_vllm_cpu()
 
 needs_vllm = pytest.mark.skipif(not HAS_VLLM_CPU, reason=f"vllm-cpu=={vllm_setup.VLLM_CPU_VERSION} not installed")
 
@@ -118,53 +107,6 @@ def test_vllm_cpu_s_own_head_sizes_take_the_test_model_and_refuse_16(tmp_path):
 
 
 # ---- the real engine --------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Engine:
-    """One vllm-cpu engine (OpenRLHF's actor class, constructed in this process) on its own event loop."""
-
-    def __init__(self, model: str, dtype: str) -> None:
-        from progpo.openrlhf.cpu.vllm_engine import VllmCPURolloutActor
-
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        cls = VllmCPURolloutActor.__ray_actor_class__
-        self.actor = cls.__new__(cls)
-        kwargs = dict(model=model, enforce_eager=False, worker_extension_cls="openrlhf...WorkerWrap",
-                      tensor_parallel_size=1, seed=0, distributed_executor_backend="uni", max_model_len=256,
-                      enable_prefix_caching=True, dtype="bfloat16", trust_remote_code=True, full_determinism=False,
-                      gpu_memory_utilization=0.9, num_gpus=0, enable_sleep_mode=True)  # as OpenRLHF passes them
-        self.call(self.actor.__init__(progpo_dtype=dtype, **kwargs))
-
-    def call(self, coro, timeout: float = 600):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-        from vllm import SamplingParams
-
-        out = self.call(self.actor.generate(prompt, SamplingParams(temperature=0, max_tokens=n, logprobs=0,
-                                                                   ignore_eos=True))).outputs[0]
-        return list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    if not HAS_VLLM_CPU:
-        pytest.skip(f"vllm-cpu=={vllm_setup.VLLM_CPU_VERSION} not installed")
-    import os
-
-    from progpo.run.tiny_model import tiny_model_path
-
-    os.environ.setdefault("RAY_ADDRESS", "none")  # OpenRLHF's constructor only reads it (no Ray here)
-    eng = Engine(str(tiny_model_path(head_dim=32)), "float32")
-    yield eng
-    eng.actor.llm.shutdown()
-
-
 def _hf_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """``[T]`` log-probs (nats) of ``tokens`` after ``prompt`` under an HF model, fp32."""
     with torch.no_grad():
@@ -182,31 +124,15 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-def _sync(engine: Engine, state: dict[str, torch.Tensor], port: int) -> None:
-    """OpenRLHF's broadcast: per parameter ``update_weight`` on the engine while rank 0 broadcasts it, the last one
-    with ``empty_cache=True`` (as ``ActorPPOTrainer.broadcast_to_vllm`` marks it)."""
-    from progpo.openrlhf.cpu.runtime import StatelessGlooGroup
-
-    group: dict = {}
-    joined = threading.Thread(target=lambda: group.setdefault("g", StatelessGlooGroup("127.0.0.1", port, 0, 2)))
-    joined.start()
-    engine.call(engine.actor.init_process_group("127.0.0.1", port, 1, 2, "openrlhf", "gloo", False))
-    joined.join(60)
-    for count, (name, tensor) in enumerate(state.items(), start=1):  # OpenRLHF marks the last with empty_cache
-        update = engine.actor.update_weight(name, tensor.dtype, tensor.shape, empty_cache=count == len(state))
-        fut = asyncio.run_coroutine_threadsafe(update, engine.loop)
-        group["g"].broadcast(tensor.clone(), 0)
-        fut.result(120)
-
-
 @needs_vllm
-def test_engine_weights_and_logprobs_follow_the_sync(engine):
+def test_engine_weights_and_logprobs_follow_the_sync(vllm_cpu_engine):
     """After OpenRLHF's sync (prefix cache reset first, as its ``broadcast_to_vllm`` does) the engine holds the
     actor's weights exactly (fp32) and its log-probs of a fixed prompt are the new model's, not the old one's."""
     from transformers import AutoModelForCausalLM
 
     from progpo.run.tiny_model import tiny_model_path
 
+    engine = vllm_cpu_engine
     old = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(head_dim=32)), dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(head_dim=32)), dtype=torch.float32)
     torch.manual_seed(0)
@@ -220,8 +146,7 @@ def test_engine_weights_and_logprobs_follow_the_sync(engine):
     state = {n: p.detach().clone() for n, p in new.named_parameters()}
     before = engine.call(engine.actor.progpo_weight_diff(state))
     assert before > 1e-3
-    engine.call(engine.actor.reset_prefix_cache())
-    _sync(engine, state, _free_port())
+    engine.sync(state)
     assert engine.call(engine.actor.progpo_weight_diff(state)) == 0.0
     tokens, lp = engine.greedy(prompt, 8)
     want, stale = _hf_logprobs(new, prompt, tokens), _hf_logprobs(old, prompt, tokens)

