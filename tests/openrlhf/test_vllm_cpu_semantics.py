@@ -155,39 +155,16 @@ def test_a_prompt_over_max_model_len_fails_its_episode_and_the_run_goes_on(vllm_
 
 
 def test_behaviour_logprobs_against_the_trainer_s_old_logprobs(vllm_cpu_engine):
-    """Printed, not asserted (issue 42 item 3): median and p99 of |ratio - 1|, ratio = exp(old - behaviour), over
-    the sampled tokens of 8 prompts, the fp32 engine's behaviour log-probs against the trainer's old log-probs
-    (the same weights, synced in first, in an HF forward as the actor computes them: fp32, and bf16 as
-    ``--ds.param_dtype bf16`` gives on CPU)."""
+    """Printed, not asserted (issue 42 item 3): median and p99 of |ratio - 1| between the fp32 engine's behaviour
+    log-probs and the trainer's old log-probs of the same weights (``progpo_tests.vllm_cpu.ratio_figures``)."""
     from transformers import AutoModelForCausalLM
-    from vllm import SamplingParams
 
     from progpo.run.tiny_model import tiny_model_path
+    from progpo_tests.vllm_cpu import ratio_figures
 
-    engine = vllm_cpu_engine
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(head_dim=32)), dtype=torch.float32)
-    engine.sync({n: p.detach().clone() for n, p in model.named_parameters()})
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(10, 4000, (100,), generator=gen).tolist() for _ in range(8)]
-    behaviour, tokens = [], []
-    for i, prompt in enumerate(prompts):
-        out = engine.call(engine.actor.generate(prompt, SamplingParams(temperature=1.0, top_p=1.0, max_tokens=32,
-                                                                       logprobs=0, seed=i, ignore_eos=True)))
-        out = out.outputs[0]
-        tokens.append(list(out.token_ids))
-        behaviour.append(torch.tensor([d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]))
-    figures = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        actor = model.to(dtype)
-        old = []
-        with torch.no_grad():
-            for prompt, toks in zip(prompts, tokens):
-                logits = actor(torch.tensor([prompt + toks])).logits[0, len(prompt) - 1:-1].float()
-                old.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(toks)[:, None])[:, 0])
-        dev = (torch.cat(old) - torch.cat(behaviour)).exp().sub(1).abs().double()
-        assert dev.numel() == 8 * 32 and torch.isfinite(dev).all()
-        figures[name] = (float(dev.median()), float(torch.quantile(dev, 0.99)))
-    model.to(torch.float32)
+    figures = ratio_figures(vllm_cpu_engine, model)
+    assert set(figures) == {"fp32", "bf16"} and all(0 <= m <= p for m, p in figures.values())
     for name, (median, p99) in figures.items():
         print(f"\n|ratio - 1|, fp32 vllm-cpu engine vs {name} trainer forward, 256 sampled tokens: "
               f"median {median:.2e}, p99 {p99:.2e}")

