@@ -66,8 +66,12 @@ class Engine:
 
         from progpo.openrlhf.cpu.vllm_engine import VllmCPURolloutActor
 
-        support = str(Path(__file__).resolve().parents[1])  # vLLM's engine process imports the processor
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (support, os.environ.get("PYTHONPATH")) if p)
+        import progpo
+
+        # vLLM's engine processes import the processor and our worker extension: this progpo, not an installed one
+        paths = (str(Path(progpo.__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1]))
+        saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_ADDRESS")}
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (*paths, saved["PYTHONPATH"]) if p)
         os.environ.setdefault("RAY_ADDRESS", "none")  # OpenRLHF's constructor only reads it (no Ray here)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
@@ -79,7 +83,14 @@ class Engine:
                       enable_prefix_caching=True, dtype="bfloat16", trust_remote_code=True, full_determinism=False,
                       gpu_memory_utilization=0.9, num_gpus=0, enable_sleep_mode=True,  # as OpenRLHF passes them
                       logits_processors=["progpo_tests.vllm_scripted:ScriptedLogits"])
-        self.call(self.actor.__init__(progpo_dtype=dtype, **kwargs))
+        try:
+            self.call(self.actor.__init__(progpo_dtype=dtype, **kwargs))
+        finally:  # the engine process has started: later tests of the session see the environment they had
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def call(self, coro, timeout: float = 600):
         """Run ``coro`` on the engine's loop and wait for its result."""
