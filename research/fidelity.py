@@ -165,7 +165,7 @@ class FidelityArgs:
     out: str = "runs/bench/fidelity"
     """output folder for PNGs and tables"""
     write_docs: bool = False
-    """replace the generated block of docs/fidelity.md"""
+    """replace the generated block of docs/fidelity-results.md"""
     games: str = "0"
     """--mode alfworld: comma list of game indices of --split"""
     split: str = field(default="valid_seen", metadata={"choices": lambda: spec("alfworld").splits})

@@ -102,7 +102,7 @@ class LearningArgs:
     out: str = "runs/bench/learning"
     """output folder of the report, runs and PNGs"""
     write_docs: bool = False
-    """replace the generated block of docs/fidelity.md"""
+    """replace the generated block of docs/fidelity-results.md"""
 
     def __post_init__(self) -> None:
         check_counts(self, {"seeds": 1, "workers": 1, "sweep_seeds": 1, "pool": 0, "probe_every": 0,

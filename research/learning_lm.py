@@ -156,7 +156,7 @@ class LearningLMArgs:
                                                                  max_epochs=_fixed("sft_epochs"), lr=3e-3),
                              metadata={"flags": ("num_tasks", "max_epochs", "lr")})
     algo: AlgoSettings = field(default_factory=lambda: AlgoSettings(kl=KLSettings(init_coef=0.0)),
-                               metadata={"skip": ("kl.estimator",)})
+                               metadata={"skip": ("kl.estimator", "advantage")})  # rows: --estimators
     pool: int | None = None
     """fixed regime: training tasks, train-split tasks 0..pool-1; the warm start clones them and every iteration draws --rollout.batch_size of them (the trainer's seeded shuffle); None: --rollout.batch_size"""
     target: float = number(0.5, "(0, 1]")
@@ -168,7 +168,7 @@ class LearningLMArgs:
     out: str | None = None
     """run folders and report (None: runs/bench/<block>, learning-lm or learning-lm-fresh)"""
     write_docs: bool = False
-    """replace the generated block of docs/fidelity.md"""
+    """replace the generated block of docs/fidelity-results.md"""
 
     def __post_init__(self) -> None:
         check_counts(self, {"sweep_seeds": 1, "seeds": 1, "workers": 1})

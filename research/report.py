@@ -15,12 +15,14 @@ from pathlib import Path
 
 DOCS_DIR = Path(__file__).resolve().parents[1] / "docs"
 DOCS = DOCS_DIR / "fidelity-results.md"  # the current blocks; a new block goes here
-BLOCK_FILES = (DOCS, DOCS_DIR / "fidelity-history.md")  # where a block is looked up by name
+HISTORY = DOCS_DIR / "fidelity-history.md"  # superseded blocks: read, never written
+BLOCK_FILES = (DOCS,)  # where a block is written: a regenerated block is current, whatever the history holds
 
 
 def block_file(block: str, files: Sequence[Path] = BLOCK_FILES) -> Path:
-    """The docs file that holds the generated block ``block`` (the first of ``files`` with its BEGIN marker),
-    else the first of ``files``: a regenerated block is written where it stands, a new one among the current ones."""
+    """The docs file a regenerated block ``block`` is written to: the first of ``files`` that holds its BEGIN
+    marker, else the first of ``files`` (the current results page; a block that stands only in the history page
+    is superseded there, and its new run is current)."""
     begin = f"<!-- BEGIN {block} (generated) -->"
     for path in files:
         if path.exists() and begin in path.read_text():
@@ -207,7 +209,7 @@ def plot_curves(curves: dict[str, list[tuple[list[float], list[float]]]], path: 
 def write_docs_block(block: str, command: str, text: str, docs: Path | None = None,
                      run: Provenance | None = None) -> None:
     """Replace (or append) the block ``<!-- BEGIN {block} -->...<!-- END {block} -->`` of ``docs`` (default:
-    the file that holds it, :func:`block_file`; a new block goes to docs/fidelity-results.md).
+    :func:`block_file`, docs/fidelity-results.md; a superseded copy in docs/fidelity-history.md stays as it is).
 
     The block holds its provenance header (``run``, default :func:`provenance` of ``command``: the command that
     produced ``text``, today's date, the commit and the machine) and ``text``, its exact output; nothing is

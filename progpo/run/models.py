@@ -152,7 +152,7 @@ def converted_alias(alias: str, models_dir: str | os.PathLike | None = None) -> 
 def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None,
                      flag: str = "--actor.model_name_or_path") -> str:
     """Return an HF folder path for ``--actor.model_name_or_path`` (see module docstring); ``flag`` is the flag
-    the errors name (another command's, e.g. ``bench clone --model``).
+    the errors name (another command's).
 
     Raises:
         FileNotFoundError: neither an existing folder nor a known alias (the message names the flag).
