@@ -203,3 +203,11 @@ def test_a_lab_restating_the_run_length_says_what_it_means_there(command):
     shown = " ".join(out.split())
     assert "--train.num_iterations N rollout + update iterations per run" in shown
     assert "one pass over the training tasks" not in shown
+
+
+def test_no_lab_or_benchmark_command_offers_the_trainers_estimator_flag(clis):
+    """Their rows come from ``--estimators`` (a list compared side by side); a nested ``algo`` section that also
+    showed ``--algo.advantage.estimator`` would be a second, inert spelling of the choice (learning-lm once did)."""
+    offenders = [name for name, flags in clis.items()
+                 if name.startswith(("research ", "benchmarks ")) and "--algo.advantage.estimator" in flags]
+    assert not offenders, offenders
