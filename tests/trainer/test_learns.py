@@ -37,8 +37,8 @@ def _wins(history: list[dict]) -> tuple[int, int]:
 def test_progpo_raises_success_on_the_training_tasks(tmp_path):
     summary = sft_cli.run(sft_cli.parse(ENV + [
         "--actor.model_name_or_path", "tiny-agent", "--ckpt.path", str(tmp_path / "sft"), "--sft.num_tasks", "170",
-        "--train.max_epochs", "1", "--train.batch_size", "8", "--train.micro_batch_size", "8",
-        "--actor.adam.lr", "3e-3", "--rollout.max_new_tokens", "48", "--train.seed", "0",
+        "--sft.max_epochs", "1", "--sft.batch_size", "8", "--train.micro_batch_size", "8",
+        "--sft.lr", "3e-3", "--rollout.max_new_tokens", "48", "--train.seed", "0",
         "--logger.progress_bar", "false"]))
     assert summary["expert_success"]["rate"] == 1.0
     cfg = config_from_args(ENV + [
