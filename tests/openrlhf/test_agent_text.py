@@ -19,31 +19,9 @@ import torch
 
 from progpo.agents.episode import EpisodeConfig, run_episodes
 from progpo.agents.types import Generation, SamplingParams
-from progpo.envs.base import StepResult
 from progpo.envs.local_pool import LocalEnvPool
 from progpo.run.settings import EnvSettings, RolloutSettings
-
-
-class RoomEnv:
-    """One room; ``look`` is the only admissible action; three steps end the episode."""
-
-    def __init__(self, **_: object) -> None:
-        self.t = 0
-
-    def _info(self, invalid: bool = False) -> dict:
-        return {"task": "look around", "task_id": "room", "anchor_observation": "You are in a room.",
-                "admissible_actions": ["look"], "won": False, "invalid_action": invalid}
-
-    def reset(self, *, split: str, index: int | None = None, seed: int | None = None):
-        self.t = 0
-        return "You are in a room.", self._info()
-
-    def step(self, action: str) -> StepResult:
-        self.t += 1
-        return StepResult("You are in a room.", 0.0, False, self.t >= 3, self._info(action != "look"))
-
-    def close(self) -> None:
-        pass
+from progpo_tests.room_env import RoomEnv
 
 
 def _answers(tok) -> list[list[int]]:

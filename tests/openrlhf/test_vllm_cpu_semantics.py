@@ -17,35 +17,12 @@ import json
 import pytest
 import torch
 
-from progpo.envs.base import StepResult
 from progpo.envs.local_pool import LocalEnvPool
 from progpo.run.settings import EnvSettings
+from progpo_tests.room_env import RoomEnv
 
 THINK = "<think>the room is dark, café ☕, naïve</think>"  # (CJK text is a format error of the parser's own)
 ACTION = "<action>look</action>"
-
-
-class RoomEnv:
-    """One room; ``look`` is the only admissible action; three steps end the episode. ``task``: the task text
-    (long ones make long prompts)."""
-
-    def __init__(self, task: str = "look around", **_: object) -> None:
-        self.t, self.task = 0, task
-
-    def _info(self, invalid: bool = False) -> dict:
-        return {"task": self.task, "task_id": "room", "anchor_observation": "You are in a room.",
-                "admissible_actions": ["look"], "won": False, "invalid_action": invalid}
-
-    def reset(self, *, split: str, index: int | None = None, seed: int | None = None):
-        self.t = 0
-        return "You are in a room.", self._info()
-
-    def step(self, action: str) -> StepResult:
-        self.t += 1
-        return StepResult("You are in a room.", 0.0, False, self.t >= 3, self._info(action != "look"))
-
-    def close(self) -> None:
-        pass
 
 
 class Recording:
