@@ -214,36 +214,30 @@ def estimator_names(text: str | None) -> list[str] | None:
     return names
 
 
-def game_list(text: str) -> list[int]:
-    """The game indices of ``--games`` (comma list of ints >= 0).
+def int_list(text: str, flag: str, minimum: int, what: str) -> list[int]:
+    """The ints of the comma list ``text`` of ``flag``, each ``>= minimum`` (``what``: their name in the error).
 
     Raises:
-        ValueError: naming ``--games``.
+        ValueError: naming ``flag``.
     """
     try:
-        values = [int(x) for x in comma_list(text, "--games")]
+        values = [int(x) for x in comma_list(text, flag)]
     except ValueError as exc:
-        raise ValueError(exc if str(exc).startswith("--games") else
-                         f"--games must be a comma list of game indices, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise ValueError(f"--games must list game indices >= 0, got {text!r}")
+        raise ValueError(exc if str(exc).startswith(flag) else
+                         f"{flag} must be a comma list of {what}, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise ValueError(f"{flag} must list {what} >= {minimum}, got {text!r}")
     return values
+
+
+def game_list(text: str) -> list[int]:
+    """The game indices of ``--games`` (comma list of ints >= 0). Raises: ValueError naming ``--games``."""
+    return int_list(text, "--games", 0, "game indices")
 
 
 def n_list(text: str) -> list[int]:
-    """The group sizes of ``--n_rollouts`` (comma list of ints >= 1).
-
-    Raises:
-        ValueError: naming ``--n_rollouts``.
-    """
-    try:
-        values = [int(x) for x in comma_list(text, "--n_rollouts")]
-    except ValueError as exc:
-        raise ValueError(exc if str(exc).startswith("--n_rollouts") else
-                         f"--n_rollouts must be a comma list of ints, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"--n_rollouts must list ints >= 1, got {text!r}")
-    return values
+    """The group sizes of ``--n_rollouts`` (comma list of ints >= 1). Raises: ValueError naming ``--n_rollouts``."""
+    return int_list(text, "--n_rollouts", 1, "ints")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
