@@ -126,6 +126,8 @@ class RolloutSettings:
     """most generation requests batched into one transformers generate call (--rollout.backend hf; train_ray: per engine)"""
     backend: Literal["hf", "vllm"] = "hf"
     """generation engine. train: hf (transformers generate on the actor's own weights) or vllm (an in-process vllm.LLM). train_ray: vllm (OpenRLHF as shipped: vLLM, flash-attn, NCCL; GPU nodes) or hf (the same job on CPU for a laptop dry run: local Ray head unless RAY_ADDRESS is set, DeepSpeed over gloo, transformers engines; docs/distributed.md)"""
+    engine_dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """dtype of the --rollout.backend vllm engine (train): auto (on CPU bf16 where /proc/cpuinfo lists amx_bf16 or avx512_bf16, else fp32: bf16 is emulated and slow there; on GPUs bf16 where CUDA supports it), bf16 or fp32; the choice and its reason are logged at start-up. The actor trains in its own precision (--ds.mixed_precision), the engine only samples (the update recomputes the behaviour log-probs)"""
     dynamic_sampling: bool = False
     """drop groups whose rollouts all got the same return (no learning signal; the return the estimator judges signal on: the discounted G_0 for ProGPO's default, the episode return for the others) from the update and draw new tasks until --rollout.batch_size groups carry signal or --rollout.dynamic_sampling_max_rounds extra rounds were played (DAPO's dynamic sampling; beside OpenRLHF's --algo.dynamic_filtering_*)"""
     dynamic_sampling_max_rounds: int = 2

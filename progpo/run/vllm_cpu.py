@@ -123,8 +123,8 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
-def engine_dtype(choice: str, flags: set[str] | None = None) -> tuple[str, str]:
-    """The vLLM dtype of the engines and why (``--cpu.engine_dtype``).
+def engine_dtype(choice: str, flags: set[str] | None = None, flag: str = "--cpu.engine_dtype") -> tuple[str, str]:
+    """The vLLM dtype of the engines and why (``--cpu.engine_dtype``; ``train``: ``--rollout.engine_dtype``).
 
     ``auto``: bf16 where the CPU computes it natively (a flag of :data:`BF16_FLAGS`), else fp32 (bf16 is
     emulated there and slower than fp32: docs/distributed.md, stack notes); ``bf16`` / ``fp32``: as given.
@@ -132,6 +132,7 @@ def engine_dtype(choice: str, flags: set[str] | None = None) -> tuple[str, str]:
     Args:
         choice: ``auto``, ``bf16`` or ``fp32``.
         flags: the CPU's flags (None: :func:`cpu_flags`).
+        flag: the setting ``choice`` came from (named in the reason and the error).
 
     Returns:
         ``(vLLM dtype name, reason)``, e.g. ``("bfloat16", "auto: the CPU has avx512_bf16")``.
@@ -140,9 +141,9 @@ def engine_dtype(choice: str, flags: set[str] | None = None) -> tuple[str, str]:
         ValueError: ``choice`` is none of those.
     """
     if choice in DTYPES:
-        return DTYPES[choice], f"--cpu.engine_dtype {choice}"
+        return DTYPES[choice], f"{flag} {choice}"
     if choice != "auto":
-        raise ValueError(f"--cpu.engine_dtype must be auto, bf16 or fp32, got {choice!r}")
+        raise ValueError(f"{flag} must be auto, bf16 or fp32, got {choice!r}")
     flags = cpu_flags() if flags is None else flags
     native = sorted(set(BF16_FLAGS) & flags)
     if native:

@@ -38,7 +38,7 @@ from progpo.run.models import resolve_pretrain
 from progpo.run.settings import check_prompt_budget
 from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
 from progpo.trainer.progress import RunProgress, TqdmWriter
-from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN
+from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN, rollout_engine_dtype
 from progpo.trainer.update import TrainSample, num_micro_batches, ppo_update, prepare, rollout_mismatch
 from progpo.trainer.warm_start import warm_start
 
@@ -84,17 +84,17 @@ def check_vllm_backend(cfg: TrainConfig) -> None:
         return
     import importlib.util
 
-    import torch
-
     if torch.cuda.is_available():
         if importlib.util.find_spec("vllm") is None:
             raise ValueError("--rollout.backend vllm needs vllm: pip install -e '.[gpu]' (docs/distributed.md, "
                              "\"Install\"); or run without it: --rollout.backend hf")
-        return
-    from progpo.run.vllm_cpu import check_head_dim, check_vllm_cpu
+    else:
+        from progpo.run.vllm_cpu import check_head_dim, check_vllm_cpu
 
-    check_vllm_cpu("--rollout.backend vllm", "--rollout.backend hf")
-    check_head_dim(resolve_pretrain(cfg.actor.model_name_or_path), "--rollout.backend vllm", "--rollout.backend hf")
+        check_vllm_cpu("--rollout.backend vllm", "--rollout.backend hf")
+        check_head_dim(resolve_pretrain(cfg.actor.model_name_or_path), "--rollout.backend vllm", "--rollout.backend hf")
+    dtype, why = rollout_engine_dtype(cfg.rollout.engine_dtype)
+    logger.info("rollout engine: vLLM, dtype %s (%s)", dtype, why)
 
 
 def signal_metrics(episodes: list[Episode]) -> dict[str, float]:

