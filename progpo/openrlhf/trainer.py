@@ -195,7 +195,7 @@ class _ProGPOTrainerMixin:
         if not probe and not getattr(self, "_probe_skip_logged", False):
             self._probe_skip_logged = True
             logger.warning("weight-sync probe skipped: the %s engine keeps no prefix cache and is not the real engine "
-                        "(the probe runs with --cpu.engine vllm)", run.engine_kwargs.get("engine", "unknown"))
+                           "(the probe runs with --cpu.engine vllm)", run.engine_kwargs.get("engine", "unknown"))
         prompt = self._probe_prompt() if probe else []
         before_lp = self._probe_engines(prompt) if probe else []
         before = self._weight_sync_diff(actor_state)

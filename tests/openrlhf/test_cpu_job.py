@@ -405,12 +405,14 @@ def test_cluster_actor_moved_and_both_engines_hold_it(cluster_job, start_model):
     assert_actor_trained_on_step_advantages(cluster_job["dump"], "progpo", iters=2, min_distinct=2)
 
 
-PROBE_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1}
+PROBE_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.05}
 """Largest |engine - actor| log-prob (nats) of the weight-sync probe after a sync, by engine dtype (the actor's
 log-probs: an fp32 forward of its bf16 weights). Measured 2026-12-05 (docs/distributed.md, "What ran where"):
-fp32 engine 5.1e-7 (a stale prefix cache: 0.030 for an update that moved them by only 0.070); bf16 engine 0.013 in
-this job (moved 3.1) and 0.038 for the tiny model with a random 2e-3 step. The probe must have moved by at least
-5 x the tolerance for the check to tell a stale cache apart."""
+bf16 engines 0.013 and 0.017 in this job's first sync (two runs; the update moved them by 3.1 and 0.57), 0.038 for
+the tiny model after a random 2e-3 step; an fp32 engine 5.1e-7, and 0.030 with the prefix-cache reset disabled
+(stale blocks: ~40 % of the move stays). The move must be >= PROBE_MOVED_FACTOR x the tolerance, so that a stale
+cache would cross it."""
+PROBE_MOVED_FACTOR = 3
 
 
 def engine_dtype_of(log: str) -> str | None:
@@ -434,7 +436,7 @@ def test_cluster_engines_compute_with_the_synced_weights(cluster_job):
     print(f"\n[probe, {dtype} engines] max |engine - actor| after each sync {diff}, moved by the update {moved}")
     assert len(diff) == len(moved) == 2
     assert max(diff) <= PROBE_TOLERANCE[dtype]
-    assert min(moved) >= 5 * PROBE_TOLERANCE[dtype]
+    assert min(moved) >= PROBE_MOVED_FACTOR * PROBE_TOLERANCE[dtype]
 
 
 def test_cluster_env_actor_killed_mid_iteration_is_replaced(cluster_job):

@@ -142,13 +142,13 @@ def _trainer(cpu_compat, monkeypatch, engine, engines):
     t.args = SimpleNamespace(actor=SimpleNamespace(model_name_or_path="unused"))
     t.tokenizer, t.vllm_engines = _Chars(), engines
     t.actor_model_group = SimpleNamespace(async_run_method=lambda method_name: [state, None])
-    return t, cpu_compat
+    return t
 
 
 def test_the_trainer_probes_each_engine_before_and_after_openrlhf_s_sync(cpu_compat, monkeypatch):
     engines = [_FakeEngine(1.0), _FakeEngine(1.5)]
-    t, compat = _trainer(cpu_compat, monkeypatch, "vllm", engines)
-    with compat.import_shims():  # vllm.SamplingParams: vLLM's own where installed
+    t = _trainer(cpu_compat, monkeypatch, "vllm", engines)
+    with cpu_compat.import_shims():  # vllm.SamplingParams: vLLM's own where installed
         t.broadcast_to_vllm()
     probe = ("generate", PROBE_PROMPT_TOKENS, 8, 0.0, True, 0)
     assert engines[0].calls == [probe, ("sync",), probe]
@@ -157,14 +157,14 @@ def test_the_trainer_probes_each_engine_before_and_after_openrlhf_s_sync(cpu_com
                              SYNC_PROBE_DIFF: 0.0, SYNC_PROBE_MOVED: 2.0}
     stale = [_FakeEngine(1.0), _FakeEngine(1.0, stale=True)]  # weights synced, but computing with the old ones
     t.vllm_engines = stale
-    with compat.import_shims():
+    with cpu_compat.import_shims():
         t.broadcast_to_vllm()
     assert t._sync_stats["sync/max_abs_diff"] == 0.0 and t._sync_stats[SYNC_PROBE_DIFF] == 2.0
 
 
 def test_the_transformers_stand_in_is_not_probed_and_the_log_says_why(cpu_compat, monkeypatch, caplog):
     engines = [_FakeEngine(1.0)]
-    t, _ = _trainer(cpu_compat, monkeypatch, "hf", engines)
+    t = _trainer(cpu_compat, monkeypatch, "hf", engines)
     with caplog.at_level("WARNING"):
         t.broadcast_to_vllm()
         t.broadcast_to_vllm()
