@@ -24,19 +24,18 @@ arguments and calls OpenRLHF's constructor; :func:`create_vllm_cpu_engines` runs
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 from typing import Any
 
 import ray
-import torch
 from openrlhf.trainer.ray import vllm_engine as openrlhf_vllm_engine
 from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
 
 from progpo.openrlhf.cpu.placement import cpu_placement_group
 from progpo.openrlhf.cpu.runtime import THREADS_ENV_VAR
 from progpo.run.vllm_cpu import KV_CACHE_BYTES
+from progpo.run.vllm_weights import encode_state
 from progpo.openrlhf.cpu.vllm_worker import WORKER_EXTENSION
 from progpo.openrlhf.patching import patched
 from progpo.run.failures import wait_until_up
@@ -85,11 +84,9 @@ class VllmCPURolloutActor(RolloutRayActor.__ray_actor_class__):
 
     async def progpo_weight_diff(self, actor_state: dict[str, Any]) -> float:
         """``max |engine - actor|`` over the engine's parameters, in its dtype (worker extension's
-        ``progpo_weight_diff``; max over the engine's workers). The state travels as ``torch.save`` bytes: the
-        engine core receives tensors as views of its message buffer, which it cannot pass on to its workers."""
-        buffer = io.BytesIO()
-        torch.save(actor_state, buffer)
-        return max(await self.llm.collective_rpc("progpo_weight_diff", args=(buffer.getvalue(),)))
+        ``progpo_weight_diff``; max over the engine's workers). The state travels as
+        :func:`~progpo.run.vllm_weights.encode_state` bytes, as the local engine's does."""
+        return max(await self.llm.collective_rpc("progpo_weight_diff", args=(encode_state(actor_state.items()),)))
 
 
 class _EngineClass:
