@@ -315,5 +315,7 @@ async def _one_step(
         prompt_obs_truncated_tokens=prompt.obs_truncated_tokens,
         finish_reason=gen.finish_reason,
         history_turns=len(shown) - prompt.dropped_turns,
+        policy_version=gen.policy_version,
+        policy_version_end=gen.policy_version_end,
     )
     return record, res

@@ -80,12 +80,17 @@ class Generation:
             ``progpo.agents.templates.decode_response`` of ``token_ids``, the same rule on every backend).
         finish_reason: why sampling stopped, in vLLM's words: ``"stop"`` (a stop token: EOS or the turn end) or
             ``"length"`` (cut at ``SamplingParams.max_new_tokens``).
+        policy_version, policy_version_end: the engine's weight version (weight syncs done,
+            ``progpo.openrlhf.policy_clock``) when the request was sent and when it returned; equal unless a sync
+            (OpenRLHF's partial rollout) fell inside it; -1 where no clock runs (the local backend).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str = "stop"
+    policy_version: int = -1
+    policy_version_end: int = -1
 
 
 class GenerateFn(Protocol):
@@ -121,6 +126,8 @@ class StepRecord:
             was cut at the token limit).
         history_turns: earlier (observation, action) turns the prompt shows (``min(t, K)`` minus
             those the context guard dropped).
+        policy_version, policy_version_end: :attr:`Generation.policy_version` / ``policy_version_end`` of the
+            response (-1: not recorded).
     """
 
     prompt_ids: list[int]
@@ -142,6 +149,8 @@ class StepRecord:
     prompt_obs_truncated_tokens: int = 0
     finish_reason: str = "stop"
     history_turns: int = 0
+    policy_version: int = -1
+    policy_version_end: int = -1
 
 
 @dataclass

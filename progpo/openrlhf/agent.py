@@ -38,6 +38,7 @@ from openrlhf.utils.agent import AgentExecutorBase
 from progpo.agents.stop_tokens import stop_token_ids
 from progpo.agents.types import Episode, Generation, SamplingParams
 from progpo.envs.base import EnvRejected
+from progpo.openrlhf.policy_clock import policy_clock, read_version
 from progpo.run.settings import EnvSettings, RolloutSettings
 
 logger = logging.getLogger(__name__)
@@ -135,7 +136,9 @@ class EngineGenerate:
     ``await engine.generate(prompt_token_ids, vllm_sampling_params)`` must return a vLLM
     ``RequestOutput``-like object: ``outputs[0].token_ids``, ``.text``, ``.logprobs`` (one
     ``{token_id: Logprob}`` dict per sampled token), ``.finish_reason`` (``"stop"``/``"length"``,
-    copied into :attr:`Generation.finish_reason`). Our :class:`SamplingParams` are copied onto a
+    copied into :attr:`Generation.finish_reason`). With ``clock`` (the job's
+    :class:`~progpo.openrlhf.policy_clock.PolicyClock`), the weight version is read before the request is sent
+    and after it returns (:attr:`Generation.policy_version`, ``policy_version_end``). Our :class:`SamplingParams` are copied onto a
     deep copy of OpenRLHF's vLLM sampling params with ``SamplingParams.vllm_kwargs`` (temperature,
     top_p, max_tokens, seed, ``stop_token_ids``, and every other distribution-changing field switched off:
     OpenRLHF's template carries ``top_k`` and ``min_tokens=1``), plus ``logprobs=1``.
@@ -146,15 +149,17 @@ class EngineGenerate:
             (``engine_abort`` for a cancelled request, ``engine_error``, ...).
     """
 
-    def __init__(self, engine: Any, vllm_sampling_params: Any) -> None:
+    def __init__(self, engine: Any, vllm_sampling_params: Any, clock: Any = None) -> None:
         self.engine = engine
         self.template = vllm_sampling_params
+        self.clock = clock
 
     async def __call__(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         params = copy.deepcopy(self.template)
         for name, value in sampling.vllm_kwargs().items():
             setattr(params, name, value)
         params.logprobs = 1
+        version = await read_version(self.clock)
         try:
             output = (await self.engine.generate(list(prompt_ids), params)).outputs[0]
         except Exception as exc:  # noqa: BLE001 - any refusal of one request fails that episode only
@@ -169,7 +174,8 @@ class EngineGenerate:
             raise EngineError("the vLLM engine returned no per-token logprobs (logprobs=1 was requested)",
                               "engine_no_logprobs")
         logprobs = [float(step[tok].logprob) for step, tok in zip(output.logprobs, ids)]
-        return Generation(token_ids=ids, logprobs=logprobs, text=output.text, finish_reason=reason)
+        return Generation(token_ids=ids, logprobs=logprobs, text=output.text, finish_reason=reason,
+                          policy_version=version, policy_version_end=await read_version(self.clock))
 
 
 class RejectionsFail:
@@ -230,6 +236,7 @@ class AgentExecutor(AgentExecutorBase):
         self._pool_lock = asyncio.Lock()
         self._traj_counter = 0
         self._stops: tuple[Any, tuple[int, ...]] | None = None
+        self._clock: Any = None
 
     def stop_ids(self, tokenizer: Any) -> tuple[int, ...]:
         """``tokenizer``'s stop set (``progpo.agents.stop_tokens.stop_token_ids``: its EOS and its chat template's
@@ -247,6 +254,12 @@ class AgentExecutor(AgentExecutorBase):
             if self._pool is None:
                 self._pool = make_env_pool(self.config)
             return self._pool
+
+    def _policy_clock(self) -> Any:
+        """The job's policy clock (looked up until found: the trainer creates it before the first rollout)."""
+        if self._clock is None:
+            self._clock = policy_clock()
+        return self._clock
 
     async def execute(
         self, prompt, label, sampling_params, max_length: int, hf_tokenizer, llm_engine, images=None
@@ -287,7 +300,7 @@ class AgentExecutor(AgentExecutorBase):
                                         rollout=dataclasses.replace(cfg.rollout, max_prompt_tokens=guard))
             (episode,) = await run_episodes(
                 [(split, index)], episode_cfg, env_pool=RejectionsFail(await self._env_pool()),
-                generate=EngineGenerate(llm_engine, sampling_params), tokenizer=hf_tokenizer,
+                generate=EngineGenerate(llm_engine, sampling_params, self._policy_clock()), tokenizer=hf_tokenizer,
                 traj_id_start=self._traj_counter,
             )
         except Exception as exc:  # noqa: BLE001 - one episode's error (engine refusal, ...) fails that episode

@@ -107,7 +107,8 @@ class StepExperienceMaker(RemoteExperienceMaker):
             need every episode, failed ones included, for their group statistics).
 
     After each call, ``last_diagnostics`` holds the estimator's ``adv/*`` diagnostics. With
-    ``--debug.dump_dir`` set, each rollout's step batch is written there (:func:`dump_step_batch`).
+    ``--debug.dump_dir`` set, each rollout's step batch is written there (:func:`dump_step_batch`); with
+    ``--debug.flip_advantages`` every step advantage is negated (the dump records the negated ones).
     """
 
     def __init__(
@@ -124,6 +125,7 @@ class StepExperienceMaker(RemoteExperienceMaker):
         self.episodes_source = episodes_source
         self.last_diagnostics: dict[str, float] = {}
         self.dump_dir = ray_run(self.args).dump_dir
+        self.flip_advantages = ray_run(self.args).settings.debug.flip_advantages
         self._iteration = 0
         if self.advantage_estimator in ESTIMATORS:
             if advantage_config is None:
@@ -161,6 +163,8 @@ class StepExperienceMaker(RemoteExperienceMaker):
             config = {"openrlhf_estimator": self.advantage_estimator}
         if step_adv.shape != (batch.num_steps,) or not torch.isfinite(step_adv).all():
             raise ValueError(f"estimator returned advantages of shape {tuple(step_adv.shape)} or non-finite values")
+        if self.flip_advantages:  # --debug.flip_advantages: the negative control of a learning check
+            step_adv = -step_adv
 
         kl_coef = 0.0 if args.algo.kl.use_loss else max(float(self.kl_ctl.value), 0.0)
         if kl_coef > 0 and self.advantage_estimator not in ESTIMATORS:

@@ -65,6 +65,8 @@ class DebugSettings:
     """write each iteration's step batch (experience maker) and the rows the actor trains on (its replay buffer) there as JSON"""
     check_weight_sync: bool = False
     """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); with --cpu.engine vllm also a fixed-prompt probe around the sync: each engine's greedy log-probs against the updated actor's (sync/probe_logprob_max_abs_diff) and how far the update moved them (sync/probe_logprob_moved), so a reused stale prefix-cache block shows; --rollout.backend hf only"""
+    flip_advantages: bool = False
+    """multiply every step advantage by -1 before the update: the negative control of a learning check (a run that learns must fail with it); any estimator"""
     check_only: bool = False
     """parse and run every start-up check of the flags' values, then exit: 0, or 2 with the error line; starts no Ray, server or engine, writes no task list and converts no model (the launch scripts' dry run runs it on their final command line). The model's tokenizer and the GPU packages are checked where the job runs"""
 
@@ -143,10 +145,11 @@ def ray_run(args: Any) -> RayRun:
 
 def add_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
     """Add :class:`RayArgs`'s flags (those OpenRLHF does not define itself) to OpenRLHF's parser, make OpenRLHF's
-    ``--algo.advantage.estimator`` take ours (:func:`take_our_estimators`) and drop its ``--train.num_episodes``
-    (:func:`drop_num_episodes`)."""
+    ``--algo.advantage.estimator`` take ours (:func:`take_our_estimators`), drop its ``--train.num_episodes``
+    (:func:`drop_num_episodes`) and give its correction an async default (:func:`async_correction_default`)."""
     take_our_estimators(parser)
     drop_num_episodes(parser)
+    async_correction_default(parser)
     return flags.add_flags(parser, RayArgs, taken=flags.option_strings(parser),
                            title="progpo (env, episode loop, tasks, device)")
 
@@ -169,6 +172,51 @@ def take_our_estimators(parser: argparse.ArgumentParser) -> None:
     theirs.help = (f"{'|'.join(ours)}: per-step samples and ProGPO's registry; {'|'.join(OPENRLHF_ESTIMATORS)}: "
                    "OpenRLHF's own, the episode's advantage on every step (gae needs a critic: not offered) "
                    f"(default: {theirs.default})")
+
+
+ASYNC_CORRECTION = {"algo.advantage.is_correction_level": "token", "algo.advantage.is_correction_mode": "clip"}
+"""OpenRLHF's importance-sampling correction as ``train_ray`` sets it in async mode unless given: each token's
+ratio ``pi_old / pi_behaviour`` clamped into ``--algo.advantage.is_correction_threshold`` (TIS: token level, clip)."""
+
+
+def async_correction_default(parser: argparse.ArgumentParser) -> None:
+    """OpenRLHF's ``--algo.advantage.is_correction_level`` and ``--algo.advantage.is_correction_mode`` get no fixed
+    default: :func:`correction_defaults` fills them from ``--train.async_enable``, and their help says so."""
+    for dest, value in ASYNC_CORRECTION.items():
+        action = next(a for a in parser._actions if a.dest == dest)  # noqa: SLF001
+        theirs = action.default
+        action.default = None
+        action.help = (f"{action.help} Default: {value} with --train.async_enable (a batch is trained by weights up "
+                       f"to --train.async_queue_size syncs newer than those that sampled it; ProGPO's train_ray), else "
+                       f"{theirs}.")
+
+
+def correction_defaults(o: Any) -> dict[str, Any]:
+    """OpenRLHF's correction flags left unset, filled (``o``: :func:`openrlhf_view`): :data:`ASYNC_CORRECTION` in
+    async mode, else OpenRLHF's own defaults (``off``, ``mask``).
+
+    Raises:
+        FlagError: ``--train.partial_rollout_enable`` without ``--train.async_enable``, or with
+            ``--algo.advantage.is_correction_level off``: a group whose
+            requests straddle a weight sync is kept and corrected token by token
+            (:mod:`progpo.openrlhf.policy_clock`), never mixed uncorrected.
+    """
+    if o.train.partial_rollout_enable and not o.train.async_enable:
+        raise FlagError("--train.partial_rollout_enable", "needs --train.async_enable (it pauses the engines around "
+                                                          "the weight sync of async mode)")
+    level, mode = o.algo.advantage.is_correction_level, o.algo.advantage.is_correction_mode
+    fill = {}
+    if level is None:
+        level = fill["algo.advantage.is_correction_level"] = "token" if o.train.async_enable else "off"
+        if mode is None and o.train.async_enable and o.algo.advantage.is_correction_gating == "ratio":
+            # OpenRLHF clips only the ratio itself (a divergence gate takes mask)
+            fill["algo.advantage.is_correction_mode"] = ASYNC_CORRECTION["algo.advantage.is_correction_mode"]
+    if mode is None and "algo.advantage.is_correction_mode" not in fill:
+        fill["algo.advantage.is_correction_mode"] = "mask"
+    if o.train.partial_rollout_enable and level == "off":
+        raise FlagError("--algo.advantage.is_correction_level", "off is refused with --train.partial_rollout_enable: "
+                        "its groups can straddle a weight sync and are kept only with the correction on (token or seq)")
+    return fill
 
 
 def drop_num_episodes(parser: argparse.ArgumentParser) -> None:
@@ -277,7 +325,6 @@ CPU_REFUSED = {  # flag -> (value that is refused, why): features with no CPU pa
     "ds.adam_offload": (True, "the optimizer already lives in RAM (DeepSpeedCPUAdam would compile C++)"),
     "ds.enable_sleep": (True, "DeepSpeed's offload_states needs FusedAdam (a C++ build); the states already live in RAM"),
     "train.enable_ema": (True, "OpenRLHF's EMA update is hard-wired to cuda"),
-    "train.async_enable": (True, "the CPU engine has no pause/resume (partial rollout)"),
     "vllm.sync_with_ray": (True, "Ray's gloo collective would replace DeepSpeed's process group"),
 }
 
@@ -313,6 +360,9 @@ def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]
     for flag, (bad, why) in CPU_REFUSED.items():
         if attrgetter(flag)(o) == bad:
             raise FlagError(f"--{flag}", f"not supported with --rollout.backend hf ({why})")
+    if o.train.partial_rollout_enable and args.cpu.engine != "vllm":
+        raise FlagError("--train.partial_rollout_enable", f"needs --cpu.engine vllm (vLLM's pause/resume; the "
+                                                          f"{args.cpu.engine} stand-in has none)")
     for flag in ("ds.ring_attn_size", "ds.tensor_parallel_size", "vllm.tensor_parallel_size"):
         if attrgetter(flag)(o) != 1:
             raise FlagError(f"--{flag}", f"must be 1 with --rollout.backend hf, got {attrgetter(flag)(o)}")
@@ -506,8 +556,7 @@ def finalize(args: argparse.Namespace) -> argparse.Namespace:
         raise FlagError("--progpo.*", f"only apply to --algo.advantage.estimator in {[e.value for e in ESTIMATORS]}, "
                                       f"not {estimator!r}")
     advantage = advantage_config(ns, estimator, env.max_steps) if ours else None
-    if ours and o.train.async_enable:
-        raise FlagError("--train.async_enable", f"is not supported with --algo.advantage.estimator {estimator}")
+    fill.update(correction_defaults(o))
     if ours:
         check_group_size(estimator, o.rollout.n_samples_per_prompt)
     per_step_checks(o, estimator)

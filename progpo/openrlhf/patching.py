@@ -16,3 +16,18 @@ def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def patched_item(mapping: Any, key: str, value: Any) -> Iterator[None]:
+    """``mapping[key] = value`` inside the block (``mapping`` must hold ``key``), the old value restored afterwards.
+
+    For a function's ``__globals__``: where Ray shipped a class by value (cloudpickle), its methods resolve names
+    in a copy of their module's namespace, which patching the module does not reach.
+    """
+    old = mapping[key]
+    mapping[key] = value
+    try:
+        yield
+    finally:
+        mapping[key] = old

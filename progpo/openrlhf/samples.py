@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -41,6 +43,29 @@ EPISODE_ATTR = "_progpo_episode"
 """Attribute holding the episode on an episode-level ``Experience`` until it is expanded."""
 
 STEP_INFO_PREFIX = "progpo/"
+
+POLICY_VERSION_KEY, POLICY_VERSION_END_KEY = "policy_version", "policy_version_end"
+"""``Experience.info`` entries ``[B]`` (float): each step's ``StepRecord.policy_version`` / ``policy_version_end``
+(-1: not recorded). Kept through training, so the actor logs their batch mean."""
+
+
+class StepRollout(list):
+    """The step samples of one rollout batch (a ``list[Experience]``, what OpenRLHF's trainer takes) with what the
+    trainer needs of the batch besides them, so that it travels with the samples, through OpenRLHF's async queue
+    too (``GenerateSamplesActor`` -> ``TrainingActor``: a list subclass pickles with its attributes).
+
+    Attributes:
+        episodes: the batch's ``[E]`` episodes, failed ones included (OpenRLHF's own estimators' groups).
+        stats: the batch's rollout metrics (``env/*``, ``rollout/*``; :class:`StepSamplesGenerator`).
+        generation_span: ``(start, end)`` wall-clock seconds (``time.time()``) of the batch's generation.
+    """
+
+    def __init__(self, samples: Iterable[Experience] = (), *, episodes: list[Episode] | None = None,
+                 stats: dict[str, float] | None = None, generation_span: tuple[float, float] = (0.0, 0.0)) -> None:
+        super().__init__(samples)
+        self.episodes = list(episodes or [])
+        self.stats = dict(stats or {})
+        self.generation_span = generation_span
 
 STEP_INFO_KEYS: tuple[str, ...] = tuple(STEP_INFO_PREFIX + name for name in StepBatch.columns() if name != "reward")
 """Per-step ``Experience.info`` entries, one per ``StepBatch`` column but ``reward`` (which travels as
@@ -91,7 +116,8 @@ def step_experiences(
     the columns of :func:`progpo.agents.batching.episodes_to_step_batch` (the local loop's own
     episode-to-rows function, so ``final_obs`` of a truncated trajectory is recorded the same way).
     ``Experience.truncated`` and ``info['response_clip_ratio']`` flag a response cut at the token
-    limit (``finish_reason == "length"``).
+    limit (``finish_reason == "length"``). ``info[POLICY_VERSION_KEY]`` / ``info[POLICY_VERSION_END_KEY]`` ``[1]``:
+    the weight version the step's response was sampled under (:mod:`progpo.openrlhf.policy_clock`).
 
     Args:
         episode: a finished, non-failed episode with at least one step.
@@ -123,6 +149,8 @@ def step_experiences(
             "reward": torch.tensor([float(step.reward)]),
             "score": torch.tensor([float(episode.won)]),
             "progpo/prompt_cut_tokens": torch.tensor([float(cut)]),
+            POLICY_VERSION_KEY: torch.tensor([float(step.policy_version)]),
+            POLICY_VERSION_END_KEY: torch.tensor([float(step.policy_version_end)]),
             **_step_columns(rows[t]),
         }
         out.append(
@@ -181,7 +209,12 @@ class StepSamplesGenerator(SamplesGenerator):
     as many new prompts as groups are missing (:meth:`dynamic_sampling`, the local loop's criterion
     :func:`progpo.run.dynamic_sampling.has_signal`); ``last_stats`` then also holds the
     ``rollout/dynamic_*`` metrics. A batch left without any group is returned empty, which
-    OpenRLHF's trainer answers with no update and a new draw.
+    OpenRLHF's trainer answers with no update and a new draw. A non-empty batch is returned as a
+    :class:`StepRollout` carrying ``last_episodes``, ``last_stats`` and the generation's wall-clock span.
+
+    A group reaches the estimator whole, in sync and async mode alike: OpenRLHF's generator returns the
+    ``n_samples_per_prompt`` rollouts of a prompt as consecutive experiences of one batch, :meth:`expand` refuses
+    a block that mixes prompts, and the batch travels as one queue item.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -201,6 +234,7 @@ class StepSamplesGenerator(SamplesGenerator):
     @torch.no_grad()
     def generate_samples(self, **generate_kwargs: Any):
         """OpenRLHF's ``generate_samples`` followed by the per-step expansion (see class doc)."""
+        started = time.time()
         samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
         if not samples:
             return samples, pass_rate, consumed, exhausted
@@ -222,7 +256,9 @@ class StepSamplesGenerator(SamplesGenerator):
         steps = self.step_samples(samples, n_samples_per_prompt=n, max_len=generate_kwargs.get("max_len", 2048))
         if stats is not None:
             self.last_stats.update(stats.metrics())
-        return steps, pass_rate, consumed, exhausted
+        rollout = StepRollout(steps, episodes=self.last_episodes, stats=self.last_stats,
+                              generation_span=(started, time.time()))
+        return rollout, pass_rate, consumed, exhausted
 
     def step_samples(self, samples: list[Experience], *, n_samples_per_prompt: int, max_len: int) -> list[Experience]:
         """The training batch of episode-level ``samples``: :meth:`expand`, then padded and ordered for
@@ -299,7 +335,8 @@ class StepSamplesGenerator(SamplesGenerator):
             raise ValueError(
                 f"{len(samples)} episodes is not a multiple of --rollout.n_samples_per_prompt={n_samples_per_prompt}"
             )
-        with_logprobs = self.args.algo.advantage.is_correction_level != "off"
+        # behaviour log-probs: OpenRLHF's correction reads them; async mode keeps them whatever the correction
+        with_logprobs = self.args.algo.advantage.is_correction_level != "off" or bool(self.args.train.async_enable)
         out: list[Experience] = []
         episodes: list[Episode] = []
         self._batch_counter += 1

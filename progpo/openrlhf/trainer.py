@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import logging
 import runpy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from openrlhf.trainer import ppo_trainer as _ppo_trainer_module
-from openrlhf.trainer.ppo_trainer import PPOTrainer
+from openrlhf.trainer import ppo_trainer_async as _async_module
+from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ray import launcher as _launcher_module
 from openrlhf.trainer.ray import ppo_actor as _ppo_actor_module
 
@@ -36,8 +38,10 @@ from progpo.openrlhf.actors import SKIP_STREAK_KEY, ProGPOPolicyModelActor, ProG
 from progpo.openrlhf.balance import real_rows
 from progpo.openrlhf.experience import StepExperienceMaker, _write_json
 from progpo.openrlhf.launch import ray_run
-from progpo.openrlhf.patching import patched
-from progpo.openrlhf.samples import StepSamplesGenerator
+from progpo.openrlhf.patching import patched, patched_item
+from progpo.openrlhf.policy_clock import policy_clock, version_metrics
+from progpo.openrlhf.samples import (POLICY_VERSION_END_KEY, POLICY_VERSION_KEY, STEP_INFO_PREFIX, StepRollout,
+                                     StepSamplesGenerator)
 from progpo.openrlhf.sync_probe import (PROBE_TOKENS, SYNC_PROBE_DIFF, SYNC_PROBE_MOVED, ActorScorer, probe_metrics,
                                         probe_prompt)
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
@@ -47,7 +51,7 @@ from progpo.run.metrics import SKIPPED_KEY
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OPENRLHF_VERSION", "ProGPOPPOTrainer", "ProGPOPolicyModelActor", "ProGPOReferenceModelActor",
+__all__ = ["OPENRLHF_VERSION", "ProGPOPPOTrainer", "ProGPOPPOTrainerAsync", "ProGPOPolicyModelActor", "ProGPOReferenceModelActor",
            "check_openrlhf_version", "openrlhf_parser", "run_openrlhf_main"]
 
 _TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -81,6 +85,7 @@ class _ProGPOTrainerMixin:
     _progpo_skip_streak = 0
 
     def _install_progpo_stages(self, strategy: Any, vllm_engines: Any, advantage_config: Any) -> None:
+        """Our samples generator (sync mode: the trainer generates) and experience maker."""
         self.samples_generator = StepSamplesGenerator(
             strategy=strategy,
             prompts_dataloader=self.prompts_dataloader,
@@ -88,6 +93,13 @@ class _ProGPOTrainerMixin:
             tokenizer=self.tokenizer,
             vllm_engines=vllm_engines,
         )
+        self._install_experience_maker(strategy, advantage_config)
+
+    def _install_experience_maker(self, strategy: Any, advantage_config: Any) -> None:
+        """:class:`StepExperienceMaker` in place of OpenRLHF's (its episodes: the current batch's, :meth:`train_step`),
+        and the run's clock origin (``timing/*_start`` / ``*_end`` are seconds after it)."""
+        self._rollout: StepRollout = StepRollout()
+        self._t_origin = time.time()
         encoder = None
         if advantage_config is not None and getattr(advantage_config, "semantic_expansion", False):
             from progpo.advantages.embeddings import default_encoder
@@ -103,7 +115,7 @@ class _ProGPOTrainerMixin:
             self.tokenizer,
             advantage_config=advantage_config,
             encoder=encoder,
-            episodes_source=lambda: self.samples_generator.last_episodes,
+            episodes_source=lambda: self._rollout.episodes,
         )
 
     def fit(self, global_step: int = 0) -> None:
@@ -123,17 +135,46 @@ class _ProGPOTrainerMixin:
             raise
 
     def train_step(self, rollout_samples: Any, global_step: int) -> tuple[dict, int]:
-        """OpenRLHF's train step, plus episode (``env/``, ``rollout/``), estimator (``adv/``) and,
-        with ``--debug.check_weight_sync``, weight-sync (``sync/``) metrics. With
-        ``--debug.dump_dir``, every rank's counts of the step are written there (:meth:`_dump_rank_counts`)."""
+        """OpenRLHF's train step, plus episode (``env/``, ``rollout/``), estimator (``adv/``), policy-version
+        (``async/``: :func:`~progpo.openrlhf.policy_clock.version_metrics`, from the trainer's version before this
+        update) and, with ``--debug.check_weight_sync``, weight-sync (``sync/``) metrics; ``timing/generation_start``,
+        ``timing/generation_end``, ``timing/train_start``, ``timing/train_end``: seconds after the trainer started
+        (the batch's generation and this step, so that overlap in async mode can be read off). With
+        ``--debug.dump_dir``, every rank's counts of the step are written there (:meth:`_dump_rank_counts`).
+
+        Raises:
+            TypeError: ``rollout_samples`` is not a :class:`StepRollout` (not made by our samples generator).
+        """
+        if not isinstance(rollout_samples, StepRollout):
+            raise TypeError(f"rollout batch of type {type(rollout_samples).__name__}: the step-level trainer takes the "
+                            "StepRollout of progpo.openrlhf.samples.StepSamplesGenerator")
+        started = time.time()
+        self._rollout = rollout_samples
+        versions = self._version_metrics(rollout_samples)
         status, global_step = super().train_step(rollout_samples, global_step)
         self._progpo_skip_streak = int(status.pop(SKIP_STREAK_KEY, 0))
-        status.update(self.samples_generator.last_stats)
+        status.update(rollout_samples.stats)
+        status.update(versions)
+        gen_start, gen_end = rollout_samples.generation_span
+        status.update({"timing/generation_start": gen_start - self._t_origin,
+                       "timing/generation_end": gen_end - self._t_origin,
+                       "timing/train_start": started - self._t_origin, "timing/train_end": time.time() - self._t_origin})
         status.update(self.experience_maker.last_diagnostics)
         status.update(getattr(self, "_sync_stats", {}))
         if ray_run(self.strategy.args).dump_dir:
             self._dump_rank_counts(global_step)
         return status, global_step
+
+    def _version_metrics(self, rollout: StepRollout) -> dict[str, float]:
+        """:func:`~progpo.openrlhf.policy_clock.version_metrics` of the batch's real step rows against the weight
+        syncs this trainer completed (:attr:`_policy_version`)."""
+        uids, start, end = [], [], []
+        for exp in rollout:
+            real = real_rows(exp).tolist()
+            uids += [u for u, k in zip(exp.info[STEP_INFO_PREFIX + "uid"], real) if k]
+            start += [int(v) for v, k in zip(exp.info[POLICY_VERSION_KEY].tolist(), real) if k]
+            end += [int(v) for v, k in zip(exp.info[POLICY_VERSION_END_KEY].tolist(), real) if k]
+        return version_metrics(self._policy_version, uids, start, end)
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict: dict | None = None,
                                   client_states: dict | None = None) -> None:
@@ -241,21 +282,86 @@ class _ProGPOTrainerMixin:
         return max(ray.get([e.progpo_weight_diff.remote(actor_state) for e in self.vllm_engines]))
 
 
+class _ClockedBroadcast(BasePPOTrainer):
+    """OpenRLHF's weight sync, then one tick of the job's :class:`~progpo.openrlhf.policy_clock.PolicyClock`.
+
+    Placed after OpenRLHF's trainer class in the bases of ours, so that it runs *inside* what that class wraps
+    around the sync (async mode: ``VLLMLock`` and, with partial rollout, the engines' pause/resume): a request
+    sent after the lock or the resume reads the new version, one sent before it the old one.
+    """
+
+    _policy_version = 0
+    """Weight syncs this trainer completed (the version its next update trains from)."""
+
+    def broadcast_to_vllm(self) -> None:
+        super().broadcast_to_vllm()
+        self._policy_version += 1
+        clock = getattr(self, "_policy_clock", None) or policy_clock()
+        if clock is not None:
+            self._policy_clock = clock
+            ray.get(clock.advance.remote())
+
+
 @ray.remote
-class ProGPOPPOTrainer(_ProGPOTrainerMixin, PPOTrainer.__ray_actor_class__):
-    """OpenRLHF's single-controller PPO trainer with per-step samples and our estimators.
+class ProGPOPPOTrainer(_ProGPOTrainerMixin, PPOTrainer.__ray_actor_class__, _ClockedBroadcast):
+    """OpenRLHF's single-controller PPO trainer with per-step samples and our estimators (sync mode).
 
     Same constructor as OpenRLHF's ``PPOTrainer``; the ``AdvantageConfig`` is read from
     ``strategy.args.progpo`` (the :class:`~progpo.openrlhf.launch.RayRun` of ``python -m progpo.cli.train_ray``).
+    Creates the job's policy clock before the first rollout.
     """
 
     def __init__(self, pretrain: str, strategy: Any, actor_model_group: Any, critic_model_group: Any,
                  reward_model_group: Any, reference_model_group: Any, vllm_engines: Any,
                  **generate_kwargs: Any) -> None:
+        self._policy_clock = policy_clock(create=True)
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)
         cfg = ray_run(strategy.args).advantage
         self._install_progpo_stages(strategy, vllm_engines, cfg)
+
+
+@ray.remote
+class ProGPOGenerateSamplesActor(_async_module.GenerateSamplesActor.__ray_actor_class__):
+    """OpenRLHF's async generator actor (its loop, queue, slots, lock and eval) with our
+    :class:`~progpo.openrlhf.samples.StepSamplesGenerator`: each queue item is a whole
+    :class:`~progpo.openrlhf.samples.StepRollout` (every group whole, its episodes, stats and generation span)."""
+
+    def __init__(self, pretrain: str, strategy: Any, vllm_engines: Any, **kwargs: Any) -> None:
+        super().__init__(pretrain, strategy, vllm_engines, **kwargs)
+        self.samples_generator = StepSamplesGenerator(
+            strategy=strategy, prompts_dataloader=self.prompts_dataloader, eval_dataloader=self.eval_dataloader,
+            tokenizer=self.samples_generator.tokenizer, vllm_engines=vllm_engines)
+
+
+@ray.remote
+class ProGPOTrainingActor(_ProGPOTrainerMixin, _async_module.TrainingActor.__ray_actor_class__, _ClockedBroadcast):
+    """OpenRLHF's async training actor (queue consumer) with our experience maker, metrics and checks; its weight
+    sync ticks the policy clock inside OpenRLHF's lock / pause (:class:`_ClockedBroadcast`)."""
+
+    def __init__(self, pretrain: str, strategy: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(pretrain, strategy, *args, **kwargs)
+        self._install_experience_maker(strategy, ray_run(strategy.args).advantage)
+
+
+@ray.remote
+class ProGPOPPOTrainerAsync(_async_module.PPOTrainerAsync.__ray_actor_class__):
+    """OpenRLHF's async PPO trainer (``--train.async_enable``) building our generator and training actors
+    (:class:`ProGPOGenerateSamplesActor`, :class:`ProGPOTrainingActor`) in its own queue and lock arrangement.
+
+    Same constructor as OpenRLHF's ``PPOTrainerAsync``; creates the job's policy clock first.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._policy_clock = policy_clock(create=True)
+        init = super().__init__
+        # the names PPOTrainerAsync.__init__ builds its two actors from, in the namespace it resolves them in (Ray
+        # ships the class by value, so that is a copy of its module's, not the module)
+        scope = init.__func__.__globals__
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(patched_item(scope, "GenerateSamplesActor", ProGPOGenerateSamplesActor))
+            stack.enter_context(patched_item(scope, "TrainingActor", ProGPOTrainingActor))
+            init(*args, **kwargs)
 
 
 class _ParserCaptured(Exception):
@@ -302,8 +408,8 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
 
     Its post-processing and checks apply unchanged; its ``train`` then builds the Ray actor
     groups and engines and starts :class:`ProGPOPPOTrainer` in place of ``PPOTrainer`` and
-    :class:`ProGPOPolicyModelActor` in place of ``PolicyModelActor`` (synchronous mode only;
-    ``--train.async_enable`` is refused earlier by ``train_ray``) and :class:`ProGPOReferenceModelActor`
+    :class:`ProGPOPolicyModelActor` in place of ``PolicyModelActor`` (and, with ``--train.async_enable``,
+    :class:`ProGPOPPOTrainerAsync` in place of ``PPOTrainerAsync``) and :class:`ProGPOReferenceModelActor`
     in place of ``ReferenceModelActor``. With ``--rollout.backend hf``
     the driver-side CPU stand-ins of :func:`progpo.openrlhf.cpu.launch.launch_patches` apply too; with ``vllm``
     the engines are waited for as they are created (:func:`engines_then_wait`).
@@ -316,6 +422,7 @@ def run_openrlhf_main(namespace: argparse.Namespace) -> None:
     with contextlib.ExitStack() as stack:
         stack.enter_context(patched(argparse.ArgumentParser, "parse_args", given))
         stack.enter_context(patched(_ppo_trainer_module, "PPOTrainer", ProGPOPPOTrainer))
+        stack.enter_context(patched(_async_module, "PPOTrainerAsync", ProGPOPPOTrainerAsync))
         stack.enter_context(patched(_ppo_actor_module, "PolicyModelActor", ProGPOPolicyModelActor))
         stack.enter_context(patched(_launcher_module, "ReferenceModelActor", ProGPOReferenceModelActor))
         if ray_run(namespace).device == "cpu":

@@ -73,7 +73,7 @@ def _args(micro, shuffle=False):
         algo=SimpleNamespace(kl=SimpleNamespace(use_loss=True, init_coef=0.01, estimator="k3", unbiased_gradient=False),
                              advantage=SimpleNamespace(is_correction_level="off", is_correction_mode="mask",
                                                        is_correction_gating="ratio", is_correction_threshold=(0.5, 5.0))),
-        train=SimpleNamespace(dynamic_batch_enable=False, max_epochs=1, micro_batch_size=micro),
+        train=SimpleNamespace(dynamic_batch_enable=False, async_enable=False, max_epochs=1, micro_batch_size=micro),
         ds=SimpleNamespace(tensor_parallel_size=1 if shuffle else 2, packing_samples=False),  # 2: OpenRLHF keeps order
     )
 

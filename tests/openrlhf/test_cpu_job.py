@@ -387,19 +387,26 @@ def test_cluster_run_ends_cleanly_within_its_patience(cluster_job):
 def test_cluster_ranks_run_the_same_collectives_each_iteration(cluster_job):
     """Per iteration, from every rank itself: the same forward passes (policy and reference), the same
     micro-batches and optimizer steps, and no accumulation window left open (no gradient carried)."""
-    files = sorted(cluster_job["dump"].glob("iter*_ranks.json"))
-    assert len(files) == 2
+    assert_ranks_ran_the_same_collectives(cluster_job["dump"], iters=2)
+
+
+def assert_ranks_ran_the_same_collectives(dump: Path, iters: int, policy_nodes: int = 2) -> None:
+    """The cluster-shaped job's per-rank counts (``iter<N>_ranks.json``, ``--debug.dump_dir``): in each of ``iters``
+    iterations both policy ranks (on ``policy_nodes`` Ray nodes) and both reference ranks ran the same forward
+    passes, micro-batches and optimizer steps, none left pending; every batch padded to whole micro-batches."""
+    files = sorted(dump.glob("iter*_ranks.json"))
+    assert len(files) == iters
     for f in files:
         counts = json.loads(f.read_text())
         actor, ref = counts["actor"], counts["ref"]
         assert sorted(c["rank"] for c in actor) == [0, 1] and sorted(c["rank"] for c in ref) == [0, 1]
-        assert len({c["node_id"] for c in actor}) == 2  # one policy rank on each Ray node
+        assert len({c["node_id"] for c in actor}) == policy_nodes
         assert len({(c["forward"], c["micro_batches"], c["optimizer_steps"]) for c in actor}) == 1, actor
         assert {c["forward"] for c in ref} == {actor[0]["forward"]} and actor[0]["forward"] >= 1
         for c in actor:
             assert c["pending_micro_steps"] == 0 and c["micro_steps"] == c["micro_batches"]
             assert c["optimizer_steps"] == c["micro_batches"] // c["gas"] >= 1
-    for step_dump, actor_dump in dumped_iterations(cluster_job["dump"]):
+    for step_dump, actor_dump in dumped_iterations(dump):
         assert actor_dump["ranks"] == 2
         n_rows = len(actor_dump["rows"])
         assert n_rows % 16 == 0 and len(step_dump["advantages"]) % 16 != 0  # padded: S is no multiple of 16
@@ -420,6 +427,8 @@ def test_cluster_actor_moved_and_both_engines_hold_it(cluster_job, vllm_start_mo
     assert len(tb["train/sync/max_abs_diff"]) == 2 and max(tb["train/sync/max_abs_diff"]) <= bound
     assert min(tb["train/sync/max_abs_diff_before"]) > 1e-6
     assert tb["train/rollout/failed_episodes"][1] == 0  # iteration 2: every env actor (1 replaced) answered
+    # sync mode: every batch sampled by the weights it trains (each step's policy version read by the engines)
+    assert tb["train/async/version_lag_max"] == [0.0, 0.0] and tb["train/async/mixed_version_groups"] == [0.0, 0.0]
     assert_actor_trained_on_step_advantages(cluster_job["dump"], "progpo", iters=2, min_distinct=2)
 
 

@@ -38,7 +38,7 @@ def _args(rounds, batch_size=2, n=2, advantage=None):
                                 micro_batch_size=1),
         algo=SimpleNamespace(dynamic_filtering_enable=False, advantage=SimpleNamespace(
             estimator="progpo", is_correction_level="off"), kl=SimpleNamespace(init_coef=0.0)),
-        train=SimpleNamespace(batch_size=1, micro_batch_size=1),  # no padding rows: counts stay the step counts
+        train=SimpleNamespace(batch_size=1, micro_batch_size=1, async_enable=False),  # no padding rows: counts stay the step counts
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1), ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
         ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
         vllm=SimpleNamespace(enable_sleep=False), progpo=RayRun(settings=RayArgs(rollout=RolloutSettings(

@@ -65,7 +65,7 @@ def _args(estimator, n, kl_use_loss=True, ranks=1, train_batch=8, train_micro=2,
         algo=SimpleNamespace(dynamic_filtering_enable=False, kl=SimpleNamespace(use_loss=kl_use_loss, init_coef=0.01),
                              advantage=SimpleNamespace(estimator=estimator, is_correction_level="off", gamma=1.0,
                                                        lambd=1.0, no_std_norm=False)),
-        train=SimpleNamespace(dynamic_batch_enable=False, batch_size=train_batch, micro_batch_size=train_micro),
+        train=SimpleNamespace(dynamic_batch_enable=False, async_enable=False, batch_size=train_batch, micro_batch_size=train_micro),
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=ranks), ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=ranks),
         ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
         reward=SimpleNamespace(clip_range=(-10, 10), stop_properly_penalty_coef=None, overlong_buffer_len=None),
@@ -144,6 +144,24 @@ def test_step_advantages_equal_registry_on_action_tokens(mods, estimator, option
         assert all(isinstance(v, torch.Tensor) for v in e.info.values())  # the actor logs every entry as floats
     np.testing.assert_allclose(got, expected.astype(np.float32), rtol=1e-6, atol=1e-6)
     assert any(k.startswith("adv/") for k in maker.last_diagnostics)
+
+
+def test_flip_advantages_negates_every_step_advantage(mods):
+    """``--debug.flip_advantages`` (a learning check's negative control): the same batch gets exactly the negated
+    step advantages on its action tokens."""
+    from progpo.openrlhf.launch import DebugSettings, RayArgs, RayRun
+
+    groups, n = synthetic_episodes(), 4
+    cfg = AdvantageConfig(estimator="progpo", semantic_expansion=False, max_steps=5)
+    out = {}
+    for flip in (False, True):
+        args = _args("progpo", n)
+        args.progpo = RayRun(settings=RayArgs(debug=DebugSettings(flip_advantages=flip)))
+        gen, samples = _rows(mods, groups, args, n)
+        maker = _maker(mods, args, cfg)
+        done = maker.compute_advantages_and_returns(_forward(gen.expand(samples, n_samples_per_prompt=n, max_len=64)))
+        out[flip] = torch.cat([e.advantages.flatten() for e in done])
+    assert out[False].abs().max() > 0.1 and torch.equal(out[True], -out[False])
 
 
 def test_kl_reward_penalty_adds_token_reward_to_go(mods):

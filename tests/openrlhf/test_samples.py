@@ -44,12 +44,12 @@ def recorded_episodes() -> list[Episode]:
     return [win, loss]
 
 
-def _args(n=2, correction="off", train_batch=1):
+def _args(n=2, correction="off", train_batch=1, async_enable=False):
     return SimpleNamespace(
         rollout=SimpleNamespace(batch_size=1, n_samples_per_prompt=n, vllm_generate_batch_size=None, micro_batch_size=1),
         algo=SimpleNamespace(dynamic_filtering_enable=False, advantage=SimpleNamespace(
             estimator="progpo", is_correction_level=correction), kl=SimpleNamespace(init_coef=0.0)),
-        train=SimpleNamespace(batch_size=train_batch, micro_batch_size=1),
+        train=SimpleNamespace(batch_size=train_batch, micro_batch_size=1, async_enable=async_enable),
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1), ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
         ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1),
         vllm=SimpleNamespace(enable_sleep=False),
@@ -103,6 +103,24 @@ def test_expansion_gives_one_sample_per_step_with_metadata(mods):
     assert gen.last_stats["env/success_rate"] == 0.5
     assert gen.last_stats["rollout/num_steps"] == 5
     assert gen.last_stats["rollout/truncated_response_frac"] == pytest.approx(1 / 5)  # one response hit the limit
+
+
+def test_each_step_carries_its_policy_version_and_async_mode_keeps_behaviour_logprobs(mods):
+    """Async mode attaches the behaviour log-probs even with the correction off; every step row carries the
+    version its response was sampled under (``StepRecord.policy_version`` / ``_end``)."""
+    episodes = recorded_episodes()
+    for k, ep in enumerate(episodes):
+        for t, step in enumerate(ep.steps):
+            step.policy_version, step.policy_version_end = 4 + k, 4 + k + (t == 1)
+    for async_enable in (False, True):
+        gen = _generator(mods, _args(async_enable=async_enable))
+        samples = [gen._process_response_into_experience(r, max_len=64) for r in _responses(mods, episodes)]
+        steps = gen.expand(samples, n_samples_per_prompt=2, max_len=64)
+        assert all((e.rollout_log_probs is not None) == async_enable for e in steps)
+        flat = [s for ep in episodes for s in ep.steps]
+        assert [e.info[mods.samples.POLICY_VERSION_KEY].tolist() for e in steps] == [[s.policy_version] for s in flat]
+        assert [e.info[mods.samples.POLICY_VERSION_END_KEY].tolist() for e in steps] == \
+            [[s.policy_version_end] for s in flat]
 
 
 def test_step_rows_equal_the_local_loops_step_batch(mods):

@@ -66,7 +66,10 @@ def test_help_lists_openrlhf_and_our_flags(cli, capsys):
     (["--env.url", "localhost:3000"], "--env.url"),
     (["--env.num_tasks", "0"], "--env.num_tasks"),
     (["--env.split_size", "0"], "--env.split_size"),
-    (["--train.async_enable"], "--train.async_enable"),
+    (["--train.partial_rollout_enable"], "--train.partial_rollout_enable"),  # without --train.async_enable
+    # a group straddling a sync is kept only corrected
+    (["--train.async_enable", "--train.partial_rollout_enable", "--algo.advantage.is_correction_level", "off"],
+     "--algo.advantage.is_correction_level"),
     (["--rollout.n_samples_per_prompt", "1"], "--rollout.n_samples_per_prompt"),
     (["--eval.num_tasks", "-1"], "--eval.num_tasks"),
     (["--algo.advantage.estimator", "group_norm", "--progpo.kappa", "2"], "--progpo.*"),
@@ -199,6 +202,63 @@ def test_openrlhf_main_runs_its_checks_and_swaps_in_our_trainer(cli, tmp_path, m
                                  "--rollout.micro_batch_size", "4"], tmp_path)
     with pytest.raises(AssertionError, match="effective number of actor"):  # OpenRLHF's own check
         cli.trainer.run_openrlhf_main(bad)
+
+
+def test_async_mode_runs_openrlhf_s_async_trainer_with_our_actors(cli, tmp_path, monkeypatch):
+    """--train.async_enable with our estimator: OpenRLHF's train() picks PPOTrainerAsync, and gets ours, whose
+    generator and training actors subclass OpenRLHF's; its correction is on unless given (and its help says so)."""
+    import openrlhf.utils
+    import ray
+    from openrlhf.trainer import ppo_trainer_async
+
+    seen = {}
+
+    class Reached(Exception):
+        pass
+
+    def fake_get_strategy(args):
+        seen["args"], seen["trainer"] = args, ppo_trainer_async.PPOTrainerAsync
+        raise Reached
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(openrlhf.utils, "get_strategy", fake_get_strategy)
+    ns = _finalize(cli, BASE + ["--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--vllm.num_engines",
+                                "2", "--train.async_enable", "--train.async_queue_size", "2"], tmp_path)
+    with pytest.raises(Reached):
+        cli.trainer.run_openrlhf_main(ns)
+    assert seen["trainer"] is cli.trainer.ProGPOPPOTrainerAsync
+    assert ppo_trainer_async.PPOTrainerAsync is not cli.trainer.ProGPOPPOTrainerAsync  # restored afterwards
+    assert seen["args"].algo.advantage.is_correction_level == "token"
+    assert seen["args"].algo.advantage.is_correction_mode == "clip"
+    for ours, theirs in ((cli.trainer.ProGPOGenerateSamplesActor, ppo_trainer_async.GenerateSamplesActor),
+                         (cli.trainer.ProGPOTrainingActor, ppo_trainer_async.TrainingActor),
+                         (cli.trainer.ProGPOPPOTrainerAsync, ppo_trainer_async.PPOTrainerAsync)):
+        assert issubclass(ours.__ray_actor_class__, theirs.__ray_actor_class__)
+    training = cli.trainer.ProGPOTrainingActor.__ray_actor_class__
+    # the clock ticks inside OpenRLHF's lock / pause: after its TrainingActor in the method order
+    mro = training.__mro__
+    assert mro.index(ppo_trainer_async.TrainingActor.__ray_actor_class__) < mro.index(cli.trainer._ClockedBroadcast)
+
+
+@pytest.mark.parametrize("argv, level, mode", [
+    ([], "off", "mask"),  # sync: OpenRLHF's own defaults
+    (["--train.async_enable"], "token", "clip"),
+    (["--train.async_enable", "--algo.advantage.is_correction_level", "off"], "off", "mask"),  # given: kept
+    (["--train.async_enable", "--algo.advantage.is_correction_mode", "mask"], "token", "mask"),
+    (["--algo.advantage.is_correction_level", "seq"], "seq", "mask"),
+    (["--train.async_enable", "--algo.advantage.is_correction_gating", "tv"], "token", "mask"),  # clip needs ratio
+])
+def test_the_correction_is_on_by_default_in_async_mode_only(cli, tmp_path, argv, level, mode):
+    ns = _finalize(cli, BASE + ["--vllm.num_engines", "8"] + argv, tmp_path)
+    assert (getattr(ns, "algo.advantage.is_correction_level"), getattr(ns, "algo.advantage.is_correction_mode")) == \
+        (level, mode)
+
+
+def test_the_correction_help_states_its_async_default(cli, capsys):
+    with pytest.raises(SystemExit):
+        cli.train_ray.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Default: token with --train.async_enable" in out and "Default: clip with --train.async_enable" in out
 
 
 def test_trainer_actor_subclasses_openrlhf(cli):
