@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "webshop": ("benchmarks.webshop", "WebShop server start time, RSS, step latency"),
     "train": ("benchmarks.train", "one training iteration's time split per estimator"),
     "roofline": ("benchmarks.roofline", "main job's generation and update throughput vs this machine's bound"),
+    "async": ("benchmarks.async_mode", "cluster-shaped CPU job sync vs async: iteration time, overlap, version lag"),
 }
 
 

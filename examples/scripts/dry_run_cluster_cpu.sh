@@ -13,8 +13,11 @@
 # The two nodes are stopped at the end (only ours: never `ray stop`). Any train_ray flag may follow.
 #   bash examples/scripts/dry_run_cluster_cpu.sh                          # SmolLM2-135M, 2 iterations
 #   MODEL=tiny bash examples/scripts/dry_run_cluster_cpu.sh --debug.dump_dir /tmp/dump
-# Environment: MODEL, TRAIN_ITERS, GPU_SLOTS (1), NODE_CPUS (3), ENV_ACTORS_PER_ENGINE (2), RAY_TMPDIR,
-# and every variable of lib/train_args.sh.
+# ASYNC=1 runs OpenRLHF's async mode in the same shape: each node then declares 2 GPU slots (GPU_SLOTS's default
+# becomes 2), one for its policy + reference ranks, one for its engine (lib/train_args.sh "ASYNC").
+#   ASYNC=1 bash examples/scripts/dry_run_cluster_cpu.sh
+# Environment: MODEL, TRAIN_ITERS, GPU_SLOTS (1; 2 with ASYNC=1), NODE_CPUS (3), ENV_ACTORS_PER_ENGINE (2),
+# RAY_TMPDIR, and every variable of lib/train_args.sh.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
@@ -27,7 +30,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"  # every Ray worker imports
 # Ray 2.60's token auth for the nodes, `ray status` and the driver alike (the token in ~/.ray/auth_token,
 # created by the head if missing); RAY_AUTH_MODE=disabled turns it off (see "Auth note" in docs/distributed.md)
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
-SLOTS=${GPU_SLOTS:-1}
+SLOTS=${GPU_SLOTS:-$([ "${ASYNC:-0}" = 1 ] && echo 2 || echo 1)}
 CPUS=${NODE_CPUS:-3}
 IP=$(progpo_node_ip)
 RAY_TMP=${RAY_TMPDIR:-/tmp/progpo_dry_$$}  # short: Ray's socket paths must stay < 108 characters

