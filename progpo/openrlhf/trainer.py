@@ -137,9 +137,10 @@ class _ProGPOTrainerMixin:
     def train_step(self, rollout_samples: Any, global_step: int) -> tuple[dict, int]:
         """OpenRLHF's train step, plus episode (``env/``, ``rollout/``), estimator (``adv/``), policy-version
         (``async/``: :func:`~progpo.openrlhf.policy_clock.version_metrics`, from the trainer's version before this
-        update) and, with ``--debug.check_weight_sync``, weight-sync (``sync/``) metrics; ``timing/generation_start``,
-        ``timing/generation_end``, ``timing/train_start``, ``timing/train_end``: seconds after the trainer started
-        (the batch's generation and this step, so that overlap in async mode can be read off). With
+        update) and, with ``--debug.check_weight_sync``, weight-sync (``sync/``) metrics; ``timeline/generation_start``,
+        ``timeline/generation_end``, ``timeline/train_start``, ``timeline/train_end``: seconds after the trainer started
+        (the batch's generation and this step, so that overlap in async mode can be read off; not ``timing/*``, which
+        OpenRLHF's sync loop sums into ``timing/step_total``). With
         ``--debug.dump_dir``, every rank's counts of the step are written there (:meth:`_dump_rank_counts`).
 
         Raises:
@@ -156,9 +157,9 @@ class _ProGPOTrainerMixin:
         status.update(rollout_samples.stats)
         status.update(versions)
         gen_start, gen_end = rollout_samples.generation_span
-        status.update({"timing/generation_start": gen_start - self._t_origin,
-                       "timing/generation_end": gen_end - self._t_origin,
-                       "timing/train_start": started - self._t_origin, "timing/train_end": time.time() - self._t_origin})
+        status.update({"timeline/generation_start": gen_start - self._t_origin,
+                       "timeline/generation_end": gen_end - self._t_origin,
+                       "timeline/train_start": started - self._t_origin, "timeline/train_end": time.time() - self._t_origin})
         status.update(self.experience_maker.last_diagnostics)
         status.update(getattr(self, "_sync_stats", {}))
         if ray_run(self.strategy.args).dump_dir:

@@ -427,6 +427,10 @@ def test_cluster_actor_moved_and_both_engines_hold_it(cluster_job, vllm_start_mo
     assert len(tb["train/sync/max_abs_diff"]) == 2 and max(tb["train/sync/max_abs_diff"]) <= bound
     assert min(tb["train/sync/max_abs_diff_before"]) > 1e-6
     assert tb["train/rollout/failed_episodes"][1] == 0  # iteration 2: every env actor (1 replaced) answered
+    # OpenRLHF's sync loop sums every timing/* entry into timing/step_total: only its phases may carry that prefix
+    for i in range(2):
+        phases = sum(tb[f"train/timing/{k}"][i] for k in ("make_experience", "ppo_train", "broadcast", "generation"))
+        assert tb["train/timing/step_total"][i] == pytest.approx(phases, rel=1e-3)
     # sync mode: every batch sampled by the weights it trains (each step's policy version read by the engines)
     assert tb["train/async/version_lag_max"] == [0.0, 0.0] and tb["train/async/mixed_version_groups"] == [0.0, 0.0]
     assert_actor_trained_on_step_advantages(cluster_job["dump"], "progpo", iters=2, min_distinct=2)

@@ -52,7 +52,7 @@ def test_async_version_lag_stays_within_the_queue_size(async_job):
     assert max(lag_max) >= 1
     assert tb["train/async/mixed_version_groups"] == [0.0, 0.0]  # without partial rollout a batch holds one version
     # the second batch's generation started before the first update ended (the overlap)
-    assert tb["train/timing/generation_start"][1] < tb["train/timing/train_end"][0]
+    assert tb["train/timeline/generation_start"][1] < tb["train/timeline/train_end"][0]
 
 
 def test_async_correction_is_on_and_behaviour_logprobs_reach_the_loss(async_job):
