@@ -9,18 +9,11 @@ import pytest
 from hypothesis import settings
 
 from progpo.paths import data_root
+from progpo_tests.xdist_groups import xdist_group
 
 # Property tests draw the same examples on every run (a red CI must be reproducible, never a lucky draw).
 settings.register_profile("progpo", derandomize=True, database=None)
 settings.load_profile("progpo")
-
-ENGINE_GROUP = "vllm_cpu_engine"
-"""The pytest-xdist group of every test that uses the session's real vLLM engine (one engine per worker)."""
-
-
-def xdist_group(nodeid: str, fixturenames: tuple[str, ...] = ()) -> str:
-    """The pytest-xdist group of a test: :data:`ENGINE_GROUP` for the real-engine tests, else its file."""
-    return ENGINE_GROUP if "vllm_cpu_engine" in fixturenames else nodeid.split("::")[0]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the marks into the node ids

@@ -94,7 +94,7 @@ def test_the_openrlhf_path_logs_one_line_per_batch(caplog):
         rollout=SimpleNamespace(batch_size=2, n_samples_per_prompt=2, vllm_generate_batch_size=None, micro_batch_size=1),
         algo=SimpleNamespace(dynamic_filtering_enable=False, advantage=SimpleNamespace(
             estimator="progpo", is_correction_level="off"), kl=SimpleNamespace(init_coef=0.0)),
-        train=SimpleNamespace(batch_size=1, micro_batch_size=1),
+        train=SimpleNamespace(batch_size=1, micro_batch_size=1, async_enable=False),
         actor=SimpleNamespace(num_nodes=1, num_gpus_per_node=1), ref=SimpleNamespace(num_nodes=1, num_gpus_per_node=1),
         ds=SimpleNamespace(ring_attn_size=1, tensor_parallel_size=1), vllm=SimpleNamespace(enable_sleep=False))
     gen = samples.StepSamplesGenerator(strategy=SimpleNamespace(args=args), prompts_dataloader=[],

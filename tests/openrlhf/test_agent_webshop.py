@@ -146,7 +146,8 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen3_tokenizer
     gen = mods.samples.StepSamplesGenerator(
         strategy=SimpleNamespace(args=SimpleNamespace(
             rollout=SimpleNamespace(n_samples_per_prompt=n_rollouts),
-            algo=SimpleNamespace(advantage=SimpleNamespace(estimator="progpo", is_correction_level="off"))),
+            algo=SimpleNamespace(advantage=SimpleNamespace(estimator="progpo", is_correction_level="off")),
+            train=SimpleNamespace(async_enable=False)),
         ), prompts_dataloader=[], eval_dataloader=None, tokenizer=qwen3_tokenizer, vllm_engines=[])
     samples = [gen._process_response_into_experience(r, max_len=4096) for r in responses]
     rows = gen.expand(samples, n_samples_per_prompt=n_rollouts, max_len=4096)

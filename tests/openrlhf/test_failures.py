@@ -129,7 +129,8 @@ def test_threshold_stops_a_batch_that_mostly_failed_and_always_an_all_failed_one
 def test_generator_counts_failures_by_kind_and_stops_on_the_threshold(mods):
     cfg = mods.agent.AgentConfig(env=EnvSettings(name="webshop", max_failed_frac=0.25), env_kwargs={"base_url": "http://h:1"})
     args = SimpleNamespace(progpo=RayRun(agent=cfg),
-                           algo=SimpleNamespace(advantage=SimpleNamespace(estimator="progpo", is_correction_level="off")))
+                           algo=SimpleNamespace(advantage=SimpleNamespace(estimator="progpo", is_correction_level="off")),
+                           train=SimpleNamespace(async_enable=False))
     gen = mods.samples.StepSamplesGenerator(strategy=SimpleNamespace(args=args), prompts_dataloader=[],
                                             eval_dataloader=None, tokenizer=SimpleNamespace(pad_token_id=0),
                                             vllm_engines=[])
