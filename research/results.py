@@ -37,6 +37,10 @@ LEARNING: dict[str, tuple[tuple[str, str], ...]] = {
                                       ("fresh WebShop-like", "i43-learning-webshop-fresh"),
                                       ("fresh ALFWorld-like, hard", "i43-learning-alfworld-fresh-hard")),
 }
+#: Rows shown as one row of the page: GRAFT's paper preset per family (``graft``: lambda 0.95 on ALFWorld,
+#: ``graft_webshop``: 0.8 on WebShop, arXiv 2609.28963 Sec. 4.1), so its two columns share a line.
+ROW_ALIASES = {"graft preset=graft": "graft, paper preset (`graft`; `graft_webshop` on WebShop-like)",
+               "graft preset=graft_webshop": "graft, paper preset (`graft`; `graft_webshop` on WebShop-like)"}
 FIDELITY = {"ALFWorld-like": "fidelity", "WebShop-like": "fidelity-webshop"}
 FIDELITY_ROWS = ("grpo", "rloo", "gigpo", "hgpo", "progpo paper", "progpo", "TD oracle (true V)")
 THROUGHPUT = {  # name -> section heading of docs/training.md (its table follows its "Measured by" line)
@@ -123,9 +127,10 @@ def learning_table(text: str, draw: str, columns: Sequence[tuple[str, str]]) -> 
             if len(c) != len(head):
                 raise SourceError(f"block {name!r}: a Learning table row has {len(c)} cells, its header {len(head)}: "
                                   f"{line.strip()!r}")
-            col[c[0]] = c[ratio] + ("" if c[collapsed].startswith("0/") else f", {c[collapsed]} collapsed")
-            if c[0] not in order:
-                order.append(c[0])
+            row = ROW_ALIASES.get(c[0], c[0])
+            col[row] = c[ratio] + ("" if c[collapsed].startswith("0/") else f", {c[collapsed]} collapsed")
+            if row not in order:
+                order.append(row)
         cols.append(col)
     labels = [label for label, _ in columns]
     out = [f"### Learning, {draw}", "",
