@@ -28,12 +28,13 @@ TRAINING = REPO / "docs" / "training.md"
 
 #: The learning tables of the page, current ones only (issue 43's comparison, 2026-12-05): draw -> (column, block)
 #: per regime. Older blocks (issue 32's draw 1 and held-out draw 9001) stay in docs/fidelity-results.md under a
-#: **Superseded** note and are not quoted here. Of issue 43's fixed-task runs only fixed ALFWorld-like tasks of
-#: draw 4343 (7 rows) fitted its session: the other fixed-task columns are missing until they are run.
+#: **Superseded** note and are not quoted here. Of issue 43's fixed-task runs only draw 4343's (7 rows each)
+#: fitted its session: draw 1 has no fixed-task column until they are run.
 LEARNING: dict[str, tuple[tuple[str, str], ...]] = {
     "new draw 4343 (issue 43)": (("fresh ALFWorld-like", "learning-alfworld-fresh-task4343"),
                                  ("fresh WebShop-like", "learning-webshop-fresh-task4343"),
-                                 ("fixed ALFWorld-like", "learning-task4343")),
+                                 ("fixed ALFWorld-like", "learning-task4343"),
+                                 ("fixed WebShop-like", "learning-webshop-fixed-task4343")),
     "developers' draw 1 (issue 43)": (("fresh ALFWorld-like", "i43-learning-alfworld-fresh"),
                                       ("fresh WebShop-like", "i43-learning-webshop-fresh"),
                                       ("fresh ALFWorld-like, hard", "i43-learning-alfworld-fresh-hard")),
