@@ -26,13 +26,23 @@ PAGE = REPO / "docs" / "results.md"
 BLOCKS = REPO / "docs" / "fidelity-results.md"
 TRAINING = REPO / "docs" / "training.md"
 
-REGIMES = ("fixed ALFWorld-like", "fixed WebShop-like", "fresh ALFWorld-like", "fresh WebShop-like")
-LEARNING: dict[str, tuple[str, ...]] = {  # draw -> the block of each regime, in REGIMES order
-    "developers' draw 1": ("i32-learning-alfworld-fixed", "i32-learning-webshop-fixed", "i32-learning-alfworld-fresh",
-                           "i32-learning-webshop-fresh"),
-    "held-out draw 9001": ("learning-task9001", "learning-webshop-fixed-task9001", "learning-alfworld-fresh-task9001",
-                           "learning-webshop-fresh-task9001"),
+#: The learning tables of the page, current ones only (issue 43's comparison, 2026-12-05): draw -> (column, block)
+#: per regime. Older blocks (issue 32's draw 1 and held-out draw 9001) stay in docs/fidelity-results.md under a
+#: **Superseded** note and are not quoted here. Of issue 43's fixed-task runs only draw 4343's (7 rows each)
+#: fitted its session: draw 1 has no fixed-task column until they are run.
+LEARNING: dict[str, tuple[tuple[str, str], ...]] = {
+    "new draw 4343 (issue 43)": (("fresh ALFWorld-like", "learning-alfworld-fresh-task4343"),
+                                 ("fresh WebShop-like", "learning-webshop-fresh-task4343"),
+                                 ("fixed ALFWorld-like", "learning-task4343"),
+                                 ("fixed WebShop-like", "learning-webshop-fixed-task4343")),
+    "developers' draw 1 (issue 43)": (("fresh ALFWorld-like", "i43-learning-alfworld-fresh"),
+                                      ("fresh WebShop-like", "i43-learning-webshop-fresh"),
+                                      ("fresh ALFWorld-like, hard", "i43-learning-alfworld-fresh-hard")),
 }
+#: Rows shown as one row of the page: GRAFT's paper preset per family (``graft``: lambda 0.95 on ALFWorld,
+#: ``graft_webshop``: 0.8 on WebShop, arXiv 2609.28963 Sec. 4.1), so its two columns share a line.
+ROW_ALIASES = {"graft preset=graft": "graft, paper preset (`graft`; `graft_webshop` on WebShop-like)",
+               "graft preset=graft_webshop": "graft, paper preset (`graft`; `graft_webshop` on WebShop-like)"}
 FIDELITY = {"ALFWorld-like": "fidelity", "WebShop-like": "fidelity-webshop"}
 FIDELITY_ROWS = ("grpo", "rloo", "gigpo", "hgpo", "progpo paper", "progpo", "TD oracle (true V)")
 THROUGHPUT = {  # name -> section heading of docs/training.md (its table follows its "Measured by" line)
@@ -42,8 +52,6 @@ THROUGHPUT = {  # name -> section heading of docs/training.md (its table follows
 FIDELITY_NOTE = ("`progpo` in this table is the default of 2026-11-30, before its `zero_signal_return = discounted` "
                  "(2026-12-04, commit c0ea0cc); these blocks were not regenerated since. The learning blocks above carry "
                  "today's default's fixed-policy fidelity.")
-G2PO_NOTE = ("G2PO rows: computed with `g2po_reading=text`, **superseded** on 2026-12-05 (issue 43) by the released "
-             "code's arithmetic (`g2po_reading=released`, the default); not rerun.")
 
 
 class SourceError(ValueError):
@@ -103,11 +111,11 @@ def _provenance(names: Sequence[str], runs: Sequence[Provenance], labels: Sequen
             for name, run, label in zip(names, runs, labels)]
 
 
-def learning_table(text: str, draw: str, names: Sequence[str]) -> list[str]:
-    """Env steps to 80% success as a multiple of GiGPO's (95% interval), one column per regime, from the
-    ``**Learning**`` table of each block; collapsed final seeds where any."""
-    columns, order, runs = [], [], []
-    for name in names:
+def learning_table(text: str, draw: str, columns: Sequence[tuple[str, str]]) -> list[str]:
+    """Env steps to 80% success as a multiple of GiGPO's (95% interval), one column per ``(regime, block)`` of
+    ``columns``, from the ``**Learning**`` table of each block; collapsed final seeds where any."""
+    cols, order, runs = [], [], []
+    for _, name in columns:
         body = block(text, name)
         runs.append(header(body, name))
         rows = table_after(body, "**Learning**")
@@ -121,18 +129,20 @@ def learning_table(text: str, draw: str, names: Sequence[str]) -> list[str]:
             if len(c) != len(head):
                 raise SourceError(f"block {name!r}: a Learning table row has {len(c)} cells, its header {len(head)}: "
                                   f"{line.strip()!r}")
-            col[c[0]] = c[ratio] + ("" if c[collapsed].startswith("0/") else f", {c[collapsed]} collapsed")
-            if c[0] not in order:
-                order.append(c[0])
-        columns.append(col)
+            row = ROW_ALIASES.get(c[0], c[0])
+            col[row] = c[ratio] + ("" if c[collapsed].startswith("0/") else f", {c[collapsed]} collapsed")
+            if row not in order:
+                order.append(row)
+        cols.append(col)
+    labels = [label for label, _ in columns]
     out = [f"### Learning, {draw}", "",
            "Environment steps to 80% success as a multiple of GiGPO's (restricted mean, 95% bootstrap interval; "
-           "below 1 is faster), each row at its best learning rate, 15 seeds; the lab's log-linear learner.", "",
-           "| row | " + " | ".join(REGIMES) + " |", "|---|" + "---|" * len(REGIMES)]
+           "below 1 is faster), each row at its best learning rate of its block's sweep; the lab's log-linear learner. "
+           "Seeds and sweep as each column's command below says (`--seeds`, `--sweep_seeds`).", "",
+           "| row | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for row in order:
-        out.append(f"| {row} | " + " | ".join(col.get(row, "-") for col in columns) + " |")
-    out += ["", G2PO_NOTE, ""] + _provenance(names, runs, REGIMES)
-    return out
+        out.append(f"| {row} | " + " | ".join(col.get(row, "-") for col in cols) + " |")
+    return out + [""] + _provenance([name for _, name in columns], runs, labels)
 
 
 def fidelity_table(text: str) -> list[str]:
@@ -196,9 +206,13 @@ def render(blocks_text: str, training_text: str) -> str:
            "\"Where ProGPO stands\") and the measured sections of [training.md](training.md). How the lab measures: "
            "[fidelity.md](fidelity.md); older figures: [fidelity-history.md](fidelity-history.md). Commands are shown "
            "without their `--out` (a folder on the machine that ran them).", "",
-           "## Learning", ""]
-    for draw, names in LEARNING.items():
-        out += learning_table(blocks_text, draw, names) + [""]
+           "## Learning", "",
+           "Issue 43's comparison (2026-12-05): every estimator behind `--algo.advantage.estimator`, each paper's row at "
+           "its paper preset, ProGPO's paper reading, its default and `potential_target=closure`, and the oracle. "
+           "The learning blocks of issue 32 (draw 1 and held-out draw 9001, 2026-12-04) are superseded by these "
+           "and not quoted here.", ""]
+    for draw, columns in LEARNING.items():
+        out += learning_table(blocks_text, draw, columns) + [""]
     out += ["## Fidelity", ""] + fidelity_table(blocks_text) + ["", "## Throughput", ""]
     out += throughput_tables(training_text)
     return "\n".join(out).rstrip("\n") + "\n"
