@@ -102,6 +102,9 @@ def iterations(tb: dict[str, list[float]]) -> list[Iteration]:
 
     gen = list(zip(tag("timeline/generation_start"), tag("timeline/generation_end")))
     upd = list(zip(tag("timeline/train_start"), tag("timeline/train_end")))
+    unrecorded = [float("nan")] * len(upd)  # a run whose engines read no policy clock
+    lag_mean, lag_max = tb.get(TB_PREFIX + LAG_MEAN, unrecorded), tb.get(TB_PREFIX + LAG_MAX, unrecorded)
+    mixed = tb.get(TB_PREFIX + MIXED_GROUPS, [0.0] * len(upd))
     out = []
     for k, (start, end) in enumerate(upd):
         begin = upd[k - 1][1] if k else gen[0][0]
@@ -110,12 +113,9 @@ def iterations(tb: dict[str, list[float]]) -> list[Iteration]:
             return [(max(a, begin), min(b, end)) for a, b in spans if min(b, end) > max(a, begin)]
 
         wall = end - begin
-        lag_mean, lag_max = tb.get(TB_PREFIX + LAG_MEAN, [float("nan")] * len(upd)), tb.get(
-            TB_PREFIX + LAG_MAX, [float("nan")] * len(upd))
         out.append(Iteration(wall_s=wall, gen_s=gen[k][1] - gen[k][0], upd_s=end - start,
                              overlap=overlap_seconds(clip(gen), clip(upd)) / wall if wall > 0 else 0.0,
-                             lag_mean=lag_mean[k], lag_max=lag_max[k],
-                             mixed=tb.get(TB_PREFIX + MIXED_GROUPS, [0.0] * len(upd))[k]))
+                             lag_mean=lag_mean[k], lag_max=lag_max[k], mixed=mixed[k]))
     return out
 
 

@@ -138,8 +138,8 @@ class EngineGenerate:
     ``{token_id: Logprob}`` dict per sampled token), ``.finish_reason`` (``"stop"``/``"length"``,
     copied into :attr:`Generation.finish_reason`). With ``clock`` (the job's
     :class:`~progpo.openrlhf.policy_clock.PolicyClock`), the weight version is read before the request is sent
-    and after it returns (:attr:`Generation.policy_version`, ``policy_version_end``). Our :class:`SamplingParams` are copied onto a
-    deep copy of OpenRLHF's vLLM sampling params with ``SamplingParams.vllm_kwargs`` (temperature,
+    and after it returns (:attr:`Generation.policy_version`, ``policy_version_end``). Our :class:`SamplingParams`
+    are copied onto a deep copy of OpenRLHF's vLLM sampling params with ``SamplingParams.vllm_kwargs`` (temperature,
     top_p, max_tokens, seed, ``stop_token_ids``, and every other distribution-changing field switched off:
     OpenRLHF's template carries ``top_k`` and ``min_tokens=1``), plus ``logprobs=1``.
 

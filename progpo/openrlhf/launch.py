@@ -205,14 +205,13 @@ def correction_defaults(o: Any) -> dict[str, Any]:
         raise FlagError("--train.partial_rollout_enable", "needs --train.async_enable (it pauses the engines around "
                                                           "the weight sync of async mode)")
     level, mode = o.algo.advantage.is_correction_level, o.algo.advantage.is_correction_mode
+    auto_on = level is None and o.train.async_enable
     fill = {}
     if level is None:
-        level = fill["algo.advantage.is_correction_level"] = "token" if o.train.async_enable else "off"
-        if mode is None and o.train.async_enable and o.algo.advantage.is_correction_gating == "ratio":
-            # OpenRLHF clips only the ratio itself (a divergence gate takes mask)
-            fill["algo.advantage.is_correction_mode"] = ASYNC_CORRECTION["algo.advantage.is_correction_mode"]
-    if mode is None and "algo.advantage.is_correction_mode" not in fill:
-        fill["algo.advantage.is_correction_mode"] = "mask"
+        level = fill["algo.advantage.is_correction_level"] = "token" if auto_on else "off"
+    if mode is None:  # OpenRLHF clips only the ratio itself (a divergence gate takes mask)
+        clip = auto_on and o.algo.advantage.is_correction_gating == "ratio"
+        fill["algo.advantage.is_correction_mode"] = ASYNC_CORRECTION["algo.advantage.is_correction_mode"] if clip else "mask"
     if o.train.partial_rollout_enable and level == "off":
         raise FlagError("--algo.advantage.is_correction_level", "off is refused with --train.partial_rollout_enable: "
                         "its groups can straddle a weight sync and are kept only with the correction on (token or seq)")

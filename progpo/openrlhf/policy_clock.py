@@ -22,13 +22,10 @@ request. Each step sample then carries ``policy_version`` (the version when its 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-
-logger = logging.getLogger(__name__)
 
 CLOCK_NAME = "progpo_policy_clock"
 """Ray name of the job's :class:`PolicyClock` (named actors live in the job's namespace: one per job)."""

@@ -48,6 +48,10 @@ POLICY_VERSION_KEY, POLICY_VERSION_END_KEY = "policy_version", "policy_version_e
 """``Experience.info`` entries ``[B]`` (float): each step's ``StepRecord.policy_version`` / ``policy_version_end``
 (-1: not recorded). Kept through training, so the actor logs their batch mean."""
 
+STEP_INFO_KEYS: tuple[str, ...] = tuple(STEP_INFO_PREFIX + name for name in StepBatch.columns() if name != "reward")
+"""Per-step ``Experience.info`` entries, one per ``StepBatch`` column but ``reward`` (which travels as
+``Experience.rewards``): lists of str or ``[B]`` tensors; popped before training."""
+
 
 class StepRollout(list):
     """The step samples of one rollout batch (a ``list[Experience]``, what OpenRLHF's trainer takes) with what the
@@ -66,10 +70,6 @@ class StepRollout(list):
         self.episodes = list(episodes or [])
         self.stats = dict(stats or {})
         self.generation_span = generation_span
-
-STEP_INFO_KEYS: tuple[str, ...] = tuple(STEP_INFO_PREFIX + name for name in StepBatch.columns() if name != "reward")
-"""Per-step ``Experience.info`` entries, one per ``StepBatch`` column but ``reward`` (which travels as
-``Experience.rewards``): lists of str or ``[B]`` tensors; popped before training."""
 
 
 def _step_tensors(step: Any, max_len: int, with_logprobs: bool) -> tuple[torch.Tensor, torch.Tensor,

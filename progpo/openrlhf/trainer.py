@@ -51,8 +51,8 @@ from progpo.run.metrics import SKIPPED_KEY
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OPENRLHF_VERSION", "ProGPOPPOTrainer", "ProGPOPPOTrainerAsync", "ProGPOPolicyModelActor", "ProGPOReferenceModelActor",
-           "check_openrlhf_version", "openrlhf_parser", "run_openrlhf_main"]
+__all__ = ["OPENRLHF_VERSION", "ProGPOPPOTrainer", "ProGPOPPOTrainerAsync", "ProGPOPolicyModelActor",
+           "ProGPOReferenceModelActor", "check_openrlhf_version", "openrlhf_parser", "run_openrlhf_main"]
 
 _TRAIN_MODULE = "openrlhf.cli.train_ppo_ray"
 ENGINE_PROBE_TIMEOUT_S = 60.0
@@ -97,7 +97,7 @@ class _ProGPOTrainerMixin:
 
     def _install_experience_maker(self, strategy: Any, advantage_config: Any) -> None:
         """:class:`StepExperienceMaker` in place of OpenRLHF's (its episodes: the current batch's, :meth:`train_step`),
-        and the run's clock origin (``timing/*_start`` / ``*_end`` are seconds after it)."""
+        and the run's clock origin (``timeline/*_start`` / ``*_end`` are seconds after it)."""
         self._rollout: StepRollout = StepRollout()
         self._t_origin = time.time()
         encoder = None
@@ -156,10 +156,9 @@ class _ProGPOTrainerMixin:
         self._progpo_skip_streak = int(status.pop(SKIP_STREAK_KEY, 0))
         status.update(rollout_samples.stats)
         status.update(versions)
-        gen_start, gen_end = rollout_samples.generation_span
-        status.update({"timeline/generation_start": gen_start - self._t_origin,
-                       "timeline/generation_end": gen_end - self._t_origin,
-                       "timeline/train_start": started - self._t_origin, "timeline/train_end": time.time() - self._t_origin})
+        spans = {"generation": rollout_samples.generation_span, "train": (started, time.time())}
+        status.update({f"timeline/{name}_{edge}": t - self._t_origin for name, span in spans.items()
+                       for edge, t in zip(("start", "end"), span)})
         status.update(self.experience_maker.last_diagnostics)
         status.update(getattr(self, "_sync_stats", {}))
         if ray_run(self.strategy.args).dump_dir:

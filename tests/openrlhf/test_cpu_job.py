@@ -161,14 +161,10 @@ def run_cpu_job(root: Path, shared_data: Path, model: Path, *, estimator: str, i
 
 
 def tensorboard_scalars(out: Path) -> dict[str, list[float]]:
-    """``tag -> values by step`` from the job's TensorBoard event files."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """``tag -> values by step`` from the job's TensorBoard event files (its one run under ``out/tensorboard``)."""
+    from benchmarks.async_mode import tensorboard_scalars as read
 
-    runs = [p for p in (out / "tensorboard").iterdir() if p.is_dir()]
-    assert len(runs) == 1, runs
-    acc = EventAccumulator(str(runs[0]), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return read(out / "tensorboard")
 
 
 def dumped_iterations(dump: Path) -> list[tuple[dict, dict]]:

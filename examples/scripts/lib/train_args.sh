@@ -104,7 +104,9 @@ progpo_train_args() {
   local ranks=$((nodes * train_gpus)) episodes=$((tasks * rollouts))
   tp=$(progpo_positive VLLM_TP "$tp") || return 2
   if ((ranks % tp)); then
-    echo "progpo: VLLM_TP=$tp does not divide the $ranks GPUs (NUM_NODES x GPUS_PER_NODE$( ((async)) && echo ' / 2') = $nodes x $train_gpus) that the engines $( ((async)) && echo get || echo share)" >&2
+    local half="" verb=share
+    ((async)) && half=" / 2" verb=get
+    echo "progpo: VLLM_TP=$tp does not divide the $ranks GPUs (NUM_NODES x GPUS_PER_NODE$half = $nodes x $train_gpus) that the engines $verb" >&2
     return 2
   fi
   local train_batch=${TRAIN_BATCH_SIZE:-$((2 * episodes))}
