@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "train": ("benchmarks.train", "one training iteration's time split per estimator"),
     "roofline": ("benchmarks.roofline", "main job's generation and update throughput vs this machine's bound"),
     "async": ("benchmarks.async_mode", "cluster-shaped CPU job sync vs async: iteration time, overlap, version lag"),
+    "async-learning": ("benchmarks.async_learning", "OpenRLHF-path learning run sync vs async, with flipped controls"),
 }
 
 

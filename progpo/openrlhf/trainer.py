@@ -48,6 +48,7 @@ from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
 from progpo.run.divergence import NonFiniteUpdate, SkipStreak
 from progpo.run.failures import EngineDied, engine_died_message, wait_until_up
 from progpo.run.metrics import SKIPPED_KEY
+from progpo.run.settings import max_optimizer_steps
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +80,34 @@ def dead_engines(engines: list[Any], timeout_s: float = ENGINE_PROBE_TIMEOUT_S) 
     return dead
 
 
+def step_schedule_steps(args: Any, num_prompts: int) -> int:
+    """The lr schedule's length for a ``train_ray`` job, in optimizer steps: the local backend's formula
+    (``progpo.run.settings.max_optimizer_steps``), in place of OpenRLHF's trajectory count.
+
+    Args:
+        args: OpenRLHF's hierarchized namespace (``rollout.batch_size``, ``rollout.n_samples_per_prompt``,
+            ``train.batch_size``, ``train.max_epochs``; the env's step limit from ``args.progpo``).
+        num_prompts: tasks in the training task list; one pass over it is the run,
+            ``ceil(num_prompts / rollout.batch_size)`` iterations.
+
+    Raises:
+        ValueError: ``progpo.run.settings.max_optimizer_steps``'s, naming a value below 1.
+    """
+    env = ray_run(args).settings.env
+    iterations = -(-num_prompts // args.rollout.batch_size)
+    return max_optimizer_steps(iterations, args.train.max_epochs, args.rollout.batch_size,
+                               args.rollout.n_samples_per_prompt, env.max_steps or env.spec.max_steps,
+                               args.train.batch_size)
+
+
 class _ProGPOTrainerMixin:
     """What :class:`ProGPOPPOTrainer` adds to OpenRLHF's trainer (kept apart for CPU tests)."""
 
     _progpo_skip_streak = 0
+
+    def get_max_steps(self) -> int:
+        """The lr schedule's length (:func:`step_schedule_steps`): the actors build their scheduler from it."""
+        return step_schedule_steps(self.args, len(self.prompts_dataloader.dataset))
 
     def _install_progpo_stages(self, strategy: Any, vllm_engines: Any, advantage_config: Any) -> None:
         """Our samples generator (sync mode: the trainer generates) and experience maker."""
@@ -332,6 +357,10 @@ class ProGPOGenerateSamplesActor(_async_module.GenerateSamplesActor.__ray_actor_
         self.samples_generator = StepSamplesGenerator(
             strategy=strategy, prompts_dataloader=self.prompts_dataloader, eval_dataloader=self.eval_dataloader,
             tokenizer=self.samples_generator.tokenizer, vllm_engines=vllm_engines)
+
+    def get_max_steps(self) -> int:
+        """The lr schedule's length (:func:`step_schedule_steps`); ``PPOTrainerAsync.get_max_steps`` asks this actor."""
+        return step_schedule_steps(self.args, len(self.prompts_dataloader.dataset))
 
 
 @ray.remote

@@ -183,6 +183,38 @@ class TrainSettings:
         return -(-num_tasks // tasks_per_iteration)
 
 
+def max_optimizer_steps(iterations: int, max_epochs: int, tasks_per_iteration: int, n_samples_per_prompt: int,
+                        max_env_steps: int, train_batch_size: int) -> int:
+    """The most optimizer steps a step-level run can take: the length of its lr schedule, on both backends.
+
+    ``iterations * max_epochs * ceil(tasks_per_iteration * n_samples_per_prompt * max_env_steps / train_batch_size)``:
+    every episode of an iteration runs to the step limit and gives one step sample per step, and each
+    ``train_batch_size`` step samples make one optimizer step. A run whose episodes end earlier stops before the
+    end of the schedule's decay. (OpenRLHF's own length, ``prompts * n_samples_per_prompt // train_batch_size``,
+    counts one sample per trajectory: with step samples it ends the warm-up and decay ``max_env_steps`` times too
+    early.)
+
+    Args:
+        iterations: rollout + update iterations of the run.
+        max_epochs: PPO epochs over each rollout (``--train.max_epochs``).
+        tasks_per_iteration: ``--rollout.batch_size``.
+        n_samples_per_prompt: episodes per task (``--rollout.n_samples_per_prompt``).
+        max_env_steps: the env's step limit (``--env.max_steps``, resolved).
+        train_batch_size: step samples per optimizer step (``--train.batch_size``, all ranks together).
+
+    Raises:
+        ValueError: an argument below 1, naming it.
+    """
+    given = {"iterations": iterations, "max_epochs": max_epochs, "tasks_per_iteration": tasks_per_iteration,
+             "n_samples_per_prompt": n_samples_per_prompt, "max_env_steps": max_env_steps,
+             "train_batch_size": train_batch_size}
+    for name, value in given.items():
+        if value < 1:
+            raise ValueError(f"max_optimizer_steps: {name} must be >= 1, got {value}")
+    samples = tasks_per_iteration * n_samples_per_prompt * max_env_steps
+    return iterations * max_epochs * -(-samples // train_batch_size)
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """Evaluation on a fixed split (``--eval.*``)."""

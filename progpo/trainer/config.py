@@ -21,7 +21,7 @@ from progpo.advantages import AdvantageConfig
 from progpo.bounds import check_fields, number
 from progpo.run import flags
 from progpo.run.settings import (EnvSettings, RolloutSettings, TrainSettings, add_advantage_flags, advantage_config,
-                                 check_group_size)
+                                 check_group_size, max_optimizer_steps)
 from progpo.trainer.actor import ActorConfig
 from progpo.trainer.settings import ActorSettings, AlgoSettings, DeepSpeedSettings
 from progpo.trainer.update import UpdateConfig
@@ -140,15 +140,11 @@ class TrainConfig:
                            scheduler_steps=self.max_optimizer_steps(num_iterations))
 
     def max_optimizer_steps(self, num_iterations: int) -> int:
-        """The most optimizer steps a run of ``num_iterations`` iterations can take: the length of the lr schedule.
-
-        ``num_iterations * max_epochs * ceil(batch_size * n_samples_per_prompt * max_steps / train.batch_size)``
-        (every episode running to the step limit); a run whose episodes end earlier stops before the
-        end of the schedule's decay.
-        """
-        max_steps = self.env.max_steps or self.env.spec.max_steps
-        samples = self.rollout.batch_size * self.rollout.n_samples_per_prompt * max_steps
-        return num_iterations * self.train.max_epochs * -(-samples // self.train.batch_size)
+        """The most optimizer steps a run of ``num_iterations`` iterations can take: the length of the lr schedule
+        (``progpo.run.settings.max_optimizer_steps``, which ``train_ray``'s trainer uses too)."""
+        return max_optimizer_steps(num_iterations, self.train.max_epochs, self.rollout.batch_size,
+                                   self.rollout.n_samples_per_prompt, self.env.max_steps or self.env.spec.max_steps,
+                                   self.train.batch_size)
 
     def update_config(self) -> UpdateConfig:
         """The PPO update's runtime settings (``progpo.trainer.update``)."""

@@ -269,6 +269,29 @@ def test_trainer_actor_subclasses_openrlhf(cli):
     assert actor_cls.train_step is not PPOTrainer.__ray_actor_class__.train_step
 
 
+def test_the_lr_schedule_counts_step_samples_as_the_local_backend_does(cli, tmp_path):
+    """OpenRLHF sizes the schedule in trajectories (``prompts * n // train.batch_size``): with step samples its
+    warm-up and decay ended ``max_steps`` times too early (a 24-iteration run reached its full lr a third of
+    the way into iteration 1). Both trainer classes that OpenRLHF asks (sync: the trainer; async: the generator
+    actor) give the local formula instead."""
+    ns = _finalize(cli, BASE + ["--env.max_steps", "8", "--train.num_iterations", "3", "--train.batch_size", "32",
+                                "--train.max_epochs", "2"], tmp_path)
+    args = SimpleNamespace(rollout=SimpleNamespace(batch_size=16, n_samples_per_prompt=8),
+                           train=SimpleNamespace(batch_size=32, max_epochs=2), progpo=ns.progpo)
+    prompts = len(Path(getattr(ns, "data.prompt_dataset")).read_text().splitlines())
+    assert prompts == 3 * 16
+    owner = SimpleNamespace(args=args, prompts_dataloader=SimpleNamespace(dataset=[None] * prompts))
+    # 3 iterations x 2 epochs x ceil(16 tasks x 8 episodes x 8 steps / 32) = 3 x 2 x 32; OpenRLHF's own: 48 x 8 // 32
+    for cls in (cli.trainer.ProGPOPPOTrainer, cli.trainer.ProGPOGenerateSamplesActor):
+        assert cls.__ray_actor_class__.get_max_steps(owner) == 192, cls
+    assert cli.trainer.step_schedule_steps(args, 47) == 192  # a last, short batch is an iteration
+    from progpo.trainer.config import config_from_args
+    local = config_from_args(["--env.name", "alfworld_like", "--env.max_steps", "8", "--rollout.batch_size", "16",
+                              "--rollout.n_samples_per_prompt", "8", "--train.batch_size", "32",
+                              "--train.max_epochs", "2"])
+    assert local.max_optimizer_steps(3) == 192
+
+
 def test_ray_env_vars_carry_the_agent_config_and_skip_job_keys(cli, monkeypatch):
     monkeypatch.setenv("PROGPO_DATA", "/data")
     env = cli.launch.ray_env_vars('{"env": {"name": "alfworld"}}')

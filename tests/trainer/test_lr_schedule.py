@@ -70,6 +70,16 @@ def test_schedule_flags_reach_the_actor():
     assert isinstance(cfg, TrainConfig)
 
 
+def test_max_optimizer_steps_by_hand():
+    from progpo.run.settings import max_optimizer_steps
+
+    assert max_optimizer_steps(24, 1, 2, 32, 8, 32) == 24 * 16  # 2 x 32 x 8 = 512 step samples at most: 16 steps
+    assert max_optimizer_steps(1, 3, 1, 3, 5, 4) == 3 * 4  # ceil(15 / 4) = 4 per epoch
+    assert max_optimizer_steps(2, 1, 1, 2, 1, 64) == 2  # fewer samples than a batch: still one step
+    with pytest.raises(ValueError, match="train_batch_size must be >= 1, got 0"):
+        max_optimizer_steps(1, 1, 1, 1, 1, 0)
+
+
 @pytest.mark.parametrize("flag,value,start", [
     ("--actor.lr_scheduler", "cosine_wrong", "--actor.lr_scheduler"),
     ("--actor.lr_scheduler", "reduce_lr_on_plateau", "--actor.lr_scheduler"),

