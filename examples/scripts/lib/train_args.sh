@@ -48,7 +48,8 @@
 # --train.async_queue_size: how many batches may wait, so a batch is trained by weights up to that many syncs
 # newer than those that sampled it. PARTIAL_ROLLOUT=1 adds --train.partial_rollout_enable (vLLM pauses in-flight
 # requests around a sync instead of waiting for them). train_ray turns OpenRLHF's importance-sampling correction on
-# (token level, clip) in async mode unless --algo.advantage.is_correction_* are given.
+# (token level, clip) unless --algo.advantage.is_correction_* are given: in async mode, and in sync mode for the
+# bf16 policy (the engine's tokens scored by a bf16 trainer: |ratio - 1| p99 near PPO's clip; docs/distributed.md).
 
 progpo_train_args() {
   local env_name=${ENV_NAME:?set ENV_NAME to a registered env (python3 -m progpo.cli.envs list), e.g. webshop or alfworld}
