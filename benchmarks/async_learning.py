@@ -8,23 +8,31 @@ one engine; ``--cpu.engine hf``: ``tiny-agent``'s head_dim of 16 is below what v
 tasks, 32 episodes each per iteration, ProGPO's advantages, ``constant_with_warmup`` (10%), no KL.
 
 Each run is one (mode, seed): ``sync`` (OpenRLHF's ``PPOTrainer``), ``async`` (``--train.async_enable``:
-``PPOTrainerAsync`` with our actors, queue ``--queue_size``, the off-policy correction at its async default),
-and their negative controls ``sync-flip`` / ``async-flip`` (``--debug.flip_advantages``: every step advantage
-times -1). Every mode runs the same seeds, tasks, warm start and budget.
+``PPOTrainerAsync`` with our actors, queue ``--queue_size``), and their negative controls ``sync-flip`` /
+``async-flip`` (``--debug.flip_advantages``: every step advantage times -1). Every mode runs the same seeds, tasks,
+warm start and budget, with ``train_ray``'s defaults otherwise (OpenRLHF's importance-sampling correction on in both
+modes). In async mode the "after" episodes were sampled by weights up to ``--queue_size`` syncs older than the
+policy at the end.
 
-Printed per run, from its TensorBoard (``env/success_rate``, ``rollout/num_episodes``): success before (iteration
-1's episodes, sampled by the warm start), after (the last two iterations'), the difference with Newcombe's 95%
-interval over episodes (:func:`progpo.run.evaluation.rate_difference_interval`, as the product's learning test),
-and the largest version lag. Then per mode: the mean over seeds of before, after and the rise with a 95%
-interval over seeds (:func:`progpo.run.evaluation.mean_interval`), and each mode's rise against ``sync``'s
-(:func:`progpo.run.evaluation.mean_difference_interval`). The verdict lines say whether ``async``'s rise is
-within ``sync``'s (the difference's interval holds 0) and whether each flipped mode fails (its mean rise <= 0).
+Printed per run, from its TensorBoard (``env/success_rate`` over the episodes that did not fail,
+``rollout/num_episodes``, ``env/failed_frac``): success before (iteration 1's episodes, sampled by the warm start),
+after (the last two iterations'), the rise with Newcombe's 95% interval
+(:func:`progpo.run.evaluation.rate_difference_interval`, as the product's learning test: it takes episodes as
+independent, which on 2 tasks they are not quite), and the largest version lag. Then per mode, over seeds: the
+mean before, after and rise, the rise's 95% Student-t interval, and each mode's rise against ``sync``'s paired by
+seed (the same seeds run in every mode) with its t interval. The verdicts: a mode learns where its rise's
+interval lies above 0 and fails where it lies below; ``async`` against ``sync``: "no difference detected" where the
+paired interval holds 0 (with 3 seeds a wide one: read its width), else the sign.
+
+A run already in ``--out`` with every iteration logged is read, not run again (``reused``), so an interrupted
+benchmark resumes and a finished one prints its tables again.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,14 +44,14 @@ from benchmarks import cli
 from benchmarks.async_mode import tensorboard_scalars
 from benchmarks.train import train_section
 from progpo.openrlhf.policy_clock import LAG_MAX
-from progpo.run.evaluation import mean_difference_interval, mean_interval, rate_difference_interval
+from progpo.run.evaluation import rate_difference_interval
 from progpo.run.flags import comma_list
 from progpo.run.settings import TrainSettings
 from progpo.trainer.settings import AdamSettings, ActorSettings
 
 REPO = Path(__file__).resolve().parents[1]
 TB_PREFIX = "train/"
-SUCCESS, EPISODES = "env/success_rate", "rollout/num_episodes"
+SUCCESS, EPISODES, FAILED = "env/success_rate", "rollout/num_episodes", "env/failed_frac"
 MODES = ("sync", "async", "sync-flip", "async-flip")
 AFTER_ITERATIONS = 2
 """iterations at the end whose episodes make the "after" rate (the product's learning test's)"""
@@ -119,7 +127,7 @@ def train_command(mode: str, seed: int, args: AsyncLearningBench, model: Path, o
            "--actor.lr_warmup_ratio", "0.1", "--algo.kl.init_coef", "0", "--train.seed", str(seed),
            "--vllm.num_engines", "1", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
            "--logger.tensorboard_dir", str(out / "tb"), "--logger.logging_steps", "1",
-           "--ckpt.path", str(out / "ckpt"), "--ckpt.save_steps", "-1"]
+           "--ckpt.path", str(out / "ckpt"), "--ckpt.save_steps", "-1", "--ckpt.output_dir", str(out / "final")]
     if mode.startswith("async"):
         cmd += ["--train.async_enable", "--train.async_queue_size", str(args.queue_size)]
     if mode.endswith("-flip"):
@@ -154,7 +162,8 @@ class Run:
 
 
 def run_figures(mode: str, seed: int, tb: dict[str, list[float]], iterations: int, wall_s: float = math.nan) -> Run:
-    """A :class:`Run` from one run's TensorBoard scalars (``tag -> values by step``).
+    """A :class:`Run` from one run's TensorBoard scalars (``tag -> values by step``). An iteration's episodes are
+    those that did not fail (``env/success_rate`` is a share of them): ``round(num_episodes * (1 - failed_frac))``.
 
     Raises:
         ValueError: the run logged a number of iterations other than ``iterations`` (it stopped early), naming
@@ -163,10 +172,34 @@ def run_figures(mode: str, seed: int, tb: dict[str, list[float]], iterations: in
     success, episodes = tb.get(TB_PREFIX + SUCCESS, []), tb.get(TB_PREFIX + EPISODES, [])
     if len(success) != iterations or len(episodes) != iterations:
         raise ValueError(f"{mode} seed {seed}: {len(success)} iterations logged, expected {iterations}")
-    wins = [round(s * n) for s, n in zip(success, episodes)]
+    failed = tb.get(TB_PREFIX + FAILED, [0.0] * iterations)
+    played = [round(n * (1 - f)) for n, f in zip(episodes, failed)]
+    wins = [round(s * n) for s, n in zip(success, played)]
     lag = tb.get(TB_PREFIX + LAG_MAX)
-    return Run(mode, seed, wins[0], int(episodes[0]), sum(wins[-AFTER_ITERATIONS:]),
-               int(sum(episodes[-AFTER_ITERATIONS:])), max(lag) if lag else math.nan, wall_s)
+    return Run(mode, seed, wins[0], played[0], sum(wins[-AFTER_ITERATIONS:]), sum(played[-AFTER_ITERATIONS:]),
+               max(lag) if lag else math.nan, wall_s)
+
+
+def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float]:
+    """``{"mean", "low", "high", "n"}``: Student's t interval of the mean, ``mean +- t_{n-1} * sd / sqrt(n)``
+    (nan bounds when n < 2). With a handful of seeds the t quantile matters: 4.30 at n = 3 against the normal 1.96."""
+    from scipy.stats import t
+
+    n = len(values)
+    mean = sum(values) / n if n else math.nan
+    if n < 2:
+        return {"mean": mean, "low": math.nan, "high": math.nan, "n": n}
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
+
+
+def finished_run(mode: str, seed: int, out: Path, iterations: int) -> Run | None:
+    """The :class:`Run` in ``out`` when its TensorBoard holds every iteration, else None (not run, or cut short)."""
+    try:
+        return run_figures(mode, seed, tensorboard_scalars(out / "tb"), iterations)
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def _run(cmd: list[str], log: Path, timeout_s: float, ray_tmp: str | None = None) -> float:
@@ -189,33 +222,36 @@ def _run(cmd: list[str], log: Path, timeout_s: float, ray_tmp: str | None = None
 
 
 def summary_lines(runs: list[Run]) -> list[str]:
-    """Per mode: mean before / after / rise over seeds with the rise's 95% interval, each mode's rise against
-    ``sync``'s, and the verdict lines (see the module doc)."""
+    """Per mode over seeds: mean before / after / rise, the rise's t interval, the rise against ``sync``'s paired by
+    seed, and the verdict lines (see the module doc)."""
     modes = [m for m in MODES if any(r.mode == m for r in runs)]
-    rises = {m: mean_interval([r.rise for r in runs if r.mode == m]) for m in modes}
-    lines = [f"{'mode':<11} {'seeds':>5} {'before':>7} {'after':>7} {'rise [95% over seeds]':>24} "
-             f"{'rise - sync rise [95%]':>24}"]
+    rise = {m: {r.seed: r.rise for r in runs if r.mode == m} for m in modes}
+    lines = [f"{'mode':<11} {'seeds':>5} {'before':>7} {'after':>7} {'rise [95% t over seeds]':>26} "
+             f"{'rise - sync rise, paired [95%]':>32}"]
+    paired = {}
     for m in modes:
         mine = [r for r in runs if r.mode == m]
-        rise = rises[m]
-        vs = "" if m == "sync" or "sync" not in rises or rise["n"] < 2 or rises["sync"]["n"] < 2 else (
-            "{diff:+.3f} [{low:+.3f}, {high:+.3f}]".format(**mean_difference_interval(rise, rises["sync"])))
-        ci = f"[{rise['low']:+.3f}, {rise['high']:+.3f}]" if rise["n"] >= 2 else "(one seed)"
+        ci = t_interval(list(rise[m].values()))
+        shown = f"[{ci['low']:+.3f}, {ci['high']:+.3f}]" if ci["n"] >= 2 else "(one seed)"
+        vs = ""
+        common = sorted(set(rise[m]) & set(rise.get("sync", {})))
+        if m != "sync" and len(common) >= 2:
+            paired[m] = d = t_interval([rise[m][k] - rise["sync"][k] for k in common])
+            vs = f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
         lines.append(f"{m:<11} {len(mine):>5} {sum(r.before for r in mine) / len(mine):>7.3f} "
-                     f"{sum(r.after for r in mine) / len(mine):>7.3f} {rise['mean']:>+7.3f} {ci:>16} {vs:>24}")
-    if "sync" in rises and "async" in rises and min(rises["sync"]["n"], rises["async"]["n"]) >= 2:
-        d = mean_difference_interval(rises["async"], rises["sync"])
-        within = d["low"] <= 0 <= d["high"]
-        lines.append(f"async's rise {'is' if within else 'is NOT'} within sync's: difference {d['diff']:+.3f} "
-                     f"[{d['low']:+.3f}, {d['high']:+.3f}]")
-    for m in ("sync", "async"):
-        if m in rises:
-            learned = rises[m]["n"] >= 2 and rises[m]["low"] > 0
-            lines.append(f"{m} {'learns' if learned else 'does NOT learn'}: mean rise {rises[m]['mean']:+.3f}")
-    for m in ("sync-flip", "async-flip"):
-        if m in rises:
-            lines.append(f"{m} {'fails' if rises[m]['mean'] <= 0 else 'does NOT fail'}: mean rise "
-                         f"{rises[m]['mean']:+.3f}")
+                     f"{sum(r.after for r in mine) / len(mine):>7.3f} {ci['mean']:>+7.3f} {shown:>18} {vs:>32}")
+    if "async" in paired:
+        d = paired["async"]
+        said = ("no difference detected" if d["low"] <= 0 <= d["high"] else
+                "async rises more" if d["low"] > 0 else "async rises less")
+        lines.append(f"async against sync: {said} (paired over {d['n']} seeds: {d['mean']:+.3f} "
+                     f"[{d['low']:+.3f}, {d['high']:+.3f}])")
+    for m in modes:
+        ci = t_interval(list(rise[m].values()))
+        if ci["n"] < 2:
+            continue
+        said = "learns" if ci["low"] > 0 else "fails" if ci["high"] < 0 else "neither learns nor fails"
+        lines.append(f"{m}: {said} (mean rise {ci['mean']:+.3f} [{ci['low']:+.3f}, {ci['high']:+.3f}])")
     return lines
 
 
@@ -241,17 +277,22 @@ def main(argv: list[str] | None = None) -> int:
             for seed in args.seed_values:
                 for mode in args.mode_names:
                     out = root / f"{mode}_s{seed}"
-                    try:
-                        wall = _run(train_command(mode, seed, args, model, out), out.with_suffix(".log"),
-                                    args.timeout_s, ray_tmp=f"/tmp/pgl_{os.getpid()}_{mode}_{seed}")
-                    except RuntimeError as exc:
-                        raise RuntimeError(f"{mode} seed {seed}: {exc}") from exc
-                    run = run_figures(mode, seed, tensorboard_scalars(out / "tb"), args.train.num_iterations, wall)
+                    run = finished_run(mode, seed, out, args.train.num_iterations)
+                    if run is None:
+                        if out.exists():  # a run cut short: its TensorBoard folder would be a second run
+                            shutil.rmtree(out)
+                        try:
+                            wall = _run(train_command(mode, seed, args, model, out), out.with_suffix(".log"),
+                                        args.timeout_s, ray_tmp=f"/tmp/pgl_{os.getpid()}_{mode}_{seed}")
+                        except RuntimeError as exc:
+                            raise RuntimeError(f"{mode} seed {seed}: {exc}") from exc
+                        run = run_figures(mode, seed, tensorboard_scalars(out / "tb"), args.train.num_iterations,
+                                          wall)
                     runs.append(run)
                     d = rate_difference_interval(run.wins_after, run.n_after, run.wins_before, run.n_before)
                     print(f"{mode:<11} {seed:>4} {run.before:>7.3f} {run.after:>7.3f} "
                           f"{d['diff']:>+7.3f} [{d['low']:+.3f}, {d['high']:+.3f}] {run.lag_max:>7.0f} "
-                          f"{wall:>6.0f}", flush=True)
+                          f"{'reused' if math.isnan(run.wall_s) else f'{run.wall_s:.0f}':>6}", flush=True)
         except (RuntimeError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -261,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["AsyncLearningBench", "Run", "main", "run_figures", "sft_command", "summary_lines", "train_command"]
+__all__ = ["AsyncLearningBench", "Run", "finished_run", "main", "run_figures", "sft_command", "summary_lines",
+           "t_interval", "train_command"]
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

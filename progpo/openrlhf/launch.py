@@ -180,14 +180,14 @@ level, clip; Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You O
 
 LOW_PRECISION_POLICY = ("bf16", "fp16")
 """``--ds.param_dtype`` values under which the trainer's old log-probs differ from the engine's behaviour log-probs
-by more than rounding: with SmolLM2-135M, |ratio - 1| median 3.3e-2, p99 0.20 against an fp32 vLLM engine and
+by more than rounding: with SmolLM2-135M on random-token prompts, |ratio - 1| median 3.3e-2, p99 0.20 against an fp32 vLLM engine and
 4.1e-2, 0.17 against a bf16 one, where fp32 on both sides gives 6.2e-6, 2.7e-5 (docs/distributed.md,
 "What ran where"). OpenRLHF 0.11.2 offers no other ``--ds.param_dtype``."""
 
 CORRECTION_WHY = ("a batch is trained by weights up to --train.async_queue_size syncs newer than those that sampled "
-                  "it with --train.async_enable; and a bf16/fp16 policy (--ds.param_dtype, all OpenRLHF offers) scores "
-                  "the engine's tokens with |ratio - 1| p99 0.17-0.20 on SmolLM2-135M, near PPO's clip "
-                  "(docs/distributed.md)")
+                  "it with --train.async_enable; and a bf16/fp16 policy (--ds.param_dtype: OpenRLHF 0.11.2 has no "
+                  "fp32) scores the engine's tokens with |ratio - 1| p99 0.17-0.20 on SmolLM2-135M (random-token "
+                  "prompts), near PPO's clip (docs/distributed.md)")
 
 
 def correction_default_help(parser: argparse.ArgumentParser) -> None:
@@ -197,20 +197,25 @@ def correction_default_help(parser: argparse.ArgumentParser) -> None:
         action = next(a for a in parser._actions if a.dest == dest)  # noqa: SLF001
         theirs = action.default
         action.default = None
-        action.help = (f"{action.help} Default on ProGPO's train_ray: {value} with --train.async_enable or a "
-                       f"bf16/fp16 --ds.param_dtype ({CORRECTION_WHY}), else {theirs}.")
+        action.help = (f"{action.help} Default on ProGPO's train_ray: {value} with --train.async_enable, and in sync "
+                       f"mode with --actor.policy_loss_type ppo, since the policy is bf16/fp16 ({CORRECTION_WHY}); "
+                       f"{theirs} in sync mode with gspo, whose ratio the correction would replace.")
 
 
 def correction_on_by_default(o: Any) -> bool:
-    """Whether the correction is needed when not given (``o``: :func:`openrlhf_view`): async mode, or a policy in
-    :data:`LOW_PRECISION_POLICY`."""
-    return bool(o.train.async_enable) or o.ds.param_dtype in LOW_PRECISION_POLICY
+    """Whether the correction is needed when not given (``o``: :func:`openrlhf_view`): async mode, or a PPO policy
+    in :data:`LOW_PRECISION_POLICY` (all OpenRLHF 0.11.2 offers). Not for ``--actor.policy_loss_type gspo`` in sync
+    mode: there OpenRLHF's correction does not reweight, it replaces GSPO's ratio ``pi / pi_old`` with
+    ``pi / pi_behaviour`` (``openrlhf/models/loss.py``), another objective, so it stays the user's choice."""
+    if o.train.async_enable:
+        return True
+    return o.ds.param_dtype in LOW_PRECISION_POLICY and o.actor.policy_loss_type == "ppo"
 
 
 def correction_defaults(o: Any) -> dict[str, Any]:
     """OpenRLHF's correction flags left unset, filled (``o``: :func:`openrlhf_view`): :data:`CORRECTION` where
-    :func:`correction_on_by_default`, else OpenRLHF's own defaults (``off``, ``mask``); ``mask`` where the
-    gate is not the ratio itself (OpenRLHF clips only the ratio).
+    :func:`correction_on_by_default` (in OpenRLHF 0.11.2: always but for a sync GSPO run), else OpenRLHF's own
+    defaults (``off``, ``mask``); ``mask`` where the gate is not the ratio itself (OpenRLHF clips only the ratio).
 
     Raises:
         FlagError: ``--train.partial_rollout_enable`` without ``--train.async_enable``, or with

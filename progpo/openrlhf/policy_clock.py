@@ -16,7 +16,7 @@ request. Each step sample then carries ``policy_version`` (the version when its 
   under one version (only partial rollout makes them). Such a group is **kept and corrected**: every token's
   behaviour log-prob is the one vLLM sampled it with, under whichever weights were loaded at that moment, and
   OpenRLHF's importance-sampling correction (``--algo.advantage.is_correction_*``, which ``train_ray`` turns on
-  in async mode and requires with partial rollout) reweights each token by ``pi_old / pi_behaviour``. Its
+  by default and requires with partial rollout) reweights each token by ``pi_old / pi_behaviour``. Its
   advantages are computed on the group whole, as any other.
 """
 

@@ -88,7 +88,9 @@ def step_schedule_steps(args: Any, num_prompts: int) -> int:
         args: OpenRLHF's hierarchized namespace (``rollout.batch_size``, ``rollout.n_samples_per_prompt``,
             ``train.batch_size``, ``train.max_epochs``; the env's step limit from ``args.progpo``).
         num_prompts: tasks in the training task list; one pass over it is the run,
-            ``ceil(num_prompts / rollout.batch_size)`` iterations.
+            ``ceil(num_prompts / rollout.batch_size)`` iterations. With ``--rollout.dynamic_sampling`` or
+            ``--algo.dynamic_filtering_enable`` the extra rounds draw from the same list, so the run has fewer
+            iterations and ends before the schedule's decay does (the warm-up is as long as asked).
 
     Raises:
         ValueError: ``progpo.run.settings.max_optimizer_steps``'s, naming a value below 1.
@@ -104,10 +106,6 @@ class _ProGPOTrainerMixin:
     """What :class:`ProGPOPPOTrainer` adds to OpenRLHF's trainer (kept apart for CPU tests)."""
 
     _progpo_skip_streak = 0
-
-    def get_max_steps(self) -> int:
-        """The lr schedule's length (:func:`step_schedule_steps`): the actors build their scheduler from it."""
-        return step_schedule_steps(self.args, len(self.prompts_dataloader.dataset))
 
     def _install_progpo_stages(self, strategy: Any, vllm_engines: Any, advantage_config: Any) -> None:
         """Our samples generator (sync mode: the trainer generates) and experience maker."""
@@ -344,6 +342,11 @@ class ProGPOPPOTrainer(_ProGPOTrainerMixin, PPOTrainer.__ray_actor_class__, _Clo
                          reference_model_group, vllm_engines, **generate_kwargs)
         cfg = ray_run(strategy.args).advantage
         self._install_progpo_stages(strategy, vllm_engines, cfg)
+
+    def get_max_steps(self) -> int:
+        """The lr schedule's length (:func:`step_schedule_steps`): OpenRLHF's launcher builds the actors' scheduler
+        from it."""
+        return step_schedule_steps(self.args, len(self.prompts_dataloader.dataset))
 
 
 @ray.remote

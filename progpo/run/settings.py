@@ -190,9 +190,9 @@ def max_optimizer_steps(iterations: int, max_epochs: int, tasks_per_iteration: i
     ``iterations * max_epochs * ceil(tasks_per_iteration * n_samples_per_prompt * max_env_steps / train_batch_size)``:
     every episode of an iteration runs to the step limit and gives one step sample per step, and each
     ``train_batch_size`` step samples make one optimizer step. A run whose episodes end earlier stops before the
-    end of the schedule's decay. (OpenRLHF's own length, ``prompts * n_samples_per_prompt // train_batch_size``,
-    counts one sample per trajectory: with step samples it ends the warm-up and decay ``max_env_steps`` times too
-    early.)
+    end of the schedule's decay. (OpenRLHF's own length, ``prompts * n_samples_per_prompt // train_batch_size *
+    num_episodes * max_epochs``, counts one sample per trajectory: with step samples it ends the warm-up and decay
+    ``max_env_steps`` times too early.)
 
     Args:
         iterations: rollout + update iterations of the run.

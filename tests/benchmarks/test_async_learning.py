@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.async_learning import AsyncLearningBench, Run, main, run_figures, summary_lines, train_command
+from benchmarks.async_learning import (AsyncLearningBench, Run, finished_run, main, run_figures, summary_lines,
+                                       t_interval, train_command)
 
 
 def test_run_figures_by_hand():
@@ -22,25 +23,56 @@ def test_run_figures_by_hand():
         run_figures("sync-flip", 3, {k: v[:3] for k, v in tb.items()}, 4)
 
 
+def test_failed_episodes_leave_the_denominator_as_env_success_rate_does():
+    # 4 of 64 episodes failed in iteration 1: success 30/60 = 0.5 is 30 wins, not round(0.5 * 64) = 32
+    tb = {"train/env/success_rate": [0.5, 0.5, 0.5], "train/rollout/num_episodes": [64.0] * 3,
+          "train/env/failed_frac": [4 / 64, 0.0, 0.0]}
+    run = run_figures("sync", 1, tb, 3)
+    assert (run.wins_before, run.n_before, run.wins_after, run.n_after) == (30, 60, 64, 128)
+
+
+def test_t_interval_by_hand():
+    ci = t_interval([0.25, 0.375, 0.5])  # mean 0.375, sd 0.125, t(0.975, 2) = 4.3027
+    half = 4.302653 * 0.125 / math.sqrt(3)
+    assert (ci["mean"], ci["n"]) == (0.375, 3)
+    assert ci["low"] == pytest.approx(0.375 - half, abs=1e-6) and ci["high"] == pytest.approx(0.375 + half, abs=1e-6)
+    assert math.isnan(t_interval([0.1])["low"])
+
+
 def _runs(mode: str, rises: list[float], before: float = 0.25) -> list[Run]:
     return [Run(mode, s, round(before * 64), 64, round((before + r) * 128), 128, 0.0) for s, r in enumerate(rises)]
 
 
 def test_verdicts_by_hand():
-    # sync rises 0.25, 0.375, 0.5 (mean 0.375, sd 0.125); async 0.25, 0.3125, 0.4375; flips fall
+    # sync rises 0.25, 0.375, 0.5; async 0.25, 0.3125, 0.4375: paired differences 0, -0.0625, -0.0625
     runs = (_runs("sync", [0.25, 0.375, 0.5]) + _runs("async", [0.25, 0.3125, 0.4375])
             + _runs("sync-flip", [-0.25, -0.25, -0.125]) + _runs("async-flip", [-0.25, -0.1875, -0.25]))
     text = "\n".join(summary_lines(runs))
-    half = 1.959964 * 0.125 / math.sqrt(3)  # the normal interval of mean_interval, sd 0.125 over 3 seeds
-    assert f"{0.375 - half:+.3f}, {0.375 + half:+.3f}" in text
-    assert "async's rise is within sync's: difference -0.042" in text
-    assert "sync learns: mean rise +0.375" in text and "async learns" in text
-    assert "sync-flip fails: mean rise -0.208" in text and "async-flip fails" in text
-    # an async run that learns nothing is outside sync's interval, and says so
+    d = t_interval([0.0, -0.0625, -0.0625])
+    assert f"async against sync: no difference detected (paired over 3 seeds: {d['mean']:+.3f} " \
+           f"[{d['low']:+.3f}, {d['high']:+.3f}])" in text
+    sync = t_interval([0.25, 0.375, 0.5])
+    assert f"sync: learns (mean rise +0.375 [{sync['low']:+.3f}, {sync['high']:+.3f}])" in text
+    assert "async: learns" in text and "sync-flip: fails (mean rise -0.208" in text and "async-flip: fails" in text
+    # an async run that learns nothing rises less than sync, paired by seed, and does not learn
     flat = "\n".join(summary_lines(_runs("sync", [0.25, 0.375, 0.5]) + _runs("async", [0.0, 0.015625, -0.015625])))
-    assert "async's rise is NOT within sync's" in flat and "async does NOT learn" in flat
+    assert "async against sync: async rises less" in flat and "async: neither learns nor fails" in flat
     # a flipped run that learns does not fail
-    assert "sync-flip does NOT fail" in "\n".join(summary_lines(_runs("sync-flip", [0.25, 0.25])))
+    assert "sync-flip: learns" in "\n".join(summary_lines(_runs("sync-flip", [0.25, 0.3, 0.28])))
+
+
+def test_a_finished_run_is_read_back_and_a_cut_one_is_not(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    for name, n in (("done", 3), ("cut", 2)):
+        with SummaryWriter(str(tmp_path / name / "tb" / "run")) as w:
+            for step in range(n):
+                w.add_scalar("train/env/success_rate", 0.5, step)
+                w.add_scalar("train/rollout/num_episodes", 64.0, step)
+    run = finished_run("sync", 1, tmp_path / "done", 3)
+    assert run is not None and (run.wins_before, run.n_after) == (32, 128) and math.isnan(run.wall_s)
+    assert finished_run("sync", 1, tmp_path / "cut", 3) is None
+    assert finished_run("sync", 1, tmp_path / "absent", 3) is None
 
 
 def test_command_lines_differ_only_in_the_mode():
@@ -49,6 +81,7 @@ def test_command_lines_differ_only_in_the_mode():
     assert asyn == sync + ["--train.async_enable", "--train.async_queue_size", "2"]
     assert flip == asyn + ["--debug.flip_advantages", "true"]
     assert sync[sync.index("--train.seed") + 1] == "5" and sync[sync.index("--actor.adam.lr") + 1] == "0.0005"
+    assert sync[sync.index("--ckpt.output_dir") + 1] == "/o/final"  # not OpenRLHF's ./ckpt in the checkout
 
 
 @pytest.mark.parametrize("argv, says", [

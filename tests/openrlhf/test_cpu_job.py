@@ -429,6 +429,8 @@ def test_cluster_actor_moved_and_both_engines_hold_it(cluster_job, vllm_start_mo
         assert tb["train/timing/step_total"][i] == pytest.approx(phases, rel=1e-3)
     # sync mode: every batch sampled by the weights it trains (each step's policy version read by the engines)
     assert tb["train/async/version_lag_max"] == [0.0, 0.0] and tb["train/async/mixed_version_groups"] == [0.0, 0.0]
+    # the bf16 policy turns OpenRLHF's correction on in sync mode too: the vLLM behaviour log-probs reach the loss
+    assert len(tb["train/is_filter_ratio"]) == 2 and all(0.0 <= r <= 1.0 for r in tb["train/is_filter_ratio"])
     assert_actor_trained_on_step_advantages(cluster_job["dump"], "progpo", iters=2, min_distinct=2)
 
 

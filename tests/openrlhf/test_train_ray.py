@@ -243,6 +243,8 @@ def test_async_mode_runs_openrlhf_s_async_trainer_with_our_actors(cli, tmp_path,
 @pytest.mark.parametrize("argv, level, mode", [
     ([], "token", "clip"),  # sync: OpenRLHF's policy is bf16 (its default --ds.param_dtype)
     (["--ds.param_dtype", "fp16"], "token", "clip"),
+    (["--actor.policy_loss_type", "gspo"], "off", "mask"),  # the correction would replace GSPO's ratio: not by default
+    (["--actor.policy_loss_type", "gspo", "--train.async_enable"], "token", "clip"),
     (["--train.async_enable"], "token", "clip"),
     (["--train.async_enable", "--algo.advantage.is_correction_level", "off"], "off", "mask"),  # given: kept
     (["--algo.advantage.is_correction_level", "off"], "off", "mask"),
@@ -261,7 +263,7 @@ def test_the_rule_turns_the_correction_off_only_for_a_sync_fp32_policy(cli):
     later OpenRLHF): the rule is the dtype's, not a constant."""
     def view(async_enable, dtype):
         return SimpleNamespace(train=SimpleNamespace(async_enable=async_enable, partial_rollout_enable=False),
-                               ds=SimpleNamespace(param_dtype=dtype),
+                               ds=SimpleNamespace(param_dtype=dtype), actor=SimpleNamespace(policy_loss_type="ppo"),
                                algo=SimpleNamespace(advantage=SimpleNamespace(
                                    is_correction_level=None, is_correction_mode=None, is_correction_gating="ratio")))
 
@@ -278,9 +280,9 @@ def test_the_correction_help_states_its_default_and_why(cli, capsys):
         cli.train_ray.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     for value, theirs in (("token", "off"), ("clip", "mask")):
-        assert (f"Default on ProGPO's train_ray: {value} with --train.async_enable or a bf16/fp16 --ds.param_dtype"
-                in out), value
-        assert f"near PPO's clip (docs/distributed.md)), else {theirs}." in out, theirs
+        assert (f"Default on ProGPO's train_ray: {value} with --train.async_enable, and in sync mode with "
+                f"--actor.policy_loss_type ppo, since the policy is bf16/fp16" in out), value
+        assert f"near PPO's clip (docs/distributed.md)); {theirs} in sync mode with gspo" in out, theirs
 
 
 def test_trainer_actor_subclasses_openrlhf(cli):
