@@ -128,16 +128,12 @@ class ActorScorer:
 
     @torch.no_grad()
     def logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
-        """``[len(tokens)]`` log-probs (nats) of ``tokens`` following ``prompt``, one fp32 forward: the local
-        actor's :func:`progpo.trainer.actor.sequence_logprobs` (one implementation of a token's log-prob).
+        """``[len(tokens)]`` log-probs (nats) of ``tokens`` following ``prompt``, one fp32 forward.
 
         Raises:
             ValueError: empty ``prompt`` or ``tokens``.
         """
-        from progpo.trainer.actor import sequence_logprobs
-
         if not prompt or not tokens:
             raise ValueError(f"need a prompt and tokens, got {len(prompt)} and {len(tokens)}")
-        ids = torch.tensor([prompt + tokens])
-        lp, _ = sequence_logprobs(self.model, ids, torch.ones_like(ids), start=len(prompt))
-        return lp[0, len(prompt):].tolist()
+        logits = self.model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+        return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
