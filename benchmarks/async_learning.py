@@ -33,15 +33,13 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import cli
-from benchmarks.async_mode import tensorboard_scalars
+from benchmarks.async_mode import run_logged, tensorboard_scalars
 from benchmarks.train import train_section
 from progpo.openrlhf.policy_clock import LAG_MAX
 from progpo.run.evaluation import rate_difference_interval
@@ -49,12 +47,14 @@ from progpo.run.flags import comma_list
 from progpo.run.settings import TrainSettings
 from progpo.trainer.settings import AdamSettings, ActorSettings
 
-REPO = Path(__file__).resolve().parents[1]
 TB_PREFIX = "train/"
 SUCCESS, EPISODES, FAILED = "env/success_rate", "rollout/num_episodes", "env/failed_frac"
 MODES = ("sync", "async", "sync-flip", "async-flip")
 AFTER_ITERATIONS = 2
 """iterations at the end whose episodes make the "after" rate (the product's learning test's)"""
+RUN_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "RAY_AUTH_MODE": "disabled"}
+"""Environment of every run (offline, no Ray auth token on the local head)."""
 ENV_FLAGS = ["--env.name", "alfworld_like", "--env.max_steps", "8", "--env.history_length", "1",
              "--env.num_tasks", "2"]
 
@@ -202,25 +202,6 @@ def finished_run(mode: str, seed: int, out: Path, iterations: int) -> Run | None
         return None
 
 
-def _run(cmd: list[str], log: Path, timeout_s: float, ray_tmp: str | None = None) -> float:
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               RAY_AUTH_MODE="disabled",
-               PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep))
-    if ray_tmp:
-        env["RAY_TMPDIR"] = ray_tmp
-    log.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    with log.open("w") as fh:
-        try:
-            done = subprocess.run(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
-                                  start_new_session=True)
-        except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"passed --timeout_s {timeout_s:g}; log {log}") from exc
-    if done.returncode:
-        raise RuntimeError(f"exited {done.returncode}; log {log}; tail:\n{log.read_text()[-3000:]}")
-    return time.monotonic() - t0
-
-
 def summary_lines(runs: list[Run]) -> list[str]:
     """Per mode over seeds: mean before / after / rise, the rise's t interval, the rise against ``sync``'s paired by
     seed, and the verdict lines (see the module doc)."""
@@ -228,10 +209,11 @@ def summary_lines(runs: list[Run]) -> list[str]:
     rise = {m: {r.seed: r.rise for r in runs if r.mode == m} for m in modes}
     lines = [f"{'mode':<11} {'seeds':>5} {'before':>7} {'after':>7} {'rise [95% t over seeds]':>26} "
              f"{'rise - sync rise, paired [95%]':>32}"]
+    cis = {m: t_interval(list(rise[m].values())) for m in modes}
     paired = {}
     for m in modes:
         mine = [r for r in runs if r.mode == m]
-        ci = t_interval(list(rise[m].values()))
+        ci = cis[m]
         shown = f"[{ci['low']:+.3f}, {ci['high']:+.3f}]" if ci["n"] >= 2 else "(one seed)"
         vs = ""
         common = sorted(set(rise[m]) & set(rise.get("sync", {})))
@@ -246,8 +228,7 @@ def summary_lines(runs: list[Run]) -> list[str]:
                 "async rises more" if d["low"] > 0 else "async rises less")
         lines.append(f"async against sync: {said} (paired over {d['n']} seeds: {d['mean']:+.3f} "
                      f"[{d['low']:+.3f}, {d['high']:+.3f}])")
-    for m in modes:
-        ci = t_interval(list(rise[m].values()))
+    for m, ci in cis.items():
         if ci["n"] < 2:
             continue
         said = "learns" if ci["low"] > 0 else "fails" if ci["high"] < 0 else "neither learns nor fails"
@@ -269,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         sft = root / "sft"
         try:
             if not (sft / "sft_summary.json").is_file():
-                wall = _run(sft_command(sft), root / "sft.log", args.timeout_s)
+                wall = run_logged(sft_command(sft), root / "sft.log", args.timeout_s, **RUN_ENV)
                 print(f"warm start: {wall:.0f} s", flush=True)
             model = sft / "checkpoints" / "iter_000001" / "hf"
             print(f"\n{'mode':<11} {'seed':>4} {'before':>7} {'after':>7} {'rise [95% over episodes]':>26} "
@@ -282,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                         if out.exists():  # a run cut short: its TensorBoard folder would be a second run
                             shutil.rmtree(out)
                         try:
-                            wall = _run(train_command(mode, seed, args, model, out), out.with_suffix(".log"),
-                                        args.timeout_s, ray_tmp=f"/tmp/pgl_{os.getpid()}_{mode}_{seed}")
+                            wall = run_logged(train_command(mode, seed, args, model, out), out.with_suffix(".log"),
+                                              args.timeout_s, RAY_TMPDIR=f"/tmp/pgl_{os.getpid()}_{mode}_{seed}",
+                                              **RUN_ENV)
                         except RuntimeError as exc:
                             raise RuntimeError(f"{mode} seed {seed}: {exc}") from exc
                         run = run_figures(mode, seed, tensorboard_scalars(out / "tb"), args.train.num_iterations,

@@ -135,33 +135,46 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[float]]:
     return {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
 
 
+def run_logged(cmd: list[str], log: Path, timeout_s: float, **env: str) -> float:
+    """Run ``cmd`` from the checkout in a session of its own (its Ray workers go with it), output to ``log``, with
+    this checkout first on ``PYTHONPATH`` and ``env`` added to the environment; returns its wall time (seconds).
+
+    Raises:
+        RuntimeError: it ran past ``timeout_s`` (naming ``--timeout_s`` and the log) or exited non-zero (the exit
+            code, the log and its last 3,000 characters).
+    """
+    full = dict(os.environ, **env,
+                PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with log.open("w") as fh:
+        try:
+            done = subprocess.run(cmd, cwd=REPO, env=full, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"passed --timeout_s {timeout_s:g}; log {log}") from exc
+    if done.returncode:
+        raise RuntimeError(f"exited {done.returncode}; log {log}; tail:\n{log.read_text()[-3000:]}")
+    return time.monotonic() - t0
+
+
 def run_job(mode: str, args: AsyncBench, root: Path) -> tuple[float, dict[str, list[float]]]:
     """Run the script once in ``mode``; returns ``(wall seconds, TensorBoard scalars)``.
 
     Raises:
-        RuntimeError: the job failed or ran past ``--timeout_s`` (its log's tail in the message).
+        RuntimeError: the job failed or ran past ``--timeout_s`` (:func:`run_logged`'s message after the mode).
     """
     out = root / mode
-    env = dict(os.environ, MODEL=args.actor.model_name_or_path, TRAIN_ITERS=str(args.train.num_iterations),
-               OUTPUT_DIR=str(out),
+    env = dict(MODEL=args.actor.model_name_or_path, TRAIN_ITERS=str(args.train.num_iterations), OUTPUT_DIR=str(out),
                RUN_NAME=f"bench_{mode}", RAY_TMPDIR=f"/tmp/pg_bench_{os.getpid()}_{mode}",
-               PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep),
                ASYNC="1" if mode == "async" else "0")
     if mode == "async":
         env.update(ASYNC_QUEUE_SIZE=str(args.queue_size), PARTIAL_ROLLOUT="1" if args.partial_rollout else "0")
-    log = out.with_suffix(".log")
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    with log.open("w") as fh:
-        try:
-            done = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                  timeout=args.timeout_s, start_new_session=True)
-        except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"{mode} run passed --timeout_s {args.timeout_s:g}; log {log}") from exc
-    wall = time.monotonic() - t0
-    if done.returncode:
-        tail = log.read_text()[-3000:]
-        raise RuntimeError(f"{mode} run exited {done.returncode}; log {log}; tail:\n{tail}")
+    try:
+        wall = run_logged(["bash", str(SCRIPT)], out.with_suffix(".log"), args.timeout_s, **env)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{mode} run {exc}") from exc
     return wall, tensorboard_scalars(out / "tensorboard")
 
 
@@ -198,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["AsyncBench", "Iteration", "iterations", "main", "run_job"]
+__all__ = ["AsyncBench", "Iteration", "iterations", "main", "run_job", "run_logged"]
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

@@ -87,16 +87,18 @@ def step_schedule_steps(args: Any, num_prompts: int) -> int:
     Args:
         args: OpenRLHF's hierarchized namespace (``rollout.batch_size``, ``rollout.n_samples_per_prompt``,
             ``train.batch_size``, ``train.max_epochs``; the env's step limit from ``args.progpo``).
-        num_prompts: tasks in the training task list; one pass over it is the run,
-            ``ceil(num_prompts / rollout.batch_size)`` iterations. With ``--rollout.dynamic_sampling`` or
+        num_prompts: tasks in the training task list; one pass over it is the run: ``--train.num_iterations``
+            iterations where given (the list was written that long), else ``ceil(num_prompts /
+            rollout.batch_size)`` (``progpo.run.settings.TrainSettings.iterations``). With ``--rollout.dynamic_sampling`` or
             ``--algo.dynamic_filtering_enable`` the extra rounds draw from the same list, so the run has fewer
             iterations and ends before the schedule's decay does (the warm-up is as long as asked).
 
     Raises:
         ValueError: ``progpo.run.settings.max_optimizer_steps``'s, naming a value below 1.
     """
-    env = ray_run(args).settings.env
-    iterations = -(-num_prompts // args.rollout.batch_size)
+    settings = ray_run(args).settings
+    env = settings.env
+    iterations = settings.train.iterations(num_prompts, args.rollout.batch_size)
     return max_optimizer_steps(iterations, args.train.max_epochs, args.rollout.batch_size,
                                args.rollout.n_samples_per_prompt, env.max_steps or env.spec.max_steps,
                                args.train.batch_size)

@@ -27,3 +27,17 @@ def test_a_run_without_version_figures_reads_nan():
           "train/timeline/train_start": [1.0], "train/timeline/train_end": [2.0]}
     (only,) = iterations(tb)
     assert math.isnan(only.lag_mean) and math.isnan(only.lag_max) and only.mixed == 0.0
+
+
+def test_run_logged_names_the_exit_code_the_timeout_and_the_log(tmp_path):
+    import sys
+
+    from benchmarks.async_mode import run_logged
+
+    log = tmp_path / "runs" / "a.log"
+    wall = run_logged([sys.executable, "-c", "import os; print(os.environ['PROGPO_X'])"], log, 60, PROGPO_X="seen")
+    assert wall >= 0 and log.read_text().strip() == "seen"  # the extra environment reached it; the folder was made
+    with pytest.raises(RuntimeError, match=r"exited 3; log .*a\.log; tail:\nbye"):
+        run_logged([sys.executable, "-c", "print('bye'); raise SystemExit(3)"], log, 60)
+    with pytest.raises(RuntimeError, match=r"passed --timeout_s 0\.5; log "):
+        run_logged([sys.executable, "-c", "import time; time.sleep(30)"], log, 0.5)

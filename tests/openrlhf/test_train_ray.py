@@ -308,7 +308,11 @@ def test_the_lr_schedule_counts_step_samples_as_the_local_backend_does(cli, tmp_
     # 3 iterations x 2 epochs x ceil(16 tasks x 8 episodes x 8 steps / 32) = 3 x 2 x 32; OpenRLHF's own: 48 x 8 // 32
     for cls in (cli.trainer.ProGPOPPOTrainer, cli.trainer.ProGPOGenerateSamplesActor):
         assert cls.__ray_actor_class__.get_max_steps(owner) == 192, cls
-    assert cli.trainer.step_schedule_steps(args, 47) == 192  # a last, short batch is an iteration
+    one_pass = _finalize(cli, BASE + ["--env.max_steps", "8", "--data.prompt_dataset", getattr(ns, "data.prompt_dataset")],
+                         tmp_path / "one_pass")  # no --train.num_iterations: one pass over the given list
+    assert one_pass.progpo.settings.train.num_iterations is None
+    short = SimpleNamespace(rollout=args.rollout, train=args.train, progpo=one_pass.progpo)
+    assert cli.trainer.step_schedule_steps(short, 47) == 192  # ceil(47 / 16) = 3: a last, short batch is an iteration
     from progpo.trainer.config import config_from_args
     local = config_from_args(["--env.name", "alfworld_like", "--env.max_steps", "8", "--rollout.batch_size", "16",
                               "--rollout.n_samples_per_prompt", "8", "--train.batch_size", "32",
