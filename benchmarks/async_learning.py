@@ -19,7 +19,8 @@ Printed per run, from its TensorBoard (``env/success_rate`` over the episodes th
 after (the last two iterations'), the rise with Newcombe's 95% interval
 (:func:`progpo.run.evaluation.rate_difference_interval`, as the product's learning test: it takes episodes as
 independent, which on 2 tasks they are not quite), and the largest version lag. Then per mode, over seeds: the
-mean before, after and rise, the rise's 95% Student-t interval, and each mode's rise against ``sync``'s paired by
+mean before, after and rise, the rise's 95% Student-t interval
+(:func:`progpo.run.evaluation.mean_interval` with ``student_t``), and each mode's rise against ``sync``'s paired by
 seed (the same seeds run in every mode) with its t interval. The verdicts: a mode learns where its rise's
 interval lies above 0 and fails where it lies below; ``async`` against ``sync``: "no difference detected" where the
 paired interval holds 0 (with 3 seeds a wide one: read its width), else the sign.
@@ -42,7 +43,7 @@ from benchmarks import cli
 from benchmarks.async_mode import run_logged, tensorboard_scalars
 from benchmarks.train import train_section
 from progpo.openrlhf.policy_clock import LAG_MAX
-from progpo.run.evaluation import rate_difference_interval
+from progpo.run.evaluation import mean_interval, rate_difference_interval
 from progpo.run.flags import comma_list
 from progpo.run.settings import TrainSettings
 from progpo.trainer.settings import AdamSettings, ActorSettings
@@ -180,20 +181,6 @@ def run_figures(mode: str, seed: int, tb: dict[str, list[float]], iterations: in
                max(lag) if lag else math.nan, wall_s)
 
 
-def t_interval(values: list[float], confidence: float = 0.95) -> dict[str, float]:
-    """``{"mean", "low", "high", "n"}``: Student's t interval of the mean, ``mean +- t_{n-1} * sd / sqrt(n)``
-    (nan bounds when n < 2). With a handful of seeds the t quantile matters: 4.30 at n = 3 against the normal 1.96."""
-    from scipy.stats import t
-
-    n = len(values)
-    mean = sum(values) / n if n else math.nan
-    if n < 2:
-        return {"mean": mean, "low": math.nan, "high": math.nan, "n": n}
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(t.ppf((1 + confidence) / 2, n - 1)) * sd / math.sqrt(n)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
-
-
 def finished_run(mode: str, seed: int, out: Path, iterations: int) -> Run | None:
     """The :class:`Run` in ``out`` when its TensorBoard holds every iteration, else None (not run, or cut short)."""
     try:
@@ -209,7 +196,7 @@ def summary_lines(runs: list[Run]) -> list[str]:
     rise = {m: {r.seed: r.rise for r in runs if r.mode == m} for m in modes}
     lines = [f"{'mode':<11} {'seeds':>5} {'before':>7} {'after':>7} {'rise [95% t over seeds]':>26} "
              f"{'rise - sync rise, paired [95%]':>32}"]
-    cis = {m: t_interval(list(rise[m].values())) for m in modes}
+    cis = {m: mean_interval(list(rise[m].values()), student_t=True) for m in modes}
     paired = {}
     for m in modes:
         mine = [r for r in runs if r.mode == m]
@@ -218,7 +205,7 @@ def summary_lines(runs: list[Run]) -> list[str]:
         vs = ""
         common = sorted(set(rise[m]) & set(rise.get("sync", {})))
         if m != "sync" and len(common) >= 2:
-            paired[m] = d = t_interval([rise[m][k] - rise["sync"][k] for k in common])
+            paired[m] = d = mean_interval([rise[m][k] - rise["sync"][k] for k in common], student_t=True)
             vs = f"{d['mean']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
         lines.append(f"{m:<11} {len(mine):>5} {sum(r.before for r in mine) / len(mine):>7.3f} "
                      f"{sum(r.after for r in mine) / len(mine):>7.3f} {ci['mean']:>+7.3f} {shown:>18} {vs:>32}")
@@ -285,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["AsyncLearningBench", "Run", "finished_run", "main", "run_figures", "sft_command", "summary_lines",
-           "t_interval", "train_command"]
+           "train_command"]
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())

@@ -14,6 +14,7 @@ import numpy as np
 from scipy import stats
 
 from progpo.advantages import PRESETS, AdvantageConfig, StepBatch, compute_advantages
+from progpo.run.evaluation import mean_interval
 from research.oracle import ExactOracle
 from progpo.envs.synthetic.alfworld_like import SyntheticTask
 
@@ -313,14 +314,10 @@ def fidelity_metrics(est: np.ndarray, truth: np.ndarray, sign_threshold: float) 
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and half-width of its 95% Student-t interval over batches (NaNs dropped; 0 width for n < 2)."""
-    x = np.asarray([v for v in values if np.isfinite(v)], dtype=np.float64)
-    if x.size == 0:
-        return float("nan"), float("nan")
-    if x.size < 2:
-        return float(x.mean()), 0.0
-    half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
-    return float(x.mean()), half
+    """Mean and half-width of its 95% Student-t interval over batches (NaNs dropped; 0 width for n < 2, both NaN
+    for none): :func:`progpo.run.evaluation.mean_interval` with ``student_t``."""
+    ci = mean_interval([v for v in values if np.isfinite(v)], student_t=True)
+    return ci["mean"], (0.0 if ci["n"] == 1 else (ci["high"] - ci["low"]) / 2)
 
 
 def peer_fragmentation(batch: StepBatch) -> dict[str, float]:

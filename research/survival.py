@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from progpo.run.evaluation import mean_interval
+
 
 def steps_to_target(steps: Sequence[float], succ: Sequence[float], target: float, window: int = 3) -> float:
     """Env steps at the first iteration whose success, averaged over the last ``window`` iterations,
@@ -104,9 +106,8 @@ def rmst(c: Censored, tau: float) -> tuple[float, float]:
     if open_budgets.size and tau > open_budgets.min() + 1e-9:
         raise ValueError(f"tau {tau} exceeds the budget {open_budgets.min()} of a seed that never reached the target")
     x = np.where(c.reached, np.minimum(c.times, tau), tau)
-    if x.size < 2:
-        return float(x.mean()), 0.0
-    return float(x.mean()), float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size))
+    ci = mean_interval(x, student_t=True)  # Censored holds >= 1 seed
+    return ci["mean"], (0.0 if ci["n"] == 1 else (ci["high"] - ci["low"]) / 2)
 
 
 def rmst_ratio(a: Censored, b: Censored, tau: float, n_boot: int = 4000, seed: int = 0) -> tuple[float, float, float]:

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from progpo.run.logprobs import sequence_logprobs
+
 PROBE_TOKENS = 8
 """Greedy tokens generated after the probe prompt."""
 PROBE_PROMPT_TOKENS = 257
@@ -128,12 +130,14 @@ class ActorScorer:
 
     @torch.no_grad()
     def logprobs(self, prompt: list[int], tokens: list[int]) -> list[float]:
-        """``[len(tokens)]`` log-probs (nats) of ``tokens`` following ``prompt``, one fp32 forward.
+        """``[len(tokens)]`` log-probs (nats, fp32) of ``tokens`` following ``prompt``, one fp32 forward: the local
+        actor's :func:`progpo.run.logprobs.sequence_logprobs` (one implementation of a token's log-prob).
 
         Raises:
             ValueError: empty ``prompt`` or ``tokens``.
         """
         if not prompt or not tokens:
             raise ValueError(f"need a prompt and tokens, got {len(prompt)} and {len(tokens)}")
-        logits = self.model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-        return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+        ids = torch.tensor([prompt + tokens])
+        lp, _ = sequence_logprobs(self.model, ids, torch.ones_like(ids), start=len(prompt))
+        return lp[0, len(prompt):].tolist()

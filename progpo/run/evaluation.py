@@ -20,8 +20,16 @@ from progpo.envs.alfworld import wilson_interval
 from progpo.envs.spec import spec
 
 
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
-    """``{"mean", "low", "high", "n"}``: normal-approximation interval of the mean (nan when n < 2)."""
+def mean_interval(values: Sequence[float], confidence: float = 0.95, *, student_t: bool = False) -> dict[str, float]:
+    """``{"mean", "low", "high", "n"}``: the interval of the mean, ``mean +- q * sd / sqrt(n)`` with ``sd`` the
+    sample standard deviation (``n - 1`` in the denominator); nan bounds when n < 2, nan mean too when n = 0.
+    Units: those of ``values``.
+
+    ``q`` is the normal quantile ``z_{(1 + confidence) / 2}`` (1.96 at 95%: the normal approximation, for many
+    episodes), or with ``student_t`` Student's ``t_{n-1}`` quantile ("Student" 1908, "The probable error of a
+    mean", Biometrika 6), the exact interval for normal values, which a handful of seeds needs: 4.30 at n = 3
+    against 1.96.
+    """
     x = np.asarray(values, dtype=np.float64)
     n = int(x.size)
     if n == 0:
@@ -29,7 +37,13 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str
     mean = float(x.mean())
     if n < 2:
         return {"mean": mean, "low": math.nan, "high": math.nan, "n": n}
-    half = NormalDist().inv_cdf((1 + confidence) / 2) * float(x.std(ddof=1)) / math.sqrt(n)
+    if student_t:
+        from scipy.stats import t
+
+        q = float(t.ppf((1 + confidence) / 2, n - 1))
+    else:
+        q = NormalDist().inv_cdf((1 + confidence) / 2)
+    half = q * float(x.std(ddof=1)) / math.sqrt(n)
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
 
 

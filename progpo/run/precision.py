@@ -6,7 +6,7 @@ behaviour / reference log-prob passes, the training pass, generation) run under
 while the weights, their gradients and the AdamW state stay fp32 (the master weights are the model's
 own fp32 parameters; the backward pass runs outside the context, as PyTorch's AMP recipe says).
 ``log_softmax`` is on autocast's fp32 list, the output head runs in fp32 (:func:`fp32_output_head`) and
-:func:`progpo.trainer.actor.sequence_logprobs` casts the logits to fp32, so log-probs and losses are fp32.
+:func:`progpo.run.logprobs.sequence_logprobs` casts the logits to fp32, so log-probs and losses are fp32.
 
 The capability is read from the CPU's flags as torch reads them (``torch.cpu.get_capabilities()``,
 cpuinfo's view of CPUID): ``amx_bf16`` (Intel AMX) or ``avx512_bf16`` (AVX512-BF16 dot products) mean

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import torch
 
 from progpo.run.divergence import FiniteAdamW
+from progpo.run.logprobs import sequence_logprobs
 from progpo.run.models import disable_dropout
 from progpo.run.precision import Precision, fp32_output_head, resolve_precision
 from progpo.run.settings import TrainSettings
-from progpo.trainer.ppo import entropy_from_logits
 from progpo.trainer.settings import ActorSettings, DeepSpeedSettings
 
 logger = logging.getLogger(__name__)
@@ -156,38 +156,6 @@ def ds_config(cfg: ActorConfig) -> dict:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-
-
-def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      temperature: float = 1.0, with_entropy: bool = False, start: int = 1):
-    """Log-probability of each token given its prefix, computed only from position ``start`` on.
-
-    Only the logits that score tokens ``start..L-1`` are materialised (HF ``logits_to_keep``), so the
-    long prompt part of a step costs no ``[L, V]`` softmax: pass ``start`` = the shortest prompt
-    length of the micro-batch.
-
-    Args:
-        model: causal LM (HF model or DeepSpeed engine). input_ids, attention_mask: ``[B, L]`` (right-padded).
-        temperature: logits are divided by it (the sampling temperature; 1.0 = the raw policy).
-        with_entropy: also return the entropy of each scored position's distribution.
-        start: first token position to score (>= 1).
-
-    Returns:
-        ``logprobs [B, L]`` where ``logprobs[:, j]`` scores token ``j`` (0 for ``j < start``), and
-        ``entropy [B, L]`` aligned the same way (or None).
-    """
-    length = input_ids.shape[1]
-    start = max(1, min(int(start), length - 1))
-    keep = length - start + 1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep).logits
-    logits = logits[:, -keep:-1].float() / temperature  # positions start-1 .. L-2 predict tokens start .. L-1
-    logp_all = torch.log_softmax(logits, dim=-1)
-    lp = torch.gather(logp_all, -1, input_ids[:, start:].unsqueeze(-1)).squeeze(-1)
-    lp = torch.nn.functional.pad(lp, (start, 0))
-    ent = None
-    if with_entropy:
-        ent = torch.nn.functional.pad(entropy_from_logits(logits), (start, 0))
-    return lp, ent
 
 
 def pack_samples(samples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:

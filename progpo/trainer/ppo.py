@@ -13,9 +13,9 @@ token-level normalisation).
 The same math as OpenRLHF 0.11.2 (the cluster path), clamps included, so that one set of flags gives
 one loss on both backends: ``ppo_clip_token_loss`` is ``openrlhf.models.loss.PolicyLoss``
 (``policy_loss_type="ppo"``, log-ratio clamped to [-20, 20], optional dual clip), ``approx_kl`` is
-``openrlhf.models.utils.compute_approx_kl`` (k1 / k2 / k3, value clamped to [-10, 10]),
-``entropy_from_logits`` is ``openrlhf.models.utils.compute_entropy`` and ``token_sum`` is
-``openrlhf.models.loss.aggregate_loss`` in token mode. OpenRLHF's own functions cannot be imported
+``openrlhf.models.utils.compute_approx_kl`` (k1 / k2 / k3, value clamped to [-10, 10]) and ``token_sum`` is
+``openrlhf.models.loss.aggregate_loss`` in token mode (the entropy, ``compute_entropy``, is
+:func:`progpo.run.logprobs.entropy_from_logits`, which the OpenRLHF path's sync probe shares). OpenRLHF's own functions cannot be imported
 on a CPU-only install (``openrlhf.models`` imports flash_attn), so these are ours, and
 ``tests/openrlhf/test_loss_parity.py`` compares values and gradients with OpenRLHF's on random and
 extreme inputs (log-ratios -100..100, fp32 and bf16).
@@ -135,16 +135,6 @@ def approx_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str
     else:
         raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
     return value.clamp(min=-KL_VALUE_CLAMP, max=KL_VALUE_CLAMP)
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy (nats) of ``softmax(logits)``: ``[B, L, V] -> [B, L]``.
-
-    ``H = logsumexp(z) - sum_v softmax(z)_v z_v`` (= ``-sum_v p_v log p_v``), in fp32.
-    """
-    z = logits.float()
-    p = torch.softmax(z, dim=-1)
-    return torch.logsumexp(z, dim=-1) - torch.sum(p * z, dim=-1)
 
 
 def ppo_kl_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,

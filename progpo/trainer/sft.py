@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from progpo.agents.types import Episode
-from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
+from progpo.run.logprobs import sequence_logprobs
+from progpo.trainer.actor import Actor, pack_samples
 from progpo.trainer.ppo import token_sum
 
 Sample = tuple[list[int], list[int]]

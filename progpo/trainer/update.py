@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from progpo.run.divergence import poison_nonfinite_loss
+from progpo.run.logprobs import sequence_logprobs
 from progpo.run.metrics import SKIPPED_KEY
 from progpo.run.settings import RolloutSettings, TrainSettings
-from progpo.trainer.actor import Actor, pack_samples, sequence_logprobs
+from progpo.trainer.actor import Actor, pack_samples
 from progpo.trainer.ppo import LossTerms, ppo_kl_loss
 from progpo.trainer.settings import ActorSettings, KLSettings
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.async_learning import (AsyncLearningBench, Run, finished_run, main, run_figures, summary_lines,
-                                       t_interval, train_command)
+                                       train_command)
+from progpo.run.evaluation import mean_interval
 
 
 def test_run_figures_by_hand():
@@ -31,14 +32,6 @@ def test_failed_episodes_leave_the_denominator_as_env_success_rate_does():
     assert (run.wins_before, run.n_before, run.wins_after, run.n_after) == (30, 60, 64, 128)
 
 
-def test_t_interval_by_hand():
-    ci = t_interval([0.25, 0.375, 0.5])  # mean 0.375, sd 0.125, t(0.975, 2) = 4.3027
-    half = 4.302653 * 0.125 / math.sqrt(3)
-    assert (ci["mean"], ci["n"]) == (0.375, 3)
-    assert ci["low"] == pytest.approx(0.375 - half, abs=1e-6) and ci["high"] == pytest.approx(0.375 + half, abs=1e-6)
-    assert math.isnan(t_interval([0.1])["low"])
-
-
 def _runs(mode: str, rises: list[float], before: float = 0.25) -> list[Run]:
     return [Run(mode, s, round(before * 64), 64, round((before + r) * 128), 128, 0.0) for s, r in enumerate(rises)]
 
@@ -48,10 +41,10 @@ def test_verdicts_by_hand():
     runs = (_runs("sync", [0.25, 0.375, 0.5]) + _runs("async", [0.25, 0.3125, 0.4375])
             + _runs("sync-flip", [-0.25, -0.25, -0.125]) + _runs("async-flip", [-0.25, -0.1875, -0.25]))
     text = "\n".join(summary_lines(runs))
-    d = t_interval([0.0, -0.0625, -0.0625])
+    d = mean_interval([0.0, -0.0625, -0.0625], student_t=True)
     assert f"async against sync: no difference detected (paired over 3 seeds: {d['mean']:+.3f} " \
            f"[{d['low']:+.3f}, {d['high']:+.3f}])" in text
-    sync = t_interval([0.25, 0.375, 0.5])
+    sync = mean_interval([0.25, 0.375, 0.5], student_t=True)
     assert f"sync: learns (mean rise +0.375 [{sync['low']:+.3f}, {sync['high']:+.3f}])" in text
     assert "async: learns" in text and "sync-flip: fails (mean rise -0.208" in text and "async-flip: fails" in text
     # an async run that learns nothing rises less than sync, paired by seed, and does not learn

@@ -1,7 +1,7 @@
 """The local backend's loss math is OpenRLHF 0.11.2's, value for value and gradient for gradient.
 
-``progpo.trainer.ppo`` cannot import OpenRLHF's functions on a CPU-only install (``openrlhf.models``
-imports flash_attn), so it keeps its own; these tests import OpenRLHF's under the cpu_compat import shims and
+``progpo.trainer.ppo`` and ``progpo.run.logprobs`` cannot import OpenRLHF's functions on a CPU-only install
+(``openrlhf.models`` imports flash_attn), so they keep their own; these tests import OpenRLHF's under the cpu_compat import shims and
 compare on random and extreme inputs (log-ratios from -100 to 100, fp32 and bf16): the PPO policy
 loss (clip, asymmetric clip, dual clip), the KL estimators k1/k2/k3, entropy, token-mean
 aggregation, per-token log-probs, and the whole actor loss as OpenRLHF's actor step assembles it
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from progpo.trainer.actor import sequence_logprobs
-from progpo.trainer.ppo import approx_kl, entropy_from_logits, ppo_clip_token_loss, ppo_kl_loss, token_sum
+from progpo.run.logprobs import entropy_from_logits, sequence_logprobs
+from progpo.trainer.ppo import approx_kl, ppo_clip_token_loss, ppo_kl_loss, token_sum
 
 
 @pytest.fixture(scope="module")

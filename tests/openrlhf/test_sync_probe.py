@@ -69,6 +69,9 @@ def test_actor_scorer_gives_the_models_own_logprobs_from_a_bf16_state():
         logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
     want = torch.log_softmax(logits, -1)[torch.arange(3), torch.tensor(tokens)]
     assert torch.allclose(torch.tensor(scorer.logprobs(prompt, tokens)), want, atol=1e-5)
+    for bad in (([], tokens), (prompt, [])):
+        with pytest.raises(ValueError, match="need a prompt and tokens"):
+            scorer.logprobs(*bad)
     with pytest.raises(KeyError, match="lacks parameters"):
         scorer.load({n: t for n, t in state.items() if "norm" not in n})
     with pytest.raises(KeyError, match="the model lacks"):

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from progpo.agents.types import SamplingParams
 from progpo.run.generation import HFGenerator, plan_cost, prefix_plan
-from progpo.trainer.actor import pack_samples, sequence_logprobs
+from progpo.run.logprobs import sequence_logprobs
+from progpo.trainer.actor import pack_samples
 
 
 @pytest.fixture(scope="module")

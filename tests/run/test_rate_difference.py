@@ -1,7 +1,9 @@
-"""Intervals of differences (progpo.run.evaluation): Newcombe's hybrid score interval for two success rates,
-and the normal-approximation interval for two means."""
+"""Intervals of progpo.run.evaluation: of a mean (normal approximation or Student's t) and of differences
+(Newcombe's hybrid score interval for two success rates, the normal-approximation interval for two means)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -40,3 +42,19 @@ def test_mean_difference_interval_by_hand():
     assert d["diff"] == pytest.approx(0.3) and d["high"] - d["diff"] == pytest.approx(half, rel=1e-5)
     with pytest.raises(ValueError, match="interval of the mean b"):
         mean_difference_interval(a, {"mean": 0.1, "low": float("nan"), "high": float("nan"), "n": 1})
+
+
+def test_mean_interval_by_hand_normal_and_student_t():
+    # mean 0.375, sd 0.125 (squares 0.015625 + 0 + 0.015625 over n - 1 = 2), sd / sqrt(3) = 0.0721688
+    xs = [0.25, 0.375, 0.5]
+    for student_t, q in ((False, 1.959964), (True, 4.302653)):  # z(0.975); t(0.975, 2 degrees of freedom)
+        ci = mean_interval(xs, student_t=student_t)
+        half = q * 0.125 / math.sqrt(3)
+        assert (ci["mean"], ci["n"]) == (0.375, 3)
+        assert ci["low"] == pytest.approx(0.375 - half, abs=1e-6)
+        assert ci["high"] == pytest.approx(0.375 + half, abs=1e-6)
+    # 90%: t(0.95, 2) = 2.919986
+    assert mean_interval(xs, 0.9, student_t=True)["high"] == pytest.approx(0.375 + 2.919986 * 0.0721688, abs=1e-6)
+    one, none = mean_interval([0.1], student_t=True), mean_interval([], student_t=True)
+    assert one["mean"] == 0.1 and one["n"] == 1 and math.isnan(one["low"]) and math.isnan(one["high"])
+    assert none["n"] == 0 and all(math.isnan(none[k]) for k in ("mean", "low", "high"))

@@ -8,7 +8,8 @@ import torch
 
 from progpo.agents.types import SamplingParams
 from progpo.run.generation import HFGenerator
-from progpo.trainer.actor import pack_samples, sequence_logprobs
+from progpo.run.logprobs import sequence_logprobs
+from progpo.trainer.actor import pack_samples
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from progpo.agents.types import SamplingParams
-from progpo.trainer.actor import pack_samples, sequence_logprobs
 from progpo.run.generation import HFGenerator, request_seed
+from progpo.run.logprobs import sequence_logprobs
+from progpo.trainer.actor import pack_samples
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from progpo.trainer.ppo import approx_kl, entropy_from_logits, ppo_clip_token_loss, ppo_kl_loss, token_sum
+from progpo.run.logprobs import entropy_from_logits
+from progpo.trainer.ppo import approx_kl, ppo_clip_token_loss, ppo_kl_loss, token_sum
 
 
 def test_clip_loss_hand_values():

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from progpo.agents.types import SamplingParams
-from progpo.trainer.actor import pack_samples, sequence_logprobs
 from progpo.run.generation import HFGenerator
+from progpo.run.logprobs import sequence_logprobs
+from progpo.trainer.actor import pack_samples
 
 N_TOKENS = 48
 HALF_VOCAB = 2048  # the tiny vocabulary has ~4k tokens; banning the lower half moves a lot of mass
