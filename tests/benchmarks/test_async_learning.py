@@ -73,7 +73,7 @@ def test_command_lines_differ_only_in_the_mode():
     sync, asyn, flip = (train_command(m, 5, args, Path("/m"), Path("/o")) for m in ("sync", "async", "async-flip"))
     assert asyn == sync + ["--train.async_enable", "--train.async_queue_size", "2"]
     assert flip == asyn + ["--debug.flip_advantages", "true"]
-    assert sync[sync.index("--train.seed") + 1] == "5" and sync[sync.index("--actor.adam.lr") + 1] == "0.0005"
+    assert sync[sync.index("--train.seed") + 1] == "5" and sync[sync.index("--actor.adam.lr") + 1] == "0.0003"
     assert sync[sync.index("--ckpt.output_dir") + 1] == "/o/final"  # not OpenRLHF's ./ckpt in the checkout
 
 
