@@ -11,7 +11,18 @@ two options and the price):
 
 with ``r_type = 1`` for the goal category and 0.1 otherwise, each term 1 when it matches the goal
 (attribute in the title, selected option equals the goal's, price below the budget). Success means
-reward = ``success_reward`` (the target item with both goal options).
+reward = ``success_reward`` (the target item with both goal options). ``win_only`` pays
+``success_reward`` for a success and 0 for any other purchase instead, as verl-agent's WebShop wrapper
+(the one GiGPO and G2PO train with) does.
+
+**Longer searches (``n_items`` > 6).** Each further item is a look-alike of the target that a results page
+cannot tell apart from it: the target's title words (another brand), below the budget, but it lacks the
+goal color (even extras) or the goal size (odd extras), which only its item page shows. The results span
+``n_items / 3`` pages. A precise query ranks the target on page 1 between two look-alikes (clean ranking)
+or on the last page (noisy), a vague one on page 2 (clean) or the last page, an off-target one on the last
+page; look-alikes fill the first pages of every query. So an agent opens items, reads their options, goes
+back and searches again or turns pages, and buying a look-alike after clicking the option it has pays
+0.75 of a success (0 with ``win_only``). With ``n_items = 6`` the tasks are the original ones, draw for draw.
 
 **How its states alias (unlike the ALFWorld-like family).** After an option click the observation is
 "You have clicked <value>." followed by the item page, which does not show the other selections: the
@@ -42,13 +53,15 @@ ATTRIBUTES = ("waterproof", "cotton", "leather", "lightweight", "organic", "wire
 COLORS = ("black", "navy", "red", "olive", "white", "grey", "beige", "pink", "teal", "brown")
 SIZES = ("small", "medium", "large", "x-large", "one size", "xx-large")
 BRANDS = ("Acme", "Northwind", "Zephyr", "Lumen", "Orbit", "Kestrel", "Tandem", "Vela", "Quill", "Brio")
+#: brands of the look-alikes of longer searches (``n_items`` > 6), drawn from a stream of their own
+EXTRA_BRANDS = ("Nimbus", "Sable", "Pico", "Ridge", "Halo", "Ember", "Fable", "Juno", "Mosaic")
 NOTHING = "Invalid action."
 
 _SEARCH = ("WebShop [SEP] Instruction: [SEP] {goal} [SEP] Search",
            "Amazon-like shop. Instruction: {goal}. You can search the catalogue.",
            "Shop home page [SEP] {goal} [SEP] [Search]")
 _RESULTS = ("[Back to Search] [SEP] Page {page} (Total results: {n}) [SEP] {items}",
-            "Search results, page {page} of 2 ({n} results): {items}",
+            "Search results, page {page} of {pages} ({n} results): {items}",
             "Results page {page}. {items} [SEP] ({n} results in total)")
 _ITEM = ("[Back to Search] [SEP] {title} [SEP] Price: ${price:.2f} [SEP] color: {colors} [SEP] size: {sizes} "
          "[SEP] [Buy Now]",
@@ -62,7 +75,9 @@ class ShopConfig(PolicyConfig):
     """Knobs of the WebShop-like generator and of its behaviour policy.
 
     Attributes:
-        n_items: catalogue items per task (the first 4 are the target and three look-alikes), 6 (2 pages of 3).
+        n_items: catalogue items per task, 6, 9, 12 or 15 (pages of 3). The first 6 are the target, three
+            look-alikes that the results page tells apart (price or attribute) and two of another category;
+            every further one is a look-alike that only its item page tells apart (module docstring).
         n_colors / n_sizes: option values per item, in [2, 4].
         n_variants: wordings per observation kind, in [1, 3].
         search_noise: probability that a query's ranking is the shuffled one (target lower), in [0, 1).
@@ -70,6 +85,8 @@ class ShopConfig(PolicyConfig):
         invalid_prob / expert_bias / prior_scale / obs_scale / repeat_penalty: behaviour policy, as
             :class:`progpo.envs.synthetic.alfworld_like.MDPConfig`.
         success_reward: reward of a perfect purchase (reward units). invalid_penalty: >= 0.
+        win_only: pay ``success_reward`` for a perfect purchase and 0 for any other (verl-agent's WebShop),
+            instead of the partial score.
         gamma: discount of the returns whose true advantages are computed.
     """
 
@@ -88,10 +105,11 @@ class ShopConfig(PolicyConfig):
     success_reward: float = 10.0
     invalid_penalty: float = 0.1
     gamma: float = 0.95
+    win_only: bool = False
 
     def __post_init__(self) -> None:
-        if self.n_items != 6:
-            raise ValueError(f"n_items must be 6 (two result pages of three), got {self.n_items}")
+        if self.n_items not in (6, 9, 12, 15):
+            raise ValueError(f"n_items must be 6, 9, 12 or 15 (result pages of three), got {self.n_items}")
         for name in ("n_colors", "n_sizes"):
             if not 2 <= getattr(self, name) <= 4:
                 raise ValueError(f"{name} must be in [2, 4], got {getattr(self, name)}")
@@ -131,7 +149,7 @@ class ShopTask(ExpertSoftmaxPolicy):
         att, other_att = ATTRIBUTES[atts[0]], ATTRIBUTES[atts[1]]
         colors = [COLORS[i] for i in rng.choice(len(COLORS), size=cfg.n_colors + 1, replace=False)]
         sizes = [SIZES[i] for i in rng.choice(len(SIZES), size=cfg.n_sizes + 1, replace=False)]
-        brands = [BRANDS[i] for i in rng.choice(len(BRANDS), size=cfg.n_items, replace=False)]
+        brands = [BRANDS[i] for i in rng.choice(len(BRANDS), size=6, replace=False)]
         self.color, self.size = colors[0], sizes[0]
         self.budget = float(rng.integers(3, 9) * 10)
         cheap = lambda: round(self.budget * float(rng.uniform(0.4, 0.9)), 2)  # noqa: E731
@@ -150,25 +168,65 @@ class ShopTask(ExpertSoftmaxPolicy):
             mk(brands[5], other_att, other_cat, cheap(), own),
         ]
         self.category, self.attribute = cat, att
+        self.pages = cfg.n_items // 3
+        self._add_lookalikes(cfg, att, cat, cheap, own, szs, no_goal, no_size)
         self.goal_text = (f"i need a {att} {cat} in {self.color}, size {self.size}, price lower than "
                           f"{self.budget:.2f} dollars")
         self.queries = (f"{att} {cat} {self.color}", cat, f"{other_cat}")
         n = cfg.search_noise
-        # per query: (probability, ranking of the 6 items); page 1 = first three
+        # per query: (probability, ranking of the items); page p = items 3(p-1) .. 3p-1
         self.rankings = (
             ((1 - n, (0, 1, 2, 3, 4, 5)), (n, (1, 2, 3, 0, 4, 5))),
             ((1 - n, (1, 0, 3, 2, 4, 5)), (n, (3, 2, 1, 0, 4, 5))),
             ((1 - n, (4, 5, 3, 2, 1, 0)), (n, (4, 5, 0, 1, 2, 3))),
-        )
+        ) if cfg.n_items == 6 else self._long_rankings(n)
         self.invalid_actions = ["click[buy now]", "click[next >]"]
-        vocab = [f"search[{q}]" for q in self.queries] + [f"click[{it.title}]" for it in self.items]
+        vocab = [f"search[{q}]" for q in self.queries] + [f"click[{it.title}]" for it in self.items[:6]]
         vocab += [f"click[{c}]" for c in colors] + [f"click[{s}]" for s in sizes]
         vocab += ["click[buy now]", "click[next >]", "click[< prev]", "click[back to search]"]
+        vocab += [f"click[{it.title}]" for it in self.items[6:]]  # look-alikes last: the original draws stay
         self.prior = {a: float(rng.normal(0, cfg.prior_scale)) for a in vocab}
         self._obs_noise: dict[str, dict[str, float]] = {}
         self._logit_cache: dict[tuple, list[float]] = {}
         self._out_cache: dict[tuple, list[Outcome]] = {}
         self._adm_cache: dict[tuple, list[str]] = {}
+
+    def _add_lookalikes(self, cfg: ShopConfig, att: str, cat: str, cheap, own: tuple[str, ...], szs: tuple[str, ...],
+                        no_goal: tuple[str, ...], no_size: tuple[str, ...]) -> None:
+        """Append the ``n_items - 6`` look-alikes of a longer search (even: lack the goal color; odd: the goal
+        size). Their draws come from a stream of their own, after the original ones, so 6 items keep every
+        draw; ``cheap`` is the price draw, which for them uses that stream too."""
+        if cfg.n_items == 6:
+            return
+        xrng = np.random.default_rng([4099, self.seed, 1])
+        brands = [EXTRA_BRANDS[i] for i in xrng.choice(len(EXTRA_BRANDS), size=cfg.n_items - 6, replace=False)]
+        for k, brand in enumerate(brands):
+            price = round(self.budget * float(xrng.uniform(0.4, 0.9)), 2)
+            colors, sizes = (no_goal, szs) if k % 2 == 0 else (own, no_size)
+            self.items.append(Item(f"{brand} {att} {cat}", cat, att, price, colors, sizes))
+        self._xrng = xrng
+
+    def _long_rankings(self, n: float) -> tuple:
+        """Rankings of a longer search (``n_items`` > 6): per query (clean, noisy) with probabilities
+        ``(1 - n, n)``. Look-alikes (items 6+) fill the first pages; the target sits on page 1 between two
+        look-alikes (precise, clean; its slot drawn per task), on page 2 (vague, clean) or on the last page."""
+        extra = list(range(6, len(self.items)))
+        rest = [1, 2, 3]
+        last = len(self.items) - 3
+
+        def place(order: list[int], slot: int) -> tuple[int, ...]:
+            return tuple(order[:slot] + [0] + order[slot:])
+
+        precise = extra + rest + [4, 5]
+        vague = extra[:2] + [1, 3] + extra[2:] + [2, 4, 5]
+        off = [4, 5] + rest + extra
+        slot = int(self._xrng.integers(0, 3))
+        last_slot = last + int(self._xrng.integers(0, 3))
+        return (
+            ((1 - n, place(precise, slot)), (n, place(precise, last_slot))),
+            ((1 - n, place(vague, 3 + slot)), (n, place(vague, last_slot))),
+            ((1 - n, place(off, last_slot)), (n, place(off, last_slot))),
+        )
 
     # ------------------------------------------------------------ environment
     def initial(self) -> list[tuple[float, tuple, str]]:
@@ -189,7 +247,8 @@ class ShopTask(ExpertSoftmaxPolicy):
         if state[0] == "results":
             _, q, r, page = state
             acts = [f"click[{self.items[i].title}]" for i in self._page(q, r, page)]
-            return acts + ["click[next >]" if page == 1 else "click[< prev]", "click[back to search]"]
+            turns = (["click[next >]"] if page < self.pages else []) + (["click[< prev]"] if page > 1 else [])
+            return acts + turns + ["click[back to search]"]
         it = self.items[state[1]]
         return ([f"click[{c}]" for c in it.colors] + [f"click[{s}]" for s in it.sizes]
                 + ["click[buy now]", "click[back to search]"])
@@ -231,7 +290,7 @@ class ShopTask(ExpertSoftmaxPolicy):
             _, q, r, page = state
             if 0 in self._page(q, r, page):
                 return f"click[{self.items[0].title}]"
-            return "click[next >]" if page == 1 else "click[back to search]"
+            return "click[next >]" if page < self.pages else "click[back to search]"
         _, i, c, s = state
         it = self.items[i]
         if i != 0:
@@ -262,14 +321,15 @@ class ShopTask(ExpertSoftmaxPolicy):
         if state[0] == "results":
             _, q, r, page = state
             if action in ("click[next >]", "click[< prev]"):
-                new = 2 if action == "click[next >]" else 1
+                new = page + 1 if action == "click[next >]" else page - 1
                 return self._spread(1.0, ("results", q, r, new), self._results(q, r, new))
             i = [f"click[{it.title}]" for it in self.items].index(action)
             return self._spread(1.0, ("item", i, -1, -1), self._page_texts(i))
         _, i, c, s = state
         it = self.items[i]
         if action == "click[buy now]":
-            reward = self.cfg.success_reward * self.score(state)
+            score = self.score(state)
+            reward = self.cfg.success_reward * (float(score == 1.0) if self.cfg.win_only else score)
             return [Outcome(1.0, None, f"Thank you for shopping with us! Your score: {reward / 10:.2f}",
                             reward, True, False)]
         value = action[6:-1]
@@ -286,7 +346,7 @@ class ShopTask(ExpertSoftmaxPolicy):
     # ------------------------------------------------------------ helpers
     def _page(self, q: int, r: int, page: int) -> tuple[int, ...]:
         ranking = self.rankings[q][r][1]
-        return ranking[:3] if page == 1 else ranking[3:]
+        return ranking[3 * (page - 1): 3 * page]
 
     def _variants(self, templates: tuple[str, ...]) -> tuple[str, ...]:
         return templates[: self.cfg.n_variants]
@@ -296,7 +356,7 @@ class ShopTask(ExpertSoftmaxPolicy):
 
     def _results(self, q: int, r: int, page: int) -> list[str]:
         items = " [SEP] ".join(f"[{self.items[i].title}] ${self.items[i].price:.2f}" for i in self._page(q, r, page))
-        return self._texts(_RESULTS, page=page, n=len(self.items), items=items)
+        return self._texts(_RESULTS, page=page, pages=self.pages, n=len(self.items), items=items)
 
     def _page_texts(self, i: int) -> list[str]:
         it = self.items[i]

@@ -52,8 +52,9 @@ def test_hard_preset_is_longer_with_more_distractors(name):
     assert hard.horizon > base.horizon and hard.n_variants > base.n_variants
     if name == "alfworld":  # more receptacles; every goal processed and every object closed in
         assert hard.n_locations > base.n_locations and hard.process_prob == hard.closed_prob == 1.0
-    else:  # more option values to get wrong, a noisier search
-        assert (hard.n_colors, hard.n_sizes) > (base.n_colors, base.n_sizes) and hard.search_noise > base.search_noise
+    else:  # a longer search through look-alikes, more option values to get wrong, a success or nothing
+        assert hard.n_items > base.n_items and (hard.n_colors, hard.n_sizes) > (base.n_colors, base.n_sizes)
+        assert hard.win_only and not base.win_only
     # --task_config still applies on top of the preset
     assert family_config(fam, "learn", ["horizon=9"], preset="hard").horizon == 9
     task = make_tasks(fam, hard, 1, 3)[0]

@@ -94,3 +94,86 @@ def test_bad_config_is_refused_by_name():
         ShopConfig(search_noise=1.0)
     with pytest.raises(ValueError, match="n_colors"):
         ShopConfig(n_colors=9)
+
+
+# ----------------------------------------------------------------------------- longer searches (n_items > 6)
+def _long(seed: int = 11, **kw) -> ShopTask:
+    return ShopTask(ShopConfig(n_items=12, n_colors=4, n_sizes=4, **kw), seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_longer_search_keeps_the_original_draws(seed):
+    """The look-alikes come from a stream of their own: the first six items, the goal and the prior of every
+    original action are the draws of ``n_items = 6``."""
+    short, long = ShopTask(ShopConfig(n_colors=4, n_sizes=4), seed), _long(seed)
+    assert long.items[:6] == short.items and long.goal_text == short.goal_text
+    assert all(long.prior[a] == p for a, p in short.prior.items())
+    assert len(long.items) == 12 and long.pages == 4
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lookalikes_match_the_target_until_their_item_page(seed):
+    """Every extra item has the target's title words and a price under the budget, so the shared features of
+    clicking it on a results page equal those of clicking the target; its item page lacks the goal color
+    (even extras) or the goal size (odd)."""
+    from progpo.envs.synthetic.families import FAMILIES
+
+    fam, t = FAMILIES["webshop"], _long(seed)
+    target = t.items[0]
+    ranking = t.rankings[0][0][1]
+    assert 0 in ranking[:3]  # precise, clean: the target on page 1, between two look-alikes
+    assert set(ranking[:3]) - {0} <= set(range(6, 12))
+    obs = t._results(0, 0, 1)[0]
+    feats = {fam.features(t.goal_text, obs, f"click[{t.items[i].title}]") for i in ranking[:3]}
+    assert len(feats) == 1
+    for k, it in enumerate(t.items[6:]):
+        assert it.title.split()[1:] == target.title.split()[1:] and it.price <= t.budget
+        assert (t.color not in it.colors) if k % 2 == 0 else (t.size not in it.sizes)
+        assert (t.size in it.sizes) if k % 2 == 0 else (t.color in it.colors)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_expert_finds_the_target_on_every_ranking(seed):
+    """From every ranking of every query the expert reaches the target (turning pages) and buys it: 10."""
+    t = _long(seed, horizon=40)
+    rng = np.random.default_rng(seed)
+    for q in range(3):
+        for r in range(2):
+            state, pages_seen = ("results", q, r, 1), 0
+            for _ in range(20):
+                out = t.step(state, t.expert_action(state), rng)
+                if out.terminated:
+                    break
+                pages_seen += out.next_state[0] == "results"
+                state = out.next_state
+            assert out.terminated and out.reward == pytest.approx(10.0)
+            target_page = next(p for p in range(1, 5) if 0 in t._page(q, r, p))
+            assert pages_seen == target_page - 1  # one "next >" per page before the target's
+
+
+def test_pages_turn_both_ways_and_say_how_many():
+    t = _long(n_variants=2)
+    assert t.admissible(("results", 0, 0, 1))[3:] == ["click[next >]", "click[back to search]"]
+    assert t.admissible(("results", 0, 0, 2))[3:] == ["click[next >]", "click[< prev]", "click[back to search]"]
+    assert t.admissible(("results", 0, 0, 4))[3:] == ["click[< prev]", "click[back to search]"]
+    assert t.outcomes(("results", 0, 0, 2), "click[< prev]")[0].next_state == ("results", 0, 0, 1)
+    assert t.outcomes(("results", 0, 0, 2), "click[next >]")[0].next_state == ("results", 0, 0, 3)
+    assert "page 3 of 4 (12 results)" in t._results(0, 0, 3)[1]
+    assert "page 1 of 2 (6 results)" in ShopTask(ShopConfig(n_variants=2), 11)._results(0, 0, 1)[1]
+
+
+@pytest.mark.parametrize("win_only, paid", [(False, 7.5), (True, 0.0)])
+def test_lookalike_purchase_pays_partial_or_nothing(win_only, paid):
+    """A look-alike bought after clicking the goal option it has scores 0.75: 7.5 with WebShop's partial
+    reward, 0 with verl-agent's win/lose reward; the target with both goal options pays 10 either way."""
+    t = _long(win_only=win_only)
+    it = t.items[6]  # lacks the goal color, has the goal size
+    state = ("item", 6, -1, it.sizes.index(t.size))
+    assert t.outcomes(state, "click[buy now]")[0].reward == pytest.approx(paid)
+    goal = ("item", 0, t.items[0].colors.index(t.color), t.items[0].sizes.index(t.size))
+    assert t.outcomes(goal, "click[buy now]")[0].reward == pytest.approx(10.0)
+
+
+def test_bad_item_count_is_refused_by_name():
+    with pytest.raises(ValueError, match="n_items"):
+        ShopConfig(n_items=7)
