@@ -2,8 +2,8 @@
 
 An instruction asks for a product ("i need a waterproof backpack in navy, size large, price lower
 than 40.00 dollars"). The agent searches with one of three queries (precise, vague, off-target),
-reads a results page (3 items per page, 2 pages; the ranking is stochastic, so the target may land on
-page 2 or behind a look-alike), opens item pages, clicks option values (color, size) and buys. Buying
+reads a results page (3 items per page, ``n_items / 3`` pages, 2 by default; the ranking is stochastic, so
+the target may land on a later page or behind a look-alike), opens item pages, clicks option values (color, size) and buys. Buying
 ends the episode with WebShop's partial reward (Yao et al. 2022, eq. 1, simplified to one attribute,
 two options and the price):
 
@@ -16,13 +16,16 @@ reward = ``success_reward`` (the target item with both goal options). ``win_only
 (the one GiGPO and G2PO train with) does.
 
 **Longer searches (``n_items`` > 6).** Each further item is a look-alike of the target that a results page
-cannot tell apart from it: the target's title words (another brand), below the budget, but it lacks the
-goal color (even extras) or the goal size (odd extras), which only its item page shows. The results span
-``n_items / 3`` pages. A precise query ranks the target on page 1 between two look-alikes (clean ranking)
-or on the last page (noisy), a vague one on page 2 (clean) or the last page, an off-target one on the last
-page; look-alikes fill the first pages of every query. So an agent opens items, reads their options, goes
-back and searches again or turns pages, and buying a look-alike after clicking the option it has pays
-0.75 of a success (0 with ``win_only``). With ``n_items = 6`` the tasks are the original ones, draw for draw.
+tells from it by brand and price only: the target's title words (another brand), below the budget, but it
+lacks the goal color (even extras) or the goal size (odd extras), which only its item page shows. The results
+span ``n_items / 3`` pages. A precise query ranks the target on page 1 beside two look-alikes (clean ranking;
+its slot drawn per task) or on the last page (noisy), after every look-alike. A vague query's page 1 is two
+look-alikes and item 1; it ranks the target on page 2 (clean) or the last page. An off-target query ranks the
+other category and the rejected items first, then the look-alikes, and the target on the last page under
+both its rankings (they are the same ranking). So an agent opens items, reads their options, goes back and
+searches again or turns pages, and buying a look-alike after clicking the option it has pays 0.75 of a
+success (0 with ``win_only``). With ``n_items = 6`` the tasks are the original ones, draw for draw, the
+expert included (past the target's page it goes back to search; with longer searches it turns back).
 
 **How its states alias (unlike the ALFWorld-like family).** After an option click the observation is
 "You have clicked <value>." followed by the item page, which does not show the other selections: the
@@ -31,7 +34,7 @@ page after clicking the goal size reads the same whether the goal color was clic
 (the ``inventory`` analogue, ``state_key = obs_inventory``) is the selected options
 ("Selected options: color navy, size large."). Two look-alike items (the target's title words, above
 the budget; one also lacks the goal color and size) differ from the target on the results page only
-by their price, and a noisy search ranks them first.
+by their price, and with 6 items a noisy search ranks them first.
 
 State: ``("search",)``, ``("results", query, ranking, page)`` or ``("item", item, color, size)`` with
 ``color``/``size`` the selected option index or -1. Observations come in ``n_variants`` wordings.
@@ -80,7 +83,7 @@ class ShopConfig(PolicyConfig):
             every further one is a look-alike that only its item page tells apart (module docstring).
         n_colors / n_sizes: option values per item, in [2, 4].
         n_variants: wordings per observation kind, in [1, 3].
-        search_noise: probability that a query's ranking is the shuffled one (target lower), in [0, 1).
+        search_noise: probability that a query's ranking is the noisy one (target lower), in [0, 1).
         horizon: max steps H. history: K, past actions the behaviour policy and the prompt see.
         invalid_prob / expert_bias / prior_scale / obs_scale / repeat_penalty: behaviour policy, as
             :class:`progpo.envs.synthetic.alfworld_like.MDPConfig`.
@@ -169,7 +172,7 @@ class ShopTask(ExpertSoftmaxPolicy):
         ]
         self.category, self.attribute = cat, att
         self.pages = cfg.n_items // 3
-        self._add_lookalikes(cfg, att, cat, cheap, own, szs, no_goal, no_size)
+        xrng = self._add_lookalikes(cfg, att, cat, own, szs, no_goal, no_size)
         self.goal_text = (f"i need a {att} {cat} in {self.color}, size {self.size}, price lower than "
                           f"{self.budget:.2f} dollars")
         self.queries = (f"{att} {cat} {self.color}", cat, f"{other_cat}")
@@ -179,7 +182,7 @@ class ShopTask(ExpertSoftmaxPolicy):
             ((1 - n, (0, 1, 2, 3, 4, 5)), (n, (1, 2, 3, 0, 4, 5))),
             ((1 - n, (1, 0, 3, 2, 4, 5)), (n, (3, 2, 1, 0, 4, 5))),
             ((1 - n, (4, 5, 3, 2, 1, 0)), (n, (4, 5, 0, 1, 2, 3))),
-        ) if cfg.n_items == 6 else self._long_rankings(n)
+        ) if cfg.n_items == 6 else self._long_rankings(n, xrng)
         self.invalid_actions = ["click[buy now]", "click[next >]"]
         vocab = [f"search[{q}]" for q in self.queries] + [f"click[{it.title}]" for it in self.items[:6]]
         vocab += [f"click[{c}]" for c in colors] + [f"click[{s}]" for s in sizes]
@@ -191,25 +194,24 @@ class ShopTask(ExpertSoftmaxPolicy):
         self._out_cache: dict[tuple, list[Outcome]] = {}
         self._adm_cache: dict[tuple, list[str]] = {}
 
-    def _add_lookalikes(self, cfg: ShopConfig, att: str, cat: str, cheap, own: tuple[str, ...], szs: tuple[str, ...],
-                        no_goal: tuple[str, ...], no_size: tuple[str, ...]) -> None:
+    def _add_lookalikes(self, cfg: ShopConfig, att: str, cat: str, own: tuple[str, ...], szs: tuple[str, ...],
+                        no_goal: tuple[str, ...], no_size: tuple[str, ...]) -> np.random.Generator | None:
         """Append the ``n_items - 6`` look-alikes of a longer search (even: lack the goal color; odd: the goal
-        size). Their draws come from a stream of their own, after the original ones, so 6 items keep every
-        draw; ``cheap`` is the price draw, which for them uses that stream too."""
+        size) and return their random stream (None with 6 items). Their brands and prices come from that
+        stream of their own, so 6 items keep every original draw."""
         if cfg.n_items == 6:
-            return
+            return None
         xrng = np.random.default_rng([4099, self.seed, 1])
         brands = [EXTRA_BRANDS[i] for i in xrng.choice(len(EXTRA_BRANDS), size=cfg.n_items - 6, replace=False)]
         for k, brand in enumerate(brands):
             price = round(self.budget * float(xrng.uniform(0.4, 0.9)), 2)
             colors, sizes = (no_goal, szs) if k % 2 == 0 else (own, no_size)
             self.items.append(Item(f"{brand} {att} {cat}", cat, att, price, colors, sizes))
-        self._xrng = xrng
+        return xrng
 
-    def _long_rankings(self, n: float) -> tuple:
+    def _long_rankings(self, n: float, xrng: np.random.Generator) -> tuple:
         """Rankings of a longer search (``n_items`` > 6): per query (clean, noisy) with probabilities
-        ``(1 - n, n)``. Look-alikes (items 6+) fill the first pages; the target sits on page 1 between two
-        look-alikes (precise, clean; its slot drawn per task), on page 2 (vague, clean) or on the last page."""
+        ``(1 - n, n)``, as the module docstring lays them out (the target's slots drawn from ``xrng``)."""
         extra = list(range(6, len(self.items)))
         rest = [1, 2, 3]
         last = len(self.items) - 3
@@ -220,8 +222,8 @@ class ShopTask(ExpertSoftmaxPolicy):
         precise = extra + rest + [4, 5]
         vague = extra[:2] + [1, 3] + extra[2:] + [2, 4, 5]
         off = [4, 5] + rest + extra
-        slot = int(self._xrng.integers(0, 3))
-        last_slot = last + int(self._xrng.integers(0, 3))
+        slot = int(xrng.integers(0, 3))
+        last_slot = last + int(xrng.integers(0, 3))
         return (
             ((1 - n, place(precise, slot)), (n, place(precise, last_slot))),
             ((1 - n, place(vague, 3 + slot)), (n, place(vague, last_slot))),
@@ -290,6 +292,8 @@ class ShopTask(ExpertSoftmaxPolicy):
             _, q, r, page = state
             if 0 in self._page(q, r, page):
                 return f"click[{self.items[0].title}]"
+            if self.pages > 2 and page > self.rankings[q][r][1].index(0) // 3 + 1:
+                return "click[< prev]"  # past the target's page (6 items keep the original expert: back to search)
             return "click[next >]" if page < self.pages else "click[back to search]"
         _, i, c, s = state
         it = self.items[i]

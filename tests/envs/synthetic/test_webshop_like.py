@@ -101,6 +101,29 @@ def _long(seed: int = 11, **kw) -> ShopTask:
     return ShopTask(ShopConfig(n_items=12, n_colors=4, n_sizes=4, **kw), seed=seed)
 
 
+@pytest.mark.parametrize("seed, titles, prices, goal, priors", [
+    (0, ("Brio wireless water bottle", "Kestrel wireless water bottle", "Zephyr wireless water bottle",
+         "Lumen recycled water bottle", "Orbit wireless backpack", "Tandem recycled backpack"),
+     (34.87, 50.0, 62.68, 25.52, 25.4, 35.65),
+     "i need a wireless water bottle in grey, size xx-large, price lower than 40.00 dollars",
+     {"search[wireless water bottle grey]": 0.422804, "search[water bottle]": -0.217786, "search[backpack]": 1.175403}),
+    (1, ("Acme wireless sneakers", "Tandem wireless sneakers", "Vela wireless sneakers", "Quill leather sneakers",
+         "Zephyr wireless t-shirt", "Northwind leather t-shirt"),
+     (30.92, 54.48, 52.45, 26.85, 17.9, 30.18),
+     "i need a wireless sneakers in olive, size one size, price lower than 40.00 dollars",
+     {"search[wireless sneakers olive]": -0.088453, "search[sneakers]": -0.022148, "search[t-shirt]": 0.084846}),
+])
+def test_six_items_are_the_original_tasks(seed, titles, prices, goal, priors):
+    """Values written down from the generator before longer searches existed (commit 365db81's parent)."""
+    t = ShopTask(ShopConfig(), seed)
+    assert tuple(it.title for it in t.items) == titles and tuple(it.price for it in t.items) == prices
+    assert t.goal_text == goal and t.pages == 2
+    assert t.rankings == (((0.7, (0, 1, 2, 3, 4, 5)), (0.3, (1, 2, 3, 0, 4, 5))),
+                          ((0.7, (1, 0, 3, 2, 4, 5)), (0.3, (3, 2, 1, 0, 4, 5))),
+                          ((0.7, (4, 5, 3, 2, 1, 0)), (0.3, (4, 5, 0, 1, 2, 3))))
+    assert {a: round(t.prior[a], 6) for a in priors} == priors
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_longer_search_keeps_the_original_draws(seed):
     """The look-alikes come from a stream of their own: the first six items, the goal and the prior of every
@@ -121,7 +144,7 @@ def test_lookalikes_match_the_target_until_their_item_page(seed):
     fam, t = FAMILIES["webshop"], _long(seed)
     target = t.items[0]
     ranking = t.rankings[0][0][1]
-    assert 0 in ranking[:3]  # precise, clean: the target on page 1, between two look-alikes
+    assert 0 in ranking[:3]  # precise, clean: the target on page 1, beside two look-alikes
     assert set(ranking[:3]) - {0} <= set(range(6, 12))
     obs = t._results(0, 0, 1)[0]
     feats = {fam.features(t.goal_text, obs, f"click[{t.items[i].title}]") for i in ranking[:3]}
@@ -132,23 +155,27 @@ def test_lookalikes_match_the_target_until_their_item_page(seed):
         assert (t.size in it.sizes) if k % 2 == 0 else (t.color in it.colors)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_expert_finds_the_target_on_every_ranking(seed):
-    """From every ranking of every query the expert reaches the target (turning pages) and buys it: 10."""
-    t = _long(seed, horizon=40)
+@pytest.mark.parametrize("n_items", [9, 12, 15])
+@pytest.mark.parametrize("seed", range(4))
+def test_expert_turns_to_the_target_from_every_page(seed, n_items):
+    """Every ranking is a permutation of the items; from every page of every ranking the expert turns straight to
+    the target's page (next before it, prev after it), opens it and buys it with both goal options: 10."""
+    t = ShopTask(ShopConfig(n_items=n_items, n_colors=4, n_sizes=4), seed)
     rng = np.random.default_rng(seed)
     for q in range(3):
         for r in range(2):
-            state, pages_seen = ("results", q, r, 1), 0
-            for _ in range(20):
-                out = t.step(state, t.expert_action(state), rng)
-                if out.terminated:
-                    break
-                pages_seen += out.next_state[0] == "results"
-                state = out.next_state
-            assert out.terminated and out.reward == pytest.approx(10.0)
-            target_page = next(p for p in range(1, 5) if 0 in t._page(q, r, p))
-            assert pages_seen == target_page - 1  # one "next >" per page before the target's
+            assert sorted(t.rankings[q][r][1]) == list(range(n_items))
+            target_page = next(p for p in range(1, t.pages + 1) if 0 in t._page(q, r, p))
+            for start in range(1, t.pages + 1):
+                state, turns = ("results", q, r, start), 0
+                for _ in range(20):
+                    out = t.step(state, t.expert_action(state), rng)
+                    if out.terminated:
+                        break
+                    turns += out.next_state[0] == "results"
+                    state = out.next_state
+                assert out.terminated and out.reward == pytest.approx(10.0)
+                assert turns == abs(target_page - start)
 
 
 def test_pages_turn_both_ways_and_say_how_many():
@@ -160,6 +187,12 @@ def test_pages_turn_both_ways_and_say_how_many():
     assert t.outcomes(("results", 0, 0, 2), "click[next >]")[0].next_state == ("results", 0, 0, 3)
     assert "page 3 of 4 (12 results)" in t._results(0, 0, 3)[1]
     assert "page 1 of 2 (6 results)" in ShopTask(ShopConfig(n_variants=2), 11)._results(0, 0, 1)[1]
+    from progpo.envs.synthetic.families import _shop_page  # the learner's features read every page of a long search
+
+    for page in range(1, t.pages + 1):
+        for text in t._results(0, 0, page):
+            kind, fields = _shop_page(text)
+            assert kind == "results" and fields["page"] == str(page), text
 
 
 @pytest.mark.parametrize("win_only, paid", [(False, 7.5), (True, 0.0)])
