@@ -34,12 +34,15 @@ LEARNING: dict[str, tuple[tuple[str, str], ...]] = {
     "new draw 4343 (issue 43)": (("fresh ALFWorld-like", "learning-alfworld-fresh-task4343"),
                                  ("fresh WebShop-like", "learning-webshop-fresh-task4343"),
                                  ("fixed ALFWorld-like", "learning-task4343"),
-                                 ("fixed WebShop-like", "learning-webshop-fixed-task4343")),
+                                 ("fixed WebShop-like", "learning-webshop-fixed-task4343"),
+                                 ("fresh ALFWorld-like, hard", "learning-alfworld-fresh-hard-task4343"),
+                                 ("fresh WebShop-like, hard", "learning-webshop-fresh-hard-task4343")),
     "developers' draw 1 (issue 43)": (("fresh ALFWorld-like", "i43-learning-alfworld-fresh"),
                                       ("fresh WebShop-like", "i43-learning-webshop-fresh"),
                                       ("fixed ALFWorld-like", "i43-learning-alfworld-fixed"),
                                       ("fixed WebShop-like", "i43-learning-webshop-fixed"),
-                                      ("fresh ALFWorld-like, hard", "i43-learning-alfworld-fresh-hard")),
+                                      ("fresh ALFWorld-like, hard", "i43-learning-alfworld-fresh-hard"),
+                                      ("fresh WebShop-like, hard", "i43-learning-webshop-fresh-hard")),
 }
 #: Rows shown as one row of the page: GRAFT's paper preset per family (``graft``: lambda 0.95 on ALFWorld,
 #: ``graft_webshop``: 0.8 on WebShop, arXiv 2609.28963 Sec. 4.1) and G2PO's released scripts' (``g2po`` /
