@@ -155,7 +155,7 @@ class ShopTask(ExpertSoftmaxPolicy):
         brands = [BRANDS[i] for i in rng.choice(len(BRANDS), size=6, replace=False)]
         self.color, self.size = colors[0], sizes[0]
         self.budget = float(rng.integers(3, 9) * 10)
-        cheap = lambda: round(self.budget * float(rng.uniform(0.4, 0.9)), 2)  # noqa: E731
+        cheap = lambda g=rng: round(self.budget * float(g.uniform(0.4, 0.9)), 2)  # noqa: E731 - under the budget
         dear = lambda: round(self.budget * float(rng.uniform(1.2, 1.8)), 2)  # noqa: E731
         own = tuple(sorted(colors[:cfg.n_colors], key=lambda c: rng.random()))
         no_goal = tuple(colors[1:cfg.n_colors + 1])
@@ -172,7 +172,7 @@ class ShopTask(ExpertSoftmaxPolicy):
         ]
         self.category, self.attribute = cat, att
         self.pages = cfg.n_items // 3
-        xrng = self._add_lookalikes(cfg, att, cat, own, szs, no_goal, no_size)
+        xrng = self._add_lookalikes(cfg, att, cat, cheap, own, szs, no_goal, no_size)
         self.goal_text = (f"i need a {att} {cat} in {self.color}, size {self.size}, price lower than "
                           f"{self.budget:.2f} dollars")
         self.queries = (f"{att} {cat} {self.color}", cat, f"{other_cat}")
@@ -194,19 +194,19 @@ class ShopTask(ExpertSoftmaxPolicy):
         self._out_cache: dict[tuple, list[Outcome]] = {}
         self._adm_cache: dict[tuple, list[str]] = {}
 
-    def _add_lookalikes(self, cfg: ShopConfig, att: str, cat: str, own: tuple[str, ...], szs: tuple[str, ...],
-                        no_goal: tuple[str, ...], no_size: tuple[str, ...]) -> np.random.Generator | None:
+    def _add_lookalikes(self, cfg: ShopConfig, att: str, cat: str, cheap, own: tuple[str, ...],
+                        szs: tuple[str, ...], no_goal: tuple[str, ...],
+                        no_size: tuple[str, ...]) -> np.random.Generator | None:
         """Append the ``n_items - 6`` look-alikes of a longer search (even: lack the goal color; odd: the goal
-        size) and return their random stream (None with 6 items). Their brands and prices come from that
-        stream of their own, so 6 items keep every original draw."""
+        size) and return their random stream (None with 6 items). Their brands and prices (``cheap(stream)``,
+        the target's price rule) come from that stream of their own, so 6 items keep every original draw."""
         if cfg.n_items == 6:
             return None
         xrng = np.random.default_rng([4099, self.seed, 1])
         brands = [EXTRA_BRANDS[i] for i in xrng.choice(len(EXTRA_BRANDS), size=cfg.n_items - 6, replace=False)]
         for k, brand in enumerate(brands):
-            price = round(self.budget * float(xrng.uniform(0.4, 0.9)), 2)
             colors, sizes = (no_goal, szs) if k % 2 == 0 else (own, no_size)
-            self.items.append(Item(f"{brand} {att} {cat}", cat, att, price, colors, sizes))
+            self.items.append(Item(f"{brand} {att} {cat}", cat, att, cheap(xrng), colors, sizes))
         return xrng
 
     def _long_rankings(self, n: float, xrng: np.random.Generator) -> tuple:
