@@ -36,9 +36,10 @@ import numpy as np
 
 from progpo.advantages import compute_advantages
 from research import engine, report
-from progpo.envs.synthetic.families import family_config, get_family
+from progpo.envs.synthetic.families import get_family
 from research.fidelity_core import ORACLE_ROW, select_variants
 from research.learner import Context, TaskSource, build_source, make_context, oracle_advantages
+from research.learning import lab_task_config
 from progpo.bounds import check_fields, number
 from progpo.run.settings import RolloutSettings
 from progpo.run.flags import comma_list
@@ -163,6 +164,10 @@ class CollapseArgs:
     """fixed: the same tasks every iteration; fresh: new tasks every iteration"""
     task_seed: int = 777
     """seed of the task draw"""
+    task_preset: str = ""
+    """named preset of the family's task config, as research learning's (e.g. hard); --task_config applies on top"""
+    task_config: str = ""
+    """comma list field=value overriding the family's task config, as research learning's"""
     row: str = "progpo"
     """the row whose run is traced"""
     lr: float = number(3.0, "> 0")
@@ -196,7 +201,7 @@ class CollapseArgs:
             raise ValueError(f"--escape_at must be below --train.num_iterations ({self.train.num_iterations}), "
                              f"got {self.escape_at}")
         check_fields(self, lambda name: f"--{name}")
-        get_family(self.family)
+        lab_task_config(self.family, self.task_preset, self.task_config)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -224,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m research.collapse_trace: error: {exc}", file=sys.stderr)
         return 2
     family = get_family(args.family)
-    cfg = family_config(family, "learn")
+    cfg = lab_task_config(args.family, args.task_preset, args.task_config)
     policy = "tabular" if args.regime == "fixed" else "features"
     src = build_source(family, cfg, args.regime, policy, args.tasks, args.task_seed, args.iterations * args.tasks,
                        args.workers)
@@ -232,8 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines, escapes = trace(ctx, args.row_v, args.lr, args.seed, args.iterations, args.rollouts, args.compare_v,
                            args.escape_at, args.escape_v)
     names = [ORACLE_ROW if r is None else r.name for r in args.compare_v]
-    print(f"**Trace** of `{args.row}` at lr {args.lr:g}, seed {args.seed} ({args.family}, {args.regime} tasks, "
-          f"task seed {args.task_seed}, {args.tasks} tasks x {args.rollouts}; encoder none)\n")
+    preset = f", preset {args.task_preset}" if args.task_preset else ""
+    over = f", task config {args.task_config}" if args.task_config else ""
+    print(f"**Trace** of `{args.row}` at lr {args.lr:g}, seed {args.seed} ({args.family}{preset}{over}, {args.regime} "
+          f"tasks, task seed {args.task_seed}, {args.tasks} tasks x {args.rollouts}; encoder none)\n")
     print(report.markdown_table(["it", "success", "mean R", "equal-return tasks", "entropy (nats)", "length",
                                  f"mean abs A ({args.row})", *[f"mean abs A ({n})" for n in names], "update norm",
                                  "update cosine with the exact one", "most taken action kinds"], lines[:args.show]))

@@ -109,14 +109,7 @@ class LearningArgs:
                             "fixed_fidelity_batches": 0, "task_seed": 0})
         check_fields(self, lambda name: f"--{name}")
         parse_lr_grid(self.lr_sweep)
-        family = get_family(self.family)
-        if self.task_preset and self.task_preset not in family.presets:
-            raise ValueError(f"--task_preset: family {self.family} has no preset {self.task_preset!r}; "
-                             f"presets: {sorted(family.presets)}")
-        try:
-            family_config(family, "learn", comma_list(self.task_config, "--task_config"), self.task_preset)
-        except ValueError as exc:
-            raise ValueError(exc if str(exc).startswith("--") else f"--task_config: {exc}") from None
+        lab_task_config(self.family, self.task_preset, self.task_config)
         parse_rows(self.estimators)
         check_reference(self.reference)
         if self.write_docs and self.quick:
@@ -224,6 +217,24 @@ def _phase(ctx, rows, lrs: dict[str, list[float]], seeds, args, probe_every: int
     return out
 
 
+def lab_task_config(family_name: str, preset: str = "", overrides: str = ""):
+    """The ``learn``-split task config of family ``family_name`` with ``--task_preset`` ``preset`` (``""``: none)
+    and the ``--task_config`` comma list ``overrides`` (``field=value``) applied on top, as every lab command
+    that draws tasks reads them.
+
+    Raises:
+        ValueError: naming the flag: an unknown family, a preset the family does not have (the message lists its
+            presets), a malformed override or an unknown field.
+    """
+    family = get_family(family_name)
+    if preset and preset not in family.presets:
+        raise ValueError(f"--task_preset: family {family_name} has no preset {preset!r}; presets: {sorted(family.presets)}")
+    try:
+        return family_config(family, "learn", comma_list(overrides, "--task_config"), preset)
+    except ValueError as exc:
+        raise ValueError(exc if str(exc).startswith("--") else f"--task_config: {exc}") from None
+
+
 def _cost(label: str, results: list, wall: float) -> str:
     cpu = sum(r.cpu_s for r in results)
     return (f"{label}: {len(results)} runs, {wall:.0f} s wall, {cpu:.0f} s CPU in the runs "
@@ -234,7 +245,7 @@ def run(args: argparse.Namespace) -> str:
     """Sweep (optional), final runs, tables; returns the markdown report (and writes the PNG)."""
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     family = get_family(args.family)
-    cfg = family_config(family, "learn", comma_list(args.task_config, "--task_config"), args.task_preset)
+    cfg = lab_task_config(args.family, args.task_preset, args.task_config)
     rows = args.rows
     names = [r.name for r in rows]
     estimators = [r.name for r in rows if not r.exact]  # the rows with something to measure (no oracle)
