@@ -21,6 +21,8 @@ Conventions (see docs/alfworld.md):
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import logging
 import math
 import numbers
@@ -28,6 +30,7 @@ import os
 import random
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -168,8 +171,57 @@ def _inventory_wrapper_class() -> type:
     return InventoryFromFacts
 
 
+TRANSLATION_CACHE_GAMES = 16
+"""Games whose PDDL -> SAS translations one process keeps (:func:`_install_translation_cache`; about 1.5 MB each)."""
+
+
+class _TranslationCache:
+    """Memo of ``fast_downward.pddl2sas(domain, problem, optimize=...)`` keyed by a digest of its inputs, least recently
+    used first out (``max_entries``).
+
+    TextWorld's PDDL env translates the game's PDDL problem four times per reset (``PddlEnv.load`` and ``reset``
+    each build a ``PddlState``, which translates twice: plain and optimised), about 80% of a reset's time, and a
+    group of N rollouts resets the same game N times. The translation is a pure function of its text inputs and
+    of ``optimize`` (it sets fast-downward's options itself on every call), so a hit returns the translation of
+    the same inputs: a deep copy of the task object (the caller owns it, as after a real call) and the SAS text
+    (immutable). ``verbose=True`` calls pass through, so that their output is printed.
+    """
+
+    def __init__(self, translate: Any, max_entries: int) -> None:
+        self.translate, self.max_entries = translate, max_entries
+        self.entries: OrderedDict[bytes, tuple[Any, str]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def __call__(self, domain: str, problem: str, verbose: bool = False, optimize: bool = False) -> tuple[Any, str]:
+        if verbose:
+            return self.translate(domain, problem, verbose=verbose, optimize=optimize)
+        digest = hashlib.blake2b(f"{bool(optimize)}\0{domain}\0{problem}".encode(), digest_size=20).digest()
+        if digest in self.entries:
+            self.hits += 1
+            self.entries.move_to_end(digest)
+        else:
+            self.misses += 1
+            self.entries[digest] = self.translate(domain, problem, verbose=verbose, optimize=optimize)
+            while len(self.entries) > self.max_entries:
+                self.entries.popitem(last=False)
+        task, sas = self.entries[digest]
+        return copy.deepcopy(task), sas
+
+
+def _install_translation_cache() -> _TranslationCache:
+    """Put a :class:`_TranslationCache` (``2 * TRANSLATION_CACHE_GAMES`` entries: plain and optimised) in place of
+    ``fast_downward.pddl2sas``, which TextWorld's PDDL logic looks up on the module at each call; once per process.
+    Called under ``_TEXTWORLD_LOCK``, as every use of it is."""
+    import fast_downward
+
+    if not isinstance(fast_downward.pddl2sas, _TranslationCache):
+        fast_downward.pddl2sas = _TranslationCache(fast_downward.pddl2sas, 2 * TRANSLATION_CACHE_GAMES)
+    return fast_downward.pddl2sas
+
+
 def _open_game(game_file: str) -> Any:
-    """A TextWorld gym env over one ALFWorld game file, with ALFWorld's wrappers."""
+    """A TextWorld gym env over one ALFWorld game file, with ALFWorld's wrappers (its PDDL translations cached:
+    :func:`_install_translation_cache`)."""
     import textworld
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
     from textworld.gym.envs import TextworldGymEnv
@@ -178,6 +230,7 @@ def _open_game(game_file: str) -> Any:
         won=True, admissible_commands=True, inventory=True, extras=["gamefile", "state_extra"]
     )
     wrappers = [AlfredDemangler(shuffle=False), AlfredInfos, _inventory_wrapper_class()]
+    _install_translation_cache()
     # max_episode_steps=None: truncation is ours, so that it stays apart from termination.
     return TextworldGymEnv([game_file], request_infos=request_infos, max_episode_steps=None,
                            wrappers=wrappers)

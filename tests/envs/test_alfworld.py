@@ -273,3 +273,69 @@ def test_envs_in_threads_of_one_process_local_pool(env: AlfWorldEnv) -> None:
             await pool.close()
 
     assert asyncio.run(run()) == [True] * 4
+
+
+def _play(env: AlfWorldEnv, split: str, index: int, seed: int, steps: int = 8) -> list:
+    """Everything an agent sees on a seeded random walk of admissible actions (and one invalid command)."""
+    rng = random.Random(seed)
+    obs, info = env.reset(split=split, index=index)
+    seen = [obs, info["admissible_actions"], info["inventory"], info["state_extra"], info["task"]]
+    for k in range(steps):
+        action = "fly to the moon" if k == 3 else rng.choice(info["admissible_actions"])
+        res = env.step(action)
+        info = res.info
+        seen.append((res.observation, res.reward, res.terminated, res.truncated, info["admissible_actions"],
+                     info["inventory"], info["state_extra"], info["won"], info["invalid_action"]))
+        if res.terminated or res.truncated:
+            break
+    return seen
+
+
+def test_cached_translations_play_the_same_games_as_the_translator(env: AlfWorldEnv, monkeypatch) -> None:
+    """The PDDL -> SAS memo changes no observation, admissible list, inventory, reward or end of any walk: the
+    same seeded walks, one game of each task type over two splits, with fast-downward's own translator and
+    with the memo (first misses, then hits), give the same trace; and a group's resets hit."""
+    import fast_downward
+
+    from progpo.envs import alfworld as alf
+
+    env.reset(split="train", index=0)  # installs the memo
+    memo = fast_downward.pddl2sas
+    assert isinstance(memo, alf._TranslationCache)
+    games = [("valid_seen", i) for i in _first_index_per_type(env, "valid_seen", 1)] + [("train", 7)]
+    monkeypatch.setattr(fast_downward, "pddl2sas", memo.translate)
+    truth = [_play(env, split, i, seed) for seed, (split, i) in enumerate(games)]
+    monkeypatch.setattr(fast_downward, "pddl2sas", memo)
+    memo.entries.clear()
+    for _ in range(2):  # misses, then hits
+        assert [_play(env, split, i, seed) for seed, (split, i) in enumerate(games)] == truth
+    hits = memo.hits
+    for _ in range(4):  # a group of 4 on one game: 4 translations per reset, every one a hit now
+        env.reset(split="train", index=7)
+    assert memo.hits - hits == 16
+
+
+def test_translation_cache_is_bounded_and_hands_out_copies() -> None:
+    from progpo.envs.alfworld import _TranslationCache
+
+    calls = []
+
+    def translate(domain, problem, verbose=False, optimize=False):
+        calls.append((domain, problem, optimize))
+        return {"task": [domain, problem]}, f"sas {problem} {optimize}"
+
+    memo = _TranslationCache(translate, max_entries=2)
+    a, sas_a = memo("d", "p1")
+    b, sas_b = memo("d", "p1")
+    assert a == b and a is not b and sas_a == sas_b and len(calls) == 1  # a hit is a copy, not the cached object
+    a["task"].append("mutated")
+    assert memo("d", "p1")[0] == {"task": ["d", "p1"]}
+    assert memo("d", "p1", optimize=True)[1] == "sas p1 True" and len(calls) == 2  # optimize is part of the key
+    memo("d", "p2")  # evicts the least recently used entry, (p1, plain)
+    assert len(memo.entries) == 2 and len(calls) == 3
+    memo("d", "p1", optimize=True)
+    assert len(calls) == 3  # (p1, optimised) is still held
+    memo("d", "p1")
+    assert len(calls) == 4  # (p1, plain) had been evicted
+    memo("d", "p1", verbose=True)
+    assert len(calls) == 5 and len(memo.entries) == 2  # verbose calls pass through, uncached
