@@ -293,7 +293,7 @@ def _play(env: AlfWorldEnv, split: str, index: int, seed: int, steps: int = 8) -
 
 def test_cached_translations_play_the_same_games_as_the_translator(env: AlfWorldEnv, monkeypatch) -> None:
     """The PDDL -> SAS memo changes no observation, admissible list, inventory, reward or end of any walk: the
-    same seeded walks, one game of each task type over two splits, with fast-downward's own translator and
+    same seeded walks, the first valid_seen game of each task type and a train game, with fast-downward's own translator and
     with the memo (first misses, then hits), give the same trace; and a group's resets hit."""
     import fast_downward
 
