@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "roofline": ("benchmarks.roofline", "main job's generation and update throughput vs this machine's bound"),
     "async": ("benchmarks.async_mode", "cluster-shaped CPU job sync vs async: iteration time, overlap, version lag"),
     "async-learning": ("benchmarks.async_learning", "OpenRLHF-path learning run sync vs async, with flipped controls"),
+    "main-job": ("benchmarks.main_job", "the README's main job, one git ref against another, each from a fresh clone"),
 }
 
 

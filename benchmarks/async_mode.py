@@ -135,21 +135,22 @@ def tensorboard_scalars(folder: Path) -> dict[str, list[float]]:
     return {t: [e.value for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
 
 
-def run_logged(cmd: list[str], log: Path, timeout_s: float, **env: str) -> float:
-    """Run ``cmd`` from the checkout in a session of its own (its Ray workers go with it), output to ``log``, with
-    this checkout first on ``PYTHONPATH`` and ``env`` added to the environment; returns its wall time (seconds).
+def run_logged(cmd: list[str], log: Path, timeout_s: float, cwd: Path = REPO, **env: str) -> float:
+    """Run ``cmd`` from the checkout ``cwd`` (default this one) in a session of its own (its Ray workers go with it),
+    output to ``log``, with ``cwd`` first on ``PYTHONPATH`` and ``env`` added to the environment; returns its wall
+    time (seconds).
 
     Raises:
         RuntimeError: it ran past ``timeout_s`` (naming ``--timeout_s`` and the log) or exited non-zero (the exit
             code, the log and its last 3,000 characters).
     """
     full = dict(os.environ, **env,
-                PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep))
+                PYTHONPATH=f"{cwd}{os.pathsep}{os.environ.get('PYTHONPATH', '')}".rstrip(os.pathsep))
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with log.open("w") as fh:
         try:
-            done = subprocess.run(cmd, cwd=REPO, env=full, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
+            done = subprocess.run(cmd, cwd=cwd, env=full, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout_s,
                                   start_new_session=True)
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"passed --timeout_s {timeout_s:g}; log {log}") from exc
