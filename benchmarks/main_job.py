@@ -8,8 +8,9 @@ For each entry of ``--runs`` (``REF [FLAGS...]``, separated by ``;``), in order 
    the data from ``--data`` (``PROGPO_DATA``, and ``../shared`` beside the clone);
 3. read its ``runs/<env>_<estimator>/metrics.jsonl``.
 
-The script's own first step, ``scripts/install.sh``, points the editable install at the clone it runs from; after the
-last run this checkout's ``scripts/install.sh`` points it back (also when a run fails).
+The script's own first step, ``scripts/install.sh``, installs what the ref's requirements lack into this Python; a
+``progpo`` installed from another checkout stays where it points, and the clone's script imports the clone's own code
+(it runs from the clone's root, which is also first on ``PYTHONPATH``).
 
 Printed per run: the commit, the whole wall time (install check, model conversion, warm start, iterations), the
 part before the first iteration starts (install check, conversion, warm start, engine start), and per iteration
@@ -183,17 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     results: list[JobResult] = []
     with tempfile.TemporaryDirectory(prefix="progpo-bench-main-") as tmp:
         root = Path(args.out).resolve() if args.out else Path(tmp)
-        try:
-            for k, (ref, flags) in enumerate(runs, 1):
-                t0 = time.strftime("%H:%M:%S")
-                print(f"run {k}: {ref} {shlex.join(flags)} (started {t0})", flush=True)
-                try:
-                    results.append(run_job(ref, flags, data, root / f"run{k}", args.timeout_s))
-                except RuntimeError as exc:
-                    print(f"error: run {k} ({ref}): {exc}", file=sys.stderr)
-                    return 1
-        finally:  # each clone's install pointed the editable install at itself
-            subprocess.run(["bash", str(REPO / "scripts" / "install.sh")], cwd=REPO, capture_output=True)
+        for k, (ref, flags) in enumerate(runs, 1):
+            print(f"run {k}: {ref} {shlex.join(flags)} (started {time.strftime('%H:%M:%S')})", flush=True)
+            try:
+                results.append(run_job(ref, flags, data, root / f"run{k}", args.timeout_s))
+            except RuntimeError as exc:
+                print(f"error: run {k} ({ref}): {exc}", file=sys.stderr)
+                return 1
     print(report(results))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
     return 0
