@@ -38,7 +38,7 @@ from progpo.run.models import resolve_pretrain
 from progpo.run.settings import check_prompt_budget
 from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module's API (tests, benches)
 from progpo.trainer.progress import RunProgress, TqdmWriter
-from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN, rollout_engine_dtype
+from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN, actor_computes_in_bf16, rollout_engine_dtype
 from progpo.trainer.update import TrainSample, num_micro_batches, ppo_update, prepare, rollout_mismatch
 from progpo.trainer.warm_start import warm_start
 
@@ -93,7 +93,7 @@ def check_vllm_backend(cfg: TrainConfig) -> None:
 
         check_vllm_cpu("--rollout.backend vllm", "--rollout.backend hf")
         check_head_dim(resolve_pretrain(cfg.actor.model_name_or_path), "--rollout.backend vllm", "--rollout.backend hf")
-    dtype, why = rollout_engine_dtype(cfg.rollout.engine_dtype)
+    dtype, why = rollout_engine_dtype(cfg.rollout.engine_dtype, actor_computes_in_bf16(cfg.ds))
     logger.info("rollout engine: vLLM, dtype %s (%s)", dtype, why)
 
 

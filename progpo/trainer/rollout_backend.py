@@ -157,14 +157,19 @@ class VLLMGenerator:
         return res
 
 
-def rollout_engine_dtype(choice: str) -> tuple[str, str]:
+def rollout_engine_dtype(choice: str, actor_bf16: bool = False) -> tuple[str, str]:
     """The vLLM dtype of the ``--rollout.backend vllm`` engine and why (``--rollout.engine_dtype``).
 
-    On CPU: :func:`progpo.run.vllm_cpu.engine_dtype` (``auto``: bf16 where the CPU has native bf16). On a
-    CUDA machine ``auto`` is bf16 where CUDA supports it, else fp32.
+    ``auto`` follows the actor: where the actor computes in fp32 (``--ds.mixed_precision`` auto or off, and fp32
+    weights) the engine is fp32, since an engine with the weights rounded to bf16 samples another policy than
+    the one the update trains (fine-tuning steps below half a bf16 spacing are lost: the main job's warm start
+    is; docs/training.md, "vLLM (optional)"). Where the actor computes in bf16 (``actor_bf16``: bf16 mixed
+    precision or bf16 weights), ``auto`` is on CPU :func:`progpo.run.vllm_cpu.engine_dtype` (bf16 where the CPU
+    has native bf16) and on a CUDA machine bf16 where CUDA supports it, else fp32. ``bf16`` / ``fp32``: as given.
 
     Args:
         choice: ``auto``, ``bf16`` or ``fp32``.
+        actor_bf16: the actor's forward passes run in bf16 (:func:`actor_computes_in_bf16`).
 
     Returns:
         ``(vLLM dtype name, reason)``.
@@ -176,18 +181,30 @@ def rollout_engine_dtype(choice: str) -> tuple[str, str]:
 
     from progpo.run.vllm_cpu import engine_dtype
 
+    if choice == "auto" and not actor_bf16:
+        return "float32", ("auto: the actor computes in fp32, and a bf16 engine would sample from weights rounded to "
+                           "bf16, another policy than the one trained (--rollout.engine_dtype bf16 to take it anyway)")
     if choice == "auto" and torch.cuda.is_available():
         if torch.cuda.is_bf16_supported():
-            return "bfloat16", "auto: CUDA with bf16"
+            return "bfloat16", "auto: the actor computes in bf16; CUDA with bf16"
         return "float32", "auto: CUDA without bf16"
-    return engine_dtype(choice, flag="--rollout.engine_dtype")
+    dtype, why = engine_dtype(choice, flag="--rollout.engine_dtype")
+    return dtype, why.replace("auto: ", "auto: the actor computes in bf16; ", 1)
+
+
+def actor_computes_in_bf16(ds) -> bool:
+    """Whether the actor of ``DeepSpeedSettings`` ``ds`` runs its forward passes in bf16: bf16 weights
+    (``--ds.param_dtype bf16``) or bf16 mixed precision that resolves on (``--ds.mixed_precision bf16``)."""
+    from progpo.run.precision import resolve_precision
+
+    return ds.param_dtype == "bf16" or resolve_precision(ds.mixed_precision, param_dtype=ds.param_dtype).autocast
 
 
 def make_generator(rollout, actor, *, seed: int = 0):
     """The ``GenerateFn`` for ``rollout.backend`` (``RolloutSettings``) on ``actor``."""
     if rollout.backend == "vllm":
         stops = stop_token_ids(actor.tokenizer, getattr(actor.model, "generation_config", None))
-        dtype, _ = rollout_engine_dtype(getattr(rollout, "engine_dtype", "auto"))
+        dtype, _ = rollout_engine_dtype(getattr(rollout, "engine_dtype", "auto"), actor_computes_in_bf16(actor.cfg.ds))
         return VLLMGenerator(actor.cfg.actor.model_name_or_path, seed=seed, dtype=dtype, stop_token_ids=tuple(stops))
     return HFGenerator(actor.model, actor.tokenizer, max_batch_size=rollout.gen_batch_size, seed=seed,
                        precision=actor.precision)

@@ -77,19 +77,35 @@ def test_the_engine_holds_the_actor_s_weights_after_a_sync_and_its_logprobs_foll
         gen.close()
 
 
-def test_the_engine_dtype_follows_the_cpu_flags_and_the_flag_overrides_it(monkeypatch):
+def test_the_engine_dtype_follows_the_actor_then_the_cpu_flags_and_the_flag_overrides_it(monkeypatch):
+    """auto: fp32 while the actor computes in fp32 (a bf16 engine samples from rounded weights; the main job's
+    warm start lost its answer format that way: docs/training.md, "vLLM (optional)"); with a bf16 actor, bf16
+    where the CPU has native bf16. bf16 / fp32 as given, whatever the actor."""
     from progpo.trainer import rollout_backend
     from progpo.trainer.config import config_from_args
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(vllm_setup, "cpu_flags", lambda cpuinfo=None: {"avx2", "avx512_bf16"})
-    assert rollout_backend.rollout_engine_dtype("auto") == ("bfloat16", "auto: the CPU has avx512_bf16 (native bf16)")
-    assert rollout_backend.rollout_engine_dtype("fp32") == ("float32", "--rollout.engine_dtype fp32")
+    dtype, why = rollout_backend.rollout_engine_dtype("auto")
+    assert dtype == "float32" and why.startswith("auto: the actor computes in fp32")
+    assert rollout_backend.rollout_engine_dtype("auto", actor_bf16=True) == (
+        "bfloat16", "auto: the actor computes in bf16; the CPU has avx512_bf16 (native bf16)")
+    assert rollout_backend.rollout_engine_dtype("fp32", actor_bf16=True) == ("float32", "--rollout.engine_dtype fp32")
+    assert rollout_backend.rollout_engine_dtype("bf16") == ("bfloat16", "--rollout.engine_dtype bf16")
     monkeypatch.setattr(vllm_setup, "cpu_flags", lambda cpuinfo=None: {"avx2"})
-    assert rollout_backend.rollout_engine_dtype("auto")[0] == "float32"
+    assert rollout_backend.rollout_engine_dtype("auto", actor_bf16=True)[0] == "float32"  # bf16 would be emulated
     assert rollout_backend.rollout_engine_dtype("bf16") == ("bfloat16", "--rollout.engine_dtype bf16")
     assert config_from_args(["--rollout.engine_dtype", "fp32"]).rollout.engine_dtype == "fp32"
     assert config_from_args([]).rollout.engine_dtype == "auto"
+
+
+@pytest.mark.parametrize("flags, bf16", [([], False), (["--ds.mixed_precision", "off"], False),
+                                         (["--ds.mixed_precision", "bf16"], True), (["--ds.param_dtype", "bf16"], True)])
+def test_the_actor_computes_in_bf16_under_mixed_precision_or_bf16_weights(flags, bf16):
+    from progpo.trainer.config import config_from_args
+    from progpo.trainer.rollout_backend import actor_computes_in_bf16
+
+    assert actor_computes_in_bf16(config_from_args(flags).ds) is bf16
 
 
 def test_the_engine_dtype_and_its_reason_are_logged_before_anything_starts(monkeypatch, tmp_path, caplog):
@@ -101,11 +117,14 @@ def test_the_engine_dtype_and_its_reason_are_logged_before_anything_starts(monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(vllm_setup, "cpu_flags", lambda cpuinfo=None: {"amx_bf16"})
     pretend_vllm_cpu(monkeypatch, "0.29.0", head_sizes=[32, 64])
-    cfg = config_from_args(["--actor.model_name_or_path", str(tiny_model_path(head_dim=32)),
-                            "--ckpt.path", str(tmp_path / "run"), "--rollout.backend", "vllm"])
+    flags = ["--actor.model_name_or_path", str(tiny_model_path(head_dim=32)), "--ckpt.path", str(tmp_path / "run"),
+             "--rollout.backend", "vllm"]
     with caplog.at_level(logging.INFO, logger="progpo.trainer.loop"):
-        loop.check_vllm_backend(cfg)
-    assert "rollout engine: vLLM, dtype bfloat16 (auto: the CPU has amx_bf16 (native bf16))" in caplog.messages
+        loop.check_vllm_backend(config_from_args(flags))
+        loop.check_vllm_backend(config_from_args([*flags, "--ds.mixed_precision", "bf16"]))
+    assert any(m.startswith("rollout engine: vLLM, dtype float32 (auto: the actor computes in fp32") for m in caplog.messages)
+    assert ("rollout engine: vLLM, dtype bfloat16 (auto: the actor computes in bf16; the CPU has amx_bf16 (native bf16))"
+            in caplog.messages)
 
 
 BF16_LOGPROB_TOL = 0.15
