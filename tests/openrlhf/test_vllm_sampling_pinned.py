@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from progpo.agents.types import VLLM_NEUTRAL_SAMPLING, SamplingParams
+from progpo.trainer.settings import DeepSpeedSettings
 
 # a non-neutral value per field, as a checkpoint default or OpenRLHF's template could carry it
 POLLUTED = {
@@ -137,7 +138,8 @@ def test_local_vllm_backend_stops_at_the_chat_template_turn_end(fake_vllm, answe
     tok = copy.deepcopy(answer_tokenizers["tiny"])
     tok.chat_template = CHATML_TEMPLATE.replace("<|im_end|>", "<|endoftext|>")  # eos stays <|im_end|>
     im_start, im_end, endoftext = (tok.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
-    actor = SimpleNamespace(cfg=SimpleNamespace(actor=SimpleNamespace(model_name_or_path="/no/model")), tokenizer=tok,
+    actor = SimpleNamespace(cfg=SimpleNamespace(actor=SimpleNamespace(model_name_or_path="/no/model"), ds=DeepSpeedSettings()),
+                            tokenizer=tok,
                             model=SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[im_start])))
     gen = make_generator(SimpleNamespace(backend="vllm"), actor, seed=1)
     asyncio.run(gen([1, 2], SamplingParams(max_new_tokens=3)))
