@@ -120,8 +120,9 @@ class JobResult:
         return self.wall_s - sum(r["perf/iteration_s"] + r.get("perf/checkpoint_s", 0.0) for r in self.records)
 
 
-def run_job(ref: str, flags: list[str], data: Path, root: Path, timeout_s: float) -> JobResult:
-    """Clone, check out ``ref``, run the main job with ``flags`` from the clone with a home of its own.
+def run_job(ref: str, commit: str, flags: list[str], data: Path, root: Path, timeout_s: float) -> JobResult:
+    """Clone, check out ``commit`` (``ref`` as resolved when the benchmark started), run the main job with ``flags``
+    from the clone with a home of its own.
 
     Raises:
         RuntimeError: the clone failed, the job failed, ran past ``timeout_s`` or wrote no ``metrics.jsonl`` (the
@@ -129,7 +130,6 @@ def run_job(ref: str, flags: list[str], data: Path, root: Path, timeout_s: float
     """
     from progpo.run.metrics import read_metrics
 
-    commit = resolve_commit(ref)
     clone, home = root / "repo", root / "home"
     home.mkdir(parents=True, exist_ok=True)
     for cmd in (["git", "clone", "--quiet", str(REPO), str(clone)], ["git", "-C", str(clone), "checkout", "--quiet", commit]):
@@ -172,10 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the jobs and print their tables (0; 2 on a bad flag; 1 when a job failed, naming it)."""
     parser = cli.settings_parser(MainJobBench, "python -m benchmarks main-job", __doc__.split("\n")[0])
     args = cli.parse(MainJobBench, parser, argv)
+    runs = parse_runs(args.runs)  # checked by MainJobBench already
     try:
-        runs = parse_runs(args.runs)
-        for ref, _ in runs:
-            resolve_commit(ref)
+        commits = [resolve_commit(ref) for ref, _ in runs]  # once: a commit made while the runs go changes nothing
         data = data_dir(args.data)
     except (ValueError, FileNotFoundError) as exc:
         print(f"python -m benchmarks main-job: error: {exc}", file=sys.stderr)
@@ -184,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     results: list[JobResult] = []
     with tempfile.TemporaryDirectory(prefix="progpo-bench-main-") as tmp:
         root = Path(args.out).resolve() if args.out else Path(tmp)
-        for k, (ref, flags) in enumerate(runs, 1):
-            print(f"run {k}: {ref} {shlex.join(flags)} (started {time.strftime('%H:%M:%S')})", flush=True)
+        for k, ((ref, flags), commit) in enumerate(zip(runs, commits), 1):
+            print(f"run {k}: {ref} ({commit[:7]}) {shlex.join(flags)} (started {time.strftime('%H:%M:%S')})", flush=True)
             try:
-                results.append(run_job(ref, flags, data, root / f"run{k}", args.timeout_s))
+                results.append(run_job(ref, commit, flags, data, root / f"run{k}", args.timeout_s))
             except RuntimeError as exc:
                 print(f"error: run {k} ({ref}): {exc}", file=sys.stderr)
                 return 1

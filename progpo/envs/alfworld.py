@@ -172,7 +172,8 @@ def _inventory_wrapper_class() -> type:
 
 
 TRANSLATION_CACHE_GAMES = 16
-"""Games whose PDDL -> SAS translations one process keeps (:func:`_install_translation_cache`; about 1.5 MB each)."""
+"""Games whose PDDL -> SAS translations one process keeps (:func:`_install_translation_cache`; per game two SAS texts
+and their parsed tasks: docs/alfworld.md)."""
 
 
 class _TranslationCache:

@@ -189,7 +189,7 @@ def rollout_engine_dtype(choice: str, actor_bf16: bool = False) -> tuple[str, st
             return "bfloat16", "auto: the actor computes in bf16; CUDA with bf16"
         return "float32", "auto: CUDA without bf16"
     dtype, why = engine_dtype(choice, flag="--rollout.engine_dtype")
-    return dtype, why.replace("auto: ", "auto: the actor computes in bf16; ", 1)
+    return dtype, (f"auto: the actor computes in bf16; {why.removeprefix('auto: ')}" if choice == "auto" else why)
 
 
 def actor_computes_in_bf16(ds) -> bool:
