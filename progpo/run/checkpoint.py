@@ -99,9 +99,10 @@ def save_hf(actor, out_dir: Path, state: dict[str, torch.Tensor] | None = None) 
 
 
 def save_adapter(actor, out_dir: Path) -> None:
-    """Write the actor's peft adapter (``adapter_config.json`` + adapter weights) to ``out_dir``."""
+    """Write the actor's trained peft adapter (``adapter_config.json`` + adapter weights) to ``out_dir`` (not a
+    frozen reference copy, :func:`progpo.run.lora.load_lora`)."""
     with actor.generation_context():
-        actor.model.save_pretrained(out_dir)
+        actor.model.save_pretrained(out_dir, selected_adapters=[actor.model.active_adapter])
 
 
 class CheckpointManager:

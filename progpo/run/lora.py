@@ -26,6 +26,12 @@ import torch
 ADAPTER_DIR = "adapter"
 """Folder of a checkpoint holding the peft adapter (``adapter_config.json`` + weights)."""
 
+TRAINED = "default"
+"""peft's name of the adapter a run trains."""
+
+REFERENCE = "reference"
+"""Name of the frozen copy of a loaded adapter (:func:`load_lora`): the KL reference of a run that starts from it."""
+
 Gather = Callable[[Sequence[torch.nn.Parameter]], Any]
 """``gather(params)`` -> a context manager in which ``params`` hold full values (ZeRO-3); default none."""
 
@@ -59,6 +65,37 @@ def add_lora(model: torch.nn.Module, *, rank: int, alpha: int, target_modules: S
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return get_peft_model(model, config)
+
+
+def load_lora(model: torch.nn.Module, adapter_dir: str, *, rank: int, reference: bool) -> torch.nn.Module:
+    """``model`` wrapped by peft with the trained adapter of ``adapter_dir`` (a peft ``save_pretrained`` folder),
+    trainable, instead of a fresh one: ``train``'s RL after a warm start with ``--sft.lora true`` goes on
+    training the adapter the behaviour cloning trained, and the base weights stay as they were.
+
+    With ``reference``, a second, frozen copy of the same adapter is loaded under :data:`REFERENCE`: the KL
+    reference is then the warm-started policy (:func:`reference_context`), as it is after a full clone,
+    not the base model without the clone. peft keeps adapter weights in fp32 over a bf16 base.
+
+    Raises:
+        FileNotFoundError: no ``adapter_config.json`` in ``adapter_dir``.
+        ValueError: the adapter's rank differs from ``rank`` (``--ds.lora.rank``).
+    """
+    import json
+    from pathlib import Path
+
+    from peft import PeftModel
+
+    config = Path(adapter_dir) / "adapter_config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"no LoRA adapter in {adapter_dir} (adapter_config.json missing)")
+    saved = json.loads(config.read_text()).get("r")
+    if saved != rank:
+        raise ValueError(f"--ds.lora.rank is {rank} but the adapter in {adapter_dir} has rank {saved}")
+    model = PeftModel.from_pretrained(model, adapter_dir, adapter_name=TRAINED, is_trainable=True)
+    if reference:
+        model.load_adapter(adapter_dir, adapter_name=REFERENCE, is_trainable=False)
+        model.set_adapter(TRAINED)  # the trained one active and trainable, the copy frozen
+    return model
 
 
 def is_lora(model: Any) -> bool:
@@ -144,6 +181,22 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def reference_context(model: torch.nn.Module) -> contextlib.AbstractContextManager:
-    """Context in which ``model`` computes as its base model (peft's ``disable_adapter``): the KL
-    reference of a LoRA run. A model without an adapter is itself (no context)."""
-    return model.disable_adapter() if is_lora(model) else contextlib.nullcontext()
+    """Context in which ``model`` computes as the KL reference of a LoRA run: with a :data:`REFERENCE` adapter
+    (:func:`load_lora`) that frozen copy active, else its base model (peft's ``disable_adapter``). A model
+    without an adapter is itself (no context)."""
+    if not is_lora(model):
+        return contextlib.nullcontext()
+    if REFERENCE in model.peft_config:
+        return _active(model, REFERENCE)
+    return model.disable_adapter()
+
+
+@contextlib.contextmanager
+def _active(model: Any, name: str) -> Iterator[None]:
+    """``model``'s adapter ``name`` active (frozen) inside, the trained one active and trainable again after."""
+    trained = model.active_adapter
+    model.set_adapter(name, inference_mode=True)
+    try:
+        yield
+    finally:
+        model.set_adapter(trained)

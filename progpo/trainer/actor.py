@@ -52,6 +52,9 @@ class ActorConfig:
         scheduler_steps: length of the lr schedule in optimizer steps (the trainer passes the most a run
             can take; ``ceil(lr_warmup_ratio * scheduler_steps)`` warmup steps, as OpenRLHF); needed by
             every schedule but ``constant`` without warmup.
+        adapter: with LoRA, a peft adapter folder the trained adapter starts from instead of a fresh one
+            (``train`` after a warm start with ``--sft.lora true``); with ``use_ref`` the reference is then
+            the model with a frozen copy of it (:func:`progpo.run.lora.load_lora`). None: a fresh adapter.
 
     Raises:
         ValueError: ``scheduler_steps`` < 1, or missing for a schedule that needs it (naming
@@ -63,9 +66,12 @@ class ActorConfig:
     train: TrainSettings = field(default_factory=TrainSettings)
     use_ref: bool = True
     scheduler_steps: int | None = None
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         a = self.actor
+        if self.adapter is not None and self.ds.lora.rank < 1:
+            raise ValueError(f"an adapter to start from ({self.adapter}) needs --ds.lora.rank >= 1")
         if self.scheduler_steps is not None and self.scheduler_steps < 1:
             raise ValueError(f"scheduler_steps must be >= 1, got {self.scheduler_steps}")
         if self.scheduler_steps is None and (a.lr_scheduler != "constant" or a.lr_warmup_ratio > 0):
@@ -216,8 +222,13 @@ class Actor:
             if cfg.actor.gradient_checkpointing_enable:
                 model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks still need grads
             lora = cfg.ds.lora
-            model = add_lora(model, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules,
-                             dropout=lora.dropout, seed=cfg.train.seed)
+            if cfg.adapter is not None:
+                from progpo.run.lora import load_lora
+
+                model = load_lora(model, cfg.adapter, rank=lora.rank, reference=cfg.use_ref)
+            else:
+                model = add_lora(model, rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules,
+                                 dropout=lora.dropout, seed=cfg.train.seed)
         elif cfg.use_ref:
             self.ref = AutoModelForCausalLM.from_pretrained(cfg.actor.model_name_or_path, dtype=dtype).eval()
             disable_dropout(self.ref)

@@ -82,6 +82,8 @@ class SFTSettings:
     """also clone the episodes the expert did not win (e.g. walkthroughs cut by a short --env.max_steps)"""
     cache_dir: str | None = None
     """train: where cloned models are kept (None: ~/.cache/progpo/warm_start)"""
+    lora: bool = False
+    """clone into the LoRA adapter of --ds.lora.* (rank > 0) on the frozen base instead of into every weight; train's RL then goes on training that same adapter, so the base weights never change and a bf16 base (--ds.param_dtype bf16) or bf16 compute (--ds.mixed_precision bf16) rounds away none of the clone's small steps, as it does those of a full clone (docs/training.md, "Precision"). Without it train's warm start clones every weight and a fresh adapter goes on top"""
 
     def __post_init__(self) -> None:
         if self.num_tasks < 0:
@@ -90,6 +92,20 @@ class SFTSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"--sft.{name} must be >= 1, got {getattr(self, name)}")
         check_fields(self, lambda name: f"--sft.{name}")
+
+
+def check_sft_lora(sft: SFTSettings, ds: DeepSpeedSettings) -> None:
+    """``--sft.lora true`` clones into the adapter of ``--ds.lora.*``, so it needs one, and a warm start.
+
+    Raises:
+        ValueError: ``--sft.lora true`` with ``--ds.lora.rank 0`` or ``--sft.num_tasks 0`` (the flags named).
+    """
+    if sft.lora and sft.num_tasks < 1:
+        raise ValueError("--sft.lora true sets how the warm start clones, but --sft.num_tasks is 0 (no warm start): "
+                         "give --sft.num_tasks >= 1, or drop --sft.lora")
+    if sft.lora and ds.lora.rank < 1:
+        raise ValueError("--sft.lora true clones into the LoRA adapter of --ds.lora.*, but --ds.lora.rank is "
+                         f"{ds.lora.rank}: give --ds.lora.rank >= 1 (e.g. 16), or drop --sft.lora")
 
 
 def _train_rollout() -> RolloutSettings:
@@ -123,6 +139,7 @@ class TrainConfig:
         elif self.progpo.estimator != estimator:
             raise ValueError(f"--algo.advantage.estimator is {estimator} but the estimator settings are "
                              f"for {self.progpo.estimator}")
+        check_sft_lora(self.sft, self.ds)
         # their checks name the flags, now rather than at the first update; they do not depend on the schedule's
         # length, and a run whose length is one pass over tasks not yet counted has at least one iteration
         self.actor_config(self.train.num_iterations or 1), self.update_config()

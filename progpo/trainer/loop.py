@@ -40,7 +40,7 @@ from progpo.run.task_sampler import TaskSampler  # noqa: F401 - also this module
 from progpo.trainer.progress import RunProgress, TqdmWriter
 from progpo.trainer.rollout_backend import VLLM_MAX_MODEL_LEN, actor_computes_in_bf16, rollout_engine_dtype
 from progpo.trainer.update import TrainSample, num_micro_batches, ppo_update, prepare, rollout_mismatch
-from progpo.trainer.warm_start import warm_start
+from progpo.trainer.warm_start import adapter_dir, warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -201,10 +201,12 @@ class Trainer:
                              "pass --ckpt.load_enable to start that run over (its records are replaced), or choose "
                              "another --ckpt.path")
         check_run_dir(self.save_path)
-        pretrain = cfg.actor.model_name_or_path
+        pretrain, adapter = cfg.actor.model_name_or_path, None
         if cfg.sft.num_tasks > 0:  # behaviour cloning first (cached), RL from the cloned model
             pretrain = str(warm_start(cfg, envs, out=TqdmWriter()))
             self.warm_start_path = pretrain
+            if cfg.sft.lora:  # the clone is an adapter on the untouched base: RL goes on training it
+                pretrain, adapter = cfg.actor.model_name_or_path, adapter_dir(pretrain)
         self.sampler = TaskSampler(envs.num_tasks(cfg.env.train_split), cfg.train.seed, offset=cfg.env.task_offset,
                                    count=cfg.env.num_tasks)
         self.num_iterations = cfg.train.iterations(self.sampler.count, cfg.rollout.batch_size)
@@ -212,7 +214,7 @@ class Trainer:
             logger.info("run length: %d iterations, one pass over %d training tasks at --rollout.batch_size %d "
                         "(--train.num_iterations unset)", self.num_iterations, self.sampler.count, cfg.rollout.batch_size)
         actor = dataclasses.replace(cfg.actor, model_name_or_path=resolve_pretrain(pretrain))  # a model folder
-        actor_cfg = dataclasses.replace(cfg.actor_config(self.num_iterations), actor=actor)
+        actor_cfg = dataclasses.replace(cfg.actor_config(self.num_iterations), actor=actor, adapter=adapter)
         self.actor = Actor(actor_cfg)
         self.generator = make_generator(cfg.rollout, self.actor, seed=cfg.train.seed)
         self.metrics = MetricsLogger(self.save_path, tensorboard=cfg.logger.tensorboard_dir)

@@ -78,7 +78,7 @@ class LoraSettings:
     """LoRA adapters through peft (``--ds.lora.*``, OpenRLHF 0.11.2's flags; ``progpo.run.lora``)."""
 
     rank: int = 0
-    """LoRA rank r (0: no adapter, every weight is trained; > 0: only the adapter is trained, and the KL reference is the base model with the adapter disabled)"""
+    """LoRA rank r (0: no adapter, every weight is trained; > 0: only the adapter is trained, and the KL reference is the base model with the adapter disabled; after a warm start with --sft.lora true, a frozen copy of the cloned adapter)"""
     alpha: int = 16
     """LoRA alpha: the adapter's update is scaled by alpha / rank"""
     target_modules: tuple[str, ...] = ("all-linear",)

@@ -41,7 +41,7 @@ from progpo.run.precision import resolve_precision
 from progpo.run.settings import EnvSettings, RolloutSettings, TrainSettings
 from progpo.run.task_sampler import TaskSampler
 from progpo.trainer.actor import Actor, ActorConfig
-from progpo.trainer.config import CkptSettings, LoggerSettings, SFTSettings
+from progpo.trainer.config import CkptSettings, LoggerSettings, SFTSettings, check_sft_lora
 from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings
 from progpo.trainer.sft import sft_epoch
 
@@ -89,6 +89,7 @@ class SFTArgs:
     def __post_init__(self) -> None:
         if self.sft.num_tasks < 1:
             raise ValueError(f"--sft.num_tasks must be >= 1, got {self.sft.num_tasks}")
+        check_sft_lora(self.sft, self.ds)
 
     @property
     def save_path(self) -> Path:
@@ -236,7 +237,9 @@ def _train_epochs(actor, samples, sft, args: SFTArgs, ckpt, save: Path, out) -> 
 def sft_args(cfg) -> SFTArgs:
     """The SFT settings of a train run's warm start (``TrainConfig`` ``cfg``): its env, context guard,
     response limit, base model, DeepSpeed stage and dtype, seed and micro-batch, and ``--sft.*``.
-    Behaviour cloning trains every weight (a LoRA adapter of the RL run goes on top of the cloned model)."""
+    Behaviour cloning trains every weight (a LoRA adapter of the RL run goes on top of the cloned model), or with
+    ``--sft.lora true`` the RL run's LoRA adapter (``--ds.lora.*``), which RL then goes on training
+    (:func:`adapter_dir`)."""
     return SFTArgs(
         env=cfg.env,
         rollout=dataclasses.replace(RolloutSettings(), max_prompt_tokens=cfg.rollout.max_prompt_tokens,
@@ -244,12 +247,29 @@ def sft_args(cfg) -> SFTArgs:
         actor=ActorSettings(model_name_or_path=cfg.actor.model_name_or_path, adam=AdamSettings(),
                             max_norm=cfg.actor.max_norm,
                             gradient_checkpointing_enable=cfg.actor.gradient_checkpointing_enable),
-        ds=dataclasses.replace(cfg.ds, lora=type(cfg.ds.lora)()),
+        ds=cfg.ds if cfg.sft.lora else dataclasses.replace(cfg.ds, lora=type(cfg.ds.lora)()),
         train=TrainSettings(micro_batch_size=cfg.train.micro_batch_size, seed=cfg.train.seed),
         ckpt=CkptSettings(max_num=1),
         logger=LoggerSettings(tensorboard_dir=None, progress_bar=cfg.logger.progress_bar),
         sft=dataclasses.replace(cfg.sft, cache_dir=None),  # where it is cached is not part of what it is
     )
+
+
+def adapter_dir(run: str | Path) -> str:
+    """The LoRA adapter folder of a finished warm start cloned with ``--sft.lora true`` (its newest checkpoint's
+    ``adapter/``).
+
+    Raises:
+        FileNotFoundError: no complete checkpoint in ``run``, or that checkpoint holds no adapter (a clone of
+            every weight).
+    """
+    from progpo.run.checkpoint import CheckpointManager
+    from progpo.run.lora import ADAPTER_DIR
+
+    latest = CheckpointManager(Path(run)).latest()
+    if latest is None or not (latest / ADAPTER_DIR / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"warm start {run}: no checkpoint with a LoRA adapter (cloned without --sft.lora?)")
+    return str(latest / ADAPTER_DIR)
 
 
 def _files_digest(folder: Path) -> list[tuple[str, int, str]]:
