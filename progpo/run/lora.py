@@ -74,7 +74,8 @@ def load_lora(model: torch.nn.Module, adapter_dir: str, *, rank: int, reference:
 
     With ``reference``, a second, frozen copy of the same adapter is loaded under :data:`REFERENCE`: the KL
     reference is then the warm-started policy (:func:`reference_context`), as it is after a full clone,
-    not the base model without the clone. peft keeps adapter weights in fp32 over a bf16 base.
+    not the base model without the clone. The adapter's alpha, target modules and dropout are its own
+    config's (``train``'s warm-start cache key holds ``--ds.lora.*``, so there they are the run's).
 
     Raises:
         FileNotFoundError: no ``adapter_config.json`` in ``adapter_dir``.

@@ -48,7 +48,8 @@ class ActorConfig:
         train: ``--train.*``: ``micro_batch_size`` (samples per forward/backward) and ``seed`` (the
             adapter's random start).
         use_ref: keep a frozen reference model (``--algo.kl.init_coef > 0`` on ``train``; False for the
-            warm start); with LoRA the reference is the base model with the adapter disabled (no second copy).
+            warm start); with LoRA the reference is the base model with the adapter disabled (no second copy), or
+            with ``adapter`` a frozen copy of that adapter.
         scheduler_steps: length of the lr schedule in optimizer steps (the trainer passes the most a run
             can take; ``ceil(lr_warmup_ratio * scheduler_steps)`` warmup steps, as OpenRLHF); needed by
             every schedule but ``constant`` without warmup.
@@ -185,7 +186,8 @@ class Actor:
     Attributes:
         engine: the ``DeepSpeedEngine`` (``engine.module`` is the HF model, or its peft wrapper with LoRA).
         ref: the frozen reference model (eval mode, no grad), or None (no KL term, or LoRA: the
-            reference is ``engine.module`` with its adapter disabled, see :attr:`has_reference`).
+            reference is ``engine.module`` with its adapter disabled, or with ``cfg.adapter`` its frozen reference
+            adapter active, see :attr:`has_reference`).
         scheduler: the learning-rate schedule DeepSpeed steps after each applied optimizer step, or None.
         optimizer: what DeepSpeed steps; its client optimizer is a :class:`~progpo.run.divergence.FiniteAdamW`
             (a step with non-finite gradients or lr is skipped and counted in ``engine.skipped_steps``).
@@ -258,7 +260,8 @@ class Actor:
 
     @property
     def has_reference(self) -> bool:
-        """A KL reference exists: the frozen copy, or with LoRA the adapter-disabled model."""
+        """A KL reference exists: the frozen copy, or with LoRA the adapter-disabled model (with ``cfg.adapter``: the
+        frozen reference adapter)."""
         return self.ref is not None or (self.cfg.ds.lora.rank > 0 and self.cfg.use_ref)
 
     def generation_context(self):
@@ -274,7 +277,8 @@ class Actor:
                  *, reference: bool = False) -> list[torch.Tensor]:
         """Per-token log-probs of each sample's response tokens (``[R_k]`` each), in micro-batches.
 
-        ``reference``: under the KL reference (the frozen copy, or with LoRA the adapter disabled).
+        ``reference``: under the KL reference (the frozen copy, or with LoRA the adapter disabled or, with
+        ``cfg.adapter``, the frozen reference adapter active: :func:`progpo.run.lora.reference_context`).
 
         Raises:
             ValueError: ``reference`` without a reference (built with ``use_ref=False``).

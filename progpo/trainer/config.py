@@ -83,7 +83,7 @@ class SFTSettings:
     cache_dir: str | None = None
     """train: where cloned models are kept (None: ~/.cache/progpo/warm_start)"""
     lora: bool = False
-    """clone into the LoRA adapter of --ds.lora.* (rank > 0) on the frozen base instead of into every weight; train's RL then goes on training that same adapter, so the base weights never change and a bf16 base (--ds.param_dtype bf16) or bf16 compute (--ds.mixed_precision bf16) rounds away none of the clone's small steps, as it does those of a full clone (docs/training.md, "Precision"). Without it train's warm start clones every weight and a fresh adapter goes on top"""
+    """train: clone into the LoRA adapter of --ds.lora.* (rank > 0) on the frozen base instead of into every weight, and RL goes on training that same adapter, so the base weights never change: bf16 compute (--ds.mixed_precision bf16) rounds each base weight, which the clone and RL never move, and the adapter's B, which starts at zero, at its own scale, where a full clone's small steps on every weight are rounded away (docs/training.md, "LoRA"). Without it the warm start clones every weight and a fresh adapter goes on top"""
 
     def __post_init__(self) -> None:
         if self.num_tasks < 0:

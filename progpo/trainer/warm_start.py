@@ -83,8 +83,9 @@ class SFTArgs:
                                  metadata={"flags": ("micro_batch_size", "seed")})
     ckpt: CkptSettings = field(default_factory=lambda: CkptSettings(max_num=1), metadata={"flags": ("path", "max_num")})
     logger: LoggerSettings = field(default_factory=LoggerSettings, metadata={"flags": ("progress_bar",)})
-    sft: SFTSettings = field(default_factory=SFTSettings, metadata={"skip": ("cache_dir",)})
-    """the behaviour cloning itself: the same --sft.* flags and defaults as train's warm start"""
+    sft: SFTSettings = field(default_factory=SFTSettings, metadata={"skip": ("cache_dir", "lora")})
+    """the behaviour cloning itself: the same --sft.* flags and defaults as train's warm start (but --sft.lora, which
+    only says how train's warm start clones: here --ds.lora.rank > 0 alone clones into an adapter)"""
 
     def __post_init__(self) -> None:
         if self.sft.num_tasks < 1:

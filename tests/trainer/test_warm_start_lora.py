@@ -13,8 +13,9 @@ LORA = ["--ds.lora.rank", "4", "--ds.lora.alpha", "8", "--sft.lora", "true"]
 WARM = ["--sft.num_tasks", "2", "--sft.max_epochs", "1", "--sft.batch_size", "4", "--sft.lr", "1e-2"]
 PROTOCOL = ["--actor.model_name_or_path", "tiny", "--env.max_steps", "8", "--rollout.max_new_tokens", "160",
             "--rollout.max_prompt_tokens", "384", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2",
-            "--train.num_iterations", "1", "--train.micro_batch_size", "4", "--logger.progress_bar", "false",
-            "--logger.tensorboard_dir", "none", "--progpo.zero_signal", "off", "--actor.adam.lr", "1e-2"]
+            "--train.num_iterations", "2", "--train.micro_batch_size", "4", "--logger.progress_bar", "false",
+            "--logger.tensorboard_dir", "none", "--progpo.zero_signal", "off", "--actor.adam.lr", "1e-2",
+            "--actor.adam.weight_decay", "0.01"]  # weight decay: every update runs, whatever the returns
 
 
 def _cfg(tmp_path, webshop_url, cache, *extra):
@@ -64,8 +65,11 @@ def test_rl_goes_on_training_the_cloned_adapter_on_the_untouched_base(lora_warm)
     assert (_logits(clone, ids) - _logits(base, ids)).abs().max() > 1e-4  # the clone learned something
     with reference_context(actor.model):
         torch.testing.assert_close(_logits(actor.model, ids), _logits(clone, ids), rtol=0, atol=1e-5)
-    assert all(p.requires_grad for n, p in actor.model.named_parameters() if n in trainable)  # back on after
-    assert lora_warm.history[-1]["loss/optimizer_steps"] >= 1
+    after = {n for n, p in actor.model.named_parameters() if p.requires_grad}
+    assert after == set(trainable)  # the trained adapter trainable again, the reference still frozen
+    # both iterations updated; the second scored its samples under the reference (the clone), the policy having moved
+    assert [m["loss/optimizer_steps"] >= 1 for m in lora_warm.history] == [True, True]
+    assert lora_warm.history[1]["loss/kl"] > 0
     assert (_logits(actor.model, ids) - _logits(clone, ids)).abs().max() > 1e-6  # RL moved it from the clone
     # the checkpoint's adapter is the trained one only, not the reference copy
     saved = lora_warm.ckpt.latest() / "adapter"
@@ -74,10 +78,19 @@ def test_rl_goes_on_training_the_cloned_adapter_on_the_untouched_base(lora_warm)
 
 def test_the_clone_is_cached_apart_from_a_clone_of_every_weight(lora_warm, tmp_path, webshop_url):
     import json
-    import os
+    from pathlib import Path
 
-    key = json.loads(open(os.path.join(lora_warm.warm_start_path, "warm_start_key.json")).read())
-    assert key["settings"]["sft"]["lora"] is True and key["settings"]["ds"]["lora"]["rank"] == 4
+    from progpo.run.models import resolve_pretrain
+    from progpo.trainer.warm_start import _key_digest, cache_key, sft_args
+
+    data = {"env": "webshop"}
+    with_lora = _cfg(tmp_path, webshop_url, tmp_path / "cache")
+    full = _cfg(tmp_path, webshop_url, tmp_path / "cache", "--sft.lora", "false")
+    keys = [cache_key(sft_args(c), resolve_pretrain("tiny"), data) for c in (with_lora, full)]
+    assert keys[0]["settings"]["ds"]["lora"]["rank"] == 4 and keys[1]["settings"]["ds"]["lora"]["rank"] == 0
+    assert _key_digest(keys[0]) != _key_digest(keys[1])
+    saved = json.loads((Path(lora_warm.warm_start_path) / "warm_start_key.json").read_text())
+    assert saved["settings"] == json.loads(json.dumps(keys[0]["settings"], default=str))  # the run's clone: the adapter one
 
 
 def test_sft_lora_needs_an_adapter_and_a_warm_start():
