@@ -161,7 +161,8 @@ def test_the_canonical_flags_are_what_train_and_train_ray_show(clis):
     for flag in ("--rollout.backend", "--rollout.gen_batch_size", "--logger.tensorboard_dir", "--train.num_iterations",
                  "--algo.advantage.estimator"):
         assert flag in clis["train"] and flag in clis["train_ray"], flag
-    shared = [f for f in clis["train"] if f.startswith("--sft.") and f != "--sft.cache_dir"]
+    # train only: where its clones are kept, and whether its warm start clones into the run's adapter
+    shared = [f for f in clis["train"] if f.startswith("--sft.") and f not in ("--sft.cache_dir", "--sft.lora")]
     assert shared == [f for f in clis["sft"] if f.startswith("--sft.")]
 
 
