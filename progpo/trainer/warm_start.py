@@ -41,7 +41,7 @@ from progpo.run.precision import resolve_precision
 from progpo.run.settings import EnvSettings, RolloutSettings, TrainSettings
 from progpo.run.task_sampler import TaskSampler
 from progpo.trainer.actor import Actor, ActorConfig
-from progpo.trainer.config import CkptSettings, LoggerSettings, SFTSettings, check_sft_lora
+from progpo.trainer.config import CkptSettings, LoggerSettings, SFTSettings
 from progpo.trainer.settings import ActorSettings, AdamSettings, DeepSpeedSettings
 from progpo.trainer.sft import sft_epoch
 
@@ -90,7 +90,6 @@ class SFTArgs:
     def __post_init__(self) -> None:
         if self.sft.num_tasks < 1:
             raise ValueError(f"--sft.num_tasks must be >= 1, got {self.sft.num_tasks}")
-        check_sft_lora(self.sft, self.ds)
 
     @property
     def save_path(self) -> Path:
