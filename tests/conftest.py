@@ -9,20 +9,30 @@ import pytest
 from hypothesis import settings
 
 from progpo.paths import data_root
-from progpo_tests.xdist_groups import xdist_group
+from progpo_tests.xdist_groups import unit_order, xdist_group
 
 # Property tests draw the same examples on every run (a red CI must be reproducible, never a lucky draw).
 settings.register_profile("progpo", derandomize=True, database=None)
 settings.load_profile("progpo")
 
 
+def pytest_configure(config):
+    """pytest-xdist's controller hands out groups in collection order, the order set below, instead of re-sorting
+    them by test count (``--no-loadscope-reorder``, set here so that a run without xdist needs no xdist flag)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the marks into the node ids
 def pytest_collection_modifyitems(config, items):
     """pytest-xdist groups (``.ci/run`` runs ``-n 2 --dist loadgroup``): a test file's tests run in one worker, so
     its module fixtures (a whole CPU job) run once; the tests of the session's real vLLM engine share one
-    worker, so one engine starts. Without xdist the marks do nothing."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid, tuple(getattr(item, "fixturenames", ())))))
+    worker, so one engine starts. Without xdist the marks do nothing. The tests are then put in the order
+    pytest-xdist hands out their groups (``unit_order``: the slowest groups first); a run without xdist keeps it."""
+    groups = [xdist_group(item.nodeid, tuple(getattr(item, "fixturenames", ()))) for item in items]
+    for item, group in zip(items, groups):
+        item.add_marker(pytest.mark.xdist_group(group))
+    items[:] = [items[i] for i in unit_order(groups)]
 
 
 @pytest.fixture(scope="session")
