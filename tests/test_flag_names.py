@@ -59,6 +59,7 @@ DIFFERENT = {
     ("research.learning_probe", "--lr"): "the tabular policy's step size on its logits, not AdamW's learning rate",
     ("research fidelity", "--n_rollouts"): "a grid of group sizes compared side by side, not one run's group size",
     ("benchmarks webshop", "--seed"): "the seed of the synthetic product catalog",
+    ("benchmarks sync-probe", "--seed"): "the seed of the random weight updates synced into the engine",
     ("benchmarks webshop", "--cache_dir"): "the benchmark's own scratch folder, emptied first",
     ("benchmarks webshop", "--steps"): "steps per load-generator session, not OpenRLHF's --eval.steps",
     ("research fidelity", "--split"): "the ALFWorld split whose games are replayed (OpenRLHF's --eval.split is a dataset's)",

@@ -62,7 +62,7 @@ class DebugSettings:
     dump_dir: str | None = None
     """write each iteration's step batch (experience maker) and the rows the actor trains on (its replay buffer) there as JSON"""
     check_weight_sync: bool = False
-    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); with --cpu.engine vllm also a fixed-prompt probe around the sync: each engine's greedy log-probs against the updated actor's (sync/probe_logprob_max_abs_diff) and how far the update moved them (sync/probe_logprob_moved), so a reused stale prefix-cache block shows; --rollout.backend hf only"""
+    """after each weight sync, log max |actor - engine| over all parameters as sync/max_abs_diff (and sync/max_abs_diff_before); with --cpu.engine vllm also a fixed-prompt probe around the sync: each engine's greedy log-probs against the updated actor's (sync/probe_logprob_max_abs_diff) and how far the update moved them (sync/probe_logprob_moved), and against the same request computed without any cached block (sync/probe_cache_logprob_max_abs_diff, 0 unless a stale prefix-cache block was reused); --rollout.backend hf only"""
     flip_advantages: bool = False
     """multiply every step advantage by -1 before the update: the negative control of a learning check (a run that learns must fail with it); any estimator"""
     check_only: bool = False

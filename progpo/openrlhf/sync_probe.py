@@ -13,6 +13,12 @@ and :func:`probe_metrics` turns the four series into two figures:
 * ``sync/probe_logprob_moved``: ``max |engine before - actor|`` on the engine's pre-sync tokens: how far the
   update moved the actor's log-probs there (plus the same numerics). A stale block would leave part of that
   movement in the first figure.
+* ``sync/probe_cache_logprob_max_abs_diff`` (:func:`cache_reuse_diff`): after the sync each engine answers the
+  same request once more, computed without any prefix-cache block (a fresh ``cache_salt``,
+  ``VllmCPURolloutActor.progpo_generate_uncached``); ``max |engine after - engine uncached|``. Both run the same
+  kernels in the same dtype on the same weights, so the figure is 0 unless the first reused a block computed
+  under the old weights: the stale-cache check without the bf16-vs-fp32 rounding of the first figure
+  (docs/distributed.md, "The weight sync, checked on the real engine"; ``python -m benchmarks sync-probe``).
 
 Log-probs are in nats, of the sampled (greedy) token, as vLLM returns them with ``logprobs=0``.
 """
@@ -38,6 +44,7 @@ PROBE_TEXT = ("You are in the middle of a room. Looking quickly around you, you 
 
 SYNC_PROBE_DIFF = "sync/probe_logprob_max_abs_diff"
 SYNC_PROBE_MOVED = "sync/probe_logprob_moved"
+SYNC_PROBE_CACHE = "sync/probe_cache_logprob_max_abs_diff"
 
 
 def probe_prompt(tokenizer: Any, length: int = PROBE_PROMPT_TOKENS) -> list[int]:
@@ -90,6 +97,43 @@ def probe_metrics(engine_before: Sequence[Sequence[float]], engine_after: Sequen
 
     return {SYNC_PROBE_DIFF: max_diff(engine_after, actor_on_after, "after the sync"),
             SYNC_PROBE_MOVED: max_diff(engine_before, actor_on_before, "before the sync")}
+
+
+def cache_reuse_diff(cached: Sequence[tuple[Sequence[int], Sequence[float]]],
+                     uncached: Sequence[tuple[Sequence[int], Sequence[float]]]) -> float:
+    """``max |cached - uncached|`` log-prob (nats) of each engine's greedy probe after the sync, answered normally
+    (``cached``: may reuse prefix-cache blocks) and without any cached block (``uncached``), over engines and the
+    tokens up to and including the first position where the two greedy tokens differ (after it the contexts
+    differ; at it both are the largest log-prob of the same distribution, so a stale block that flips the greedy
+    token still shows as the gap between the two maxima).
+
+    Args:
+        cached: per engine, ``(tokens [T_e], log-probs [T_e])`` of the normal request.
+        uncached: per engine, the same of the uncached request.
+
+    Returns:
+        The largest difference; 0.0 when the engine computes both alike.
+
+    Raises:
+        ValueError: no engine, different engine counts, a series whose tokens and log-probs differ in length or are
+            empty, or a non-finite log-prob.
+    """
+    if not cached or len(cached) != len(uncached):
+        raise ValueError(f"one (tokens, log-probs) pair per engine in both lists, got {len(cached)} and {len(uncached)}")
+    out = 0.0
+    for k, pair in enumerate(zip(cached, uncached)):
+        for (toks, lps), what in zip(pair, ("cached", "uncached")):
+            if not len(toks) or len(toks) != len(lps):
+                raise ValueError(f"engine {k} {what}: {len(toks)} tokens and {len(lps)} log-probs (need equal, >= 1)")
+        (a_tok, a_lp), (b_tok, b_lp) = pair
+        n = min(len(a_tok), len(b_tok))
+        first_diff = next((i for i in range(n) if a_tok[i] != b_tok[i]), n - 1)
+        a_t = torch.tensor(list(a_lp[:first_diff + 1]), dtype=torch.float64)
+        b_t = torch.tensor(list(b_lp[:first_diff + 1]), dtype=torch.float64)
+        if not (torch.isfinite(a_t).all() and torch.isfinite(b_t).all()):
+            raise ValueError(f"engine {k}: non-finite log-prob")
+        out = max(out, float((a_t - b_t).abs().max()))
+    return out
 
 
 class ActorScorer:

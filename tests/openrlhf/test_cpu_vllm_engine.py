@@ -154,6 +154,42 @@ def test_engine_weights_and_logprobs_follow_the_sync(vllm_cpu_engine):
     assert (want - stale).abs().max() > 1e-2  # the update moved these log-probs: the check can tell them apart
 
 
+@needs_vllm
+def test_the_uncached_probe_shows_a_reused_stale_block_and_equals_a_fresh_one(vllm_cpu_engine):
+    """The probe's stale-cache reference (``progpo_generate_uncached``, a fresh ``cache_salt``): after a sync that
+    left the prefix cache alone, the normal request reuses the two probe blocks computed under the old weights
+    and differs from the uncached one; once the cache is reset, both compute alike (figure exactly 0)."""
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    from progpo.openrlhf.sync_probe import PROBE_TOKENS, cache_reuse_diff, probe_prompt
+    from progpo.run.tiny_model import tiny_model_path
+
+    engine = vllm_cpu_engine
+    path = str(tiny_model_path(head_dim=32))
+    prompt = probe_prompt(AutoTokenizer.from_pretrained(path))
+    gen = torch.Generator().manual_seed(3)
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    old = {n: p.detach() + 0.02 * torch.randn(p.shape, generator=gen) for n, p in base.named_parameters()}
+    new = {n: t + 0.02 * torch.randn(t.shape, generator=gen) for n, t in old.items()}
+    params = SamplingParams(temperature=0, max_tokens=PROBE_TOKENS, logprobs=0, ignore_eos=True)
+
+    def uncached() -> tuple[list[int], list[float]]:
+        out = engine.call(engine.actor.progpo_generate_uncached(prompt, params)).outputs[0]
+        return list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
+
+    engine.sync(old)
+    engine.greedy(prompt, PROBE_TOKENS)  # the prefix cache now holds the probe's two blocks, old weights
+    engine.sync(new, reset_prefix_cache=False)
+    stale = cache_reuse_diff([engine.greedy(prompt, PROBE_TOKENS)], [uncached()])
+    engine.call(engine.actor.reset_prefix_cache())
+    fresh = cache_reuse_diff([engine.greedy(prompt, PROBE_TOKENS)], [uncached()])
+    assert fresh == 0.0
+    assert stale > 1e-2, stale
+
+
 def test_an_engine_that_fails_to_start_is_named_in_one_line(monkeypatch):
     """Index, node (from Ray's error text) and the error's last line; the engines that answer pass."""
     import ray

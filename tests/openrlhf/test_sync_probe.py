@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from progpo.openrlhf.sync_probe import (PROBE_PROMPT_TOKENS, SYNC_PROBE_DIFF, SYNC_PROBE_MOVED, ActorScorer,
-                                        probe_metrics, probe_prompt)
+from progpo.openrlhf.sync_probe import (PROBE_PROMPT_TOKENS, SYNC_PROBE_CACHE, SYNC_PROBE_DIFF, SYNC_PROBE_MOVED,
+                                        ActorScorer, cache_reuse_diff, probe_metrics, probe_prompt)
 
 
 def test_figures_are_the_largest_differences_over_engines_and_tokens():
@@ -34,6 +34,28 @@ def test_an_engine_that_follows_the_actor_exactly_gives_zero_after():
 def test_bad_series_are_refused_in_one_line(args, match):
     with pytest.raises(ValueError, match=match):
         probe_metrics(*args)
+
+
+def test_cache_figure_compares_up_to_the_first_differing_token():
+    # engine 0: same tokens, |-1.0 - -1.0| = 0, |-2.0 - -2.5| = 0.5
+    # engine 1: tokens differ at position 1: positions 0 and 1 count (|-0.5 - -0.25| = 0.25, |-1.0 - -1.75| = 0.75);
+    # position 2 (-9.0 vs -1.0, other contexts) does not
+    cached = [([5, 6], [-1.0, -2.0]), ([1, 2, 3], [-0.5, -1.0, -9.0])]
+    uncached = [([5, 6], [-1.0, -2.5]), ([1, 4, 3], [-0.25, -1.75, -1.0])]
+    assert cache_reuse_diff(cached, uncached) == 0.75
+    assert cache_reuse_diff(cached, cached) == 0.0
+
+
+@pytest.mark.parametrize("args, match", [
+    (([], []), "one .tokens, log-probs. pair per engine"),
+    (([([1], [-1.0])], []), "got 1 and 0"),
+    (([([1, 2], [-1.0])], [([1], [-1.0])]), "engine 0 cached: 2 tokens and 1 log-probs"),
+    (([([1], [-1.0])], [([], [])]), "engine 0 uncached: 0 tokens"),
+    (([([1], [float("inf")])], [([1], [-1.0])]), "engine 0: non-finite"),
+])
+def test_bad_cache_series_are_refused_in_one_line(args, match):
+    with pytest.raises(ValueError, match=match):
+        cache_reuse_diff(*args)
 
 
 class _Chars:
@@ -91,13 +113,14 @@ class _FakeEngine:
     def __init__(self, w, stale=False):
         self.w, self.computes_with, self.stale, self.calls = w, w, stale, []
         self.generate = _Ref(self._generate)
+        self.progpo_generate_uncached = _Ref(lambda prompt, params: self._generate(prompt, params, uncached=True))
         self.progpo_weight_diff = _Ref(lambda state: abs(float(state["w"]) - self.w))
 
-    def _generate(self, prompt, params):
-        self.calls.append(("generate", len(prompt), params.max_tokens, params.temperature, params.ignore_eos,
-                           params.logprobs))
-        toks = [1, 2]
-        out = type("Out", (), {"token_ids": toks, "logprobs": [{t: type("L", (), {"logprob": -self.computes_with * t})()}
+    def _generate(self, prompt, params, uncached=False):
+        self.calls.append(("uncached" if uncached else "generate", len(prompt), params.max_tokens, params.temperature,
+                           params.ignore_eos, params.logprobs))
+        toks, w = [1, 2], self.w if uncached else self.computes_with  # uncached: no stale block, the weights it holds
+        out = type("Out", (), {"token_ids": toks, "logprobs": [{t: type("L", (), {"logprob": -w * t})()}
                                                                for t in toks]})()
         return type("RequestOutput", (), {"outputs": [out]})()
 
@@ -154,15 +177,17 @@ def test_the_trainer_probes_each_engine_before_and_after_openrlhf_s_sync(cpu_com
     with cpu_compat.import_shims():  # vllm.SamplingParams: vLLM's own where installed
         t.broadcast_to_vllm()
     probe = ("generate", PROBE_PROMPT_TOKENS, 8, 0.0, True, 0)
-    assert engines[0].calls == [probe, ("sync",), probe]
+    assert engines[0].calls == [probe, ("sync",), probe, ("uncached", *probe[1:])]
     # before: engine 0 [-1, -2], engine 1 [-1.5, -3] vs the actor's [-2, -4]: moved max(2, 1) = 2; after: equal
     assert t._sync_stats == {"sync/max_abs_diff_before": 1.0, "sync/max_abs_diff": 0.0,
-                             SYNC_PROBE_DIFF: 0.0, SYNC_PROBE_MOVED: 2.0}
+                             SYNC_PROBE_DIFF: 0.0, SYNC_PROBE_MOVED: 2.0, SYNC_PROBE_CACHE: 0.0}
     stale = [_FakeEngine(1.0), _FakeEngine(1.0, stale=True)]  # weights synced, but computing with the old ones
     t.vllm_engines = stale
     with cpu_compat.import_shims():
         t.broadcast_to_vllm()
+    # the stale engine's [-1, -2] against the actor's and its own uncached [-2, -4]
     assert t._sync_stats["sync/max_abs_diff"] == 0.0 and t._sync_stats[SYNC_PROBE_DIFF] == 2.0
+    assert t._sync_stats[SYNC_PROBE_CACHE] == 2.0
 
 
 def test_the_transformers_stand_in_is_not_probed_and_the_log_says_why(cpu_compat, monkeypatch, caplog):

@@ -88,6 +88,20 @@ class VllmCPURolloutActor(RolloutRayActor.__ray_actor_class__):
         :func:`~progpo.run.vllm_weights.encode_state` bytes, as the local engine's does."""
         return max(await self.llm.collective_rpc("progpo_weight_diff", args=(encode_state(actor_state.items()),)))
 
+    async def progpo_generate_uncached(self, prompt_token_ids: list[int], sampling_params: Any) -> Any:
+        """OpenRLHF's ``generate`` of ``prompt_token_ids``, computed without any prefix-cache block: the request
+        carries a fresh ``cache_salt`` (vLLM hashes it into its blocks' keys), so it shares no block with an
+        earlier request and every KV entry is computed under the engine's current weights. The weight-sync probe's
+        reference for a reused stale block (:mod:`progpo.openrlhf.sync_probe`)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.utils import random_uuid
+
+        prompt = TokensPrompt(prompt_token_ids=prompt_token_ids, cache_salt=random_uuid())
+        final = None
+        async for output in self.llm.generate(prompt, sampling_params, request_id=random_uuid()):
+            final = output
+        return final
+
 
 class _EngineClass:
     """``VllmCPURolloutActor`` in place of OpenRLHF's ``RolloutRayActor``: ``.options(...).remote(**kwargs)``

@@ -110,10 +110,11 @@ class Engine:
         """Stop vLLM's engine process."""
         self.actor.llm.shutdown()
 
-    def sync(self, state: dict) -> None:
+    def sync(self, state: dict, reset_prefix_cache: bool = True) -> None:
         """OpenRLHF's weight sync of ``state`` (HF name -> tensor), as ``ActorPPOTrainer.broadcast_to_vllm`` makes it:
         the prefix cache reset, the engine joins a fresh gloo group as rank 1, then per parameter ``update_weight``
-        while rank 0 (a thread here) broadcasts it, the last one marked ``empty_cache=True``."""
+        while rank 0 (a thread here) broadcasts it, the last one marked ``empty_cache=True``.
+        ``reset_prefix_cache=False`` leaves the reset out (what a sync that forgot it would leave behind)."""
         import asyncio
         import socket
         import threading
@@ -123,7 +124,8 @@ class Engine:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self.call(self.actor.reset_prefix_cache())
+        if reset_prefix_cache:
+            self.call(self.actor.reset_prefix_cache())
         group: dict = {}
         joined = threading.Thread(target=lambda: group.setdefault("g", StatelessGlooGroup("127.0.0.1", port, 0, 2)))
         joined.start()
