@@ -445,7 +445,11 @@ PROBE_CACHE_TOLERANCE = 1e-3
 """Largest |engine - engine without cached blocks| log-prob (nats) after a sync, any dtype: the same kernels on the
 same weights, measured exactly 0 with the reset (30 of 30 bf16 updates in-process, 2026-12-06); a reused stale
 block gave 0.26-1.6 x the move for moves >= 0.1 (and >= 1.2e-4 for any move of those 30 updates)."""
-PROBE_MOVED_FACTOR = 3
+PROBE_MOVED_FACTOR = 2
+"""The update must move the probe's log-probs by >= this x :data:`PROBE_TOLERANCE` in at least one sync, so that
+the check had power: an engine computing with the old weights is off by the move itself, and a reused stale block
+leaves >= 0.0085 nats in the cache figure for moves >= 0.017 (``python -m benchmarks sync-probe``). Measured: the
+larger of a job's two moves 0.47-6.35 nats in bf16 (docs/distributed.md), against 2 x 0.1."""
 
 
 def engine_dtype_of(log: str) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from .test_cpu_job import (CLUSTER_SCRIPT, PROBE_CACHE_TOLERANCE, PROBE_TOLERANCE,  # noqa: F401
+from .test_cpu_job import (CLUSTER_SCRIPT, PROBE_CACHE_TOLERANCE, PROBE_MOVED_FACTOR, PROBE_TOLERANCE,  # noqa: F401
                            assert_actor_trained_on_step_advantages, assert_ranks_ran_the_same_collectives,
                            engine_dtype_of, run_cpu_job, tensorboard_scalars, vllm_start_model)
 from progpo_tests.patience import PATIENCE_S
@@ -78,3 +78,4 @@ def test_async_weight_sync_holds_under_the_lock(async_job):
     dtype = engine_dtype_of(async_job["log"])
     assert max(tb["train/sync/probe_logprob_max_abs_diff"]) <= PROBE_TOLERANCE[dtype]
     assert max(tb["train/sync/probe_cache_logprob_max_abs_diff"]) <= PROBE_CACHE_TOLERANCE
+    assert max(tb["train/sync/probe_logprob_moved"]) >= PROBE_MOVED_FACTOR * PROBE_TOLERANCE[dtype]  # had power
