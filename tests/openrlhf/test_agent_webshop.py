@@ -9,6 +9,7 @@ token ids of the real Qwen3 tokenizer; the env traffic is real async HTTP to a s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 from types import SimpleNamespace
@@ -57,9 +58,13 @@ class ScriptedEngine:
     and buys the goal product with the goal options; ``wrong`` tasks buy the first result instead.
     """
 
+    OVERLAP = 8
+    """Generate calls the executor must have in flight at once."""
+
     def __init__(self, tokenizer, goals: dict[str, dict], wrong: set[str]) -> None:
         self.tok, self.goals, self.wrong = tokenizer, goals, wrong
         self.in_flight = self.peak_in_flight = self.calls = 0
+        self.overlapped = asyncio.Event()  # set once OVERLAP calls were in flight together
 
     def policy(self, prompt: str) -> str:
         task = re.search(r"Your task is to: ([^\n]*)\.\n", prompt).group(1)
@@ -89,6 +94,12 @@ class ScriptedEngine:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
+            if self.in_flight >= self.OVERLAP:
+                self.overlapped.set()
+            if not self.overlapped.is_set():  # hold the first calls until OVERLAP are in flight, so the overlap
+                with contextlib.suppress(asyncio.TimeoutError):  # does not hang on the machine's timing; after 2 s
+                    await asyncio.wait_for(self.overlapped.wait(), 2.0)  # (serial calls) stop holding any
+                self.overlapped.set()
             await asyncio.sleep(0.001)  # a real engine yields while it decodes
             text = f"<think>step {self.calls}</think><action>{self.policy(self.tok.decode(prompt_token_ids))}</action>"
             ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
@@ -127,7 +138,7 @@ def test_executor_plays_real_webshop_episodes_concurrently(mods, qwen3_tokenizer
     assert type(pool).__name__ == "AsyncWebShopPool"
     assert len(responses) == len(tasks) * n_rollouts
     # many episodes in flight at once: generation and HTTP requests overlapped on the one event loop
-    assert engine.peak_in_flight >= 8
+    assert engine.peak_in_flight >= ScriptedEngine.OVERLAP
     assert pool.stats.peak_in_flight >= 4 and pool.stats.in_flight == 0
     for k, r in enumerate(responses):
         ep = r[mods.agent.RESPONSE_EPISODE_KEY]
