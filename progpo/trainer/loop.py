@@ -231,6 +231,7 @@ class Trainer:
             else:
                 logger.warning("--ckpt.load_enable: no checkpoint in %s, starting from scratch", self.save_path)
             self.metrics.truncate_after(start)  # records after the checkpoint: those iterations are played again
+        self._sync_generator()  # the engine samples from the actor's weights from the first rollout on
         return start
 
     def fit(self) -> list[dict[str, float]]:
@@ -438,13 +439,21 @@ class Trainer:
         if metrics.get("loss/optimizer_steps", 0.0) > 0:
             self.policy_is_reference = False
         self.last_samples = samples
-        sync = getattr(self.generator, "load_weights", None)  # engines holding their own weight copy (vLLM)
+        self._sync_generator()
+        return metrics
+
+    def _sync_generator(self) -> None:
+        """Load the actor's weights into a generator that holds its own copy (vLLM's engine: ``load_weights``), the
+        adapter merged in (an engine's model has none). After every update, and once before the first rollout: the
+        engine starts from ``--actor.model_name_or_path``, while the actor may already differ from it (an adapter
+        warm start, ``--sft.lora``, on the untouched base; a resumed checkpoint), and an iteration without an update
+        would not sync it."""
+        sync = getattr(self.generator, "load_weights", None)
         if sync is not None:
-            from progpo.run.lora import iter_merged  # an engine's model has no adapter: merged weights
+            from progpo.run.lora import iter_merged
 
             with self.actor.generation_context():
                 sync(list(iter_merged(self.actor.model, parameters_only=True)))
-        return metrics
 
     def log(self, it: int, metrics: dict[str, float]) -> None:
         """Stage 4: JSONL + TensorBoard + callback."""
