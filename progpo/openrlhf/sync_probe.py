@@ -126,13 +126,12 @@ def cache_reuse_diff(cached: Sequence[tuple[Sequence[int], Sequence[float]]],
             if not len(toks) or len(toks) != len(lps):
                 raise ValueError(f"engine {k} {what}: {len(toks)} tokens and {len(lps)} log-probs (need equal, >= 1)")
         (a_tok, a_lp), (b_tok, b_lp) = pair
-        n = min(len(a_tok), len(b_tok))
-        first_diff = next((i for i in range(n) if a_tok[i] != b_tok[i]), n - 1)
-        a_t = torch.tensor(list(a_lp[:first_diff + 1]), dtype=torch.float64)
-        b_t = torch.tensor(list(b_lp[:first_diff + 1]), dtype=torch.float64)
+        a_t, b_t = torch.tensor(list(a_lp), dtype=torch.float64), torch.tensor(list(b_lp), dtype=torch.float64)
         if not (torch.isfinite(a_t).all() and torch.isfinite(b_t).all()):
             raise ValueError(f"engine {k}: non-finite log-prob")
-        out = max(out, float((a_t - b_t).abs().max()))
+        n = min(len(a_tok), len(b_tok))
+        first_diff = next((i for i in range(n) if a_tok[i] != b_tok[i]), n - 1)
+        out = max(out, float((a_t[:first_diff + 1] - b_t[:first_diff + 1]).abs().max()))
     return out
 
 

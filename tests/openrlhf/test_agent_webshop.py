@@ -97,9 +97,9 @@ class ScriptedEngine:
             if self.in_flight >= self.OVERLAP:
                 self.overlapped.set()
             if not self.overlapped.is_set():  # hold the first calls until OVERLAP are in flight, so the overlap
-                with contextlib.suppress(asyncio.TimeoutError):  # does not hang on the machine's timing; after 2 s
-                    await asyncio.wait_for(self.overlapped.wait(), 2.0)  # (serial calls) stop holding any
-                self.overlapped.set()
+                with contextlib.suppress(asyncio.TimeoutError):  # does not hang on the machine's timing (each
+                    await asyncio.wait_for(self.overlapped.wait(), 30.0)  # episode resets over HTTP first); after
+                self.overlapped.set()  # 30 s (serial calls) stop holding any
             await asyncio.sleep(0.001)  # a real engine yields while it decodes
             text = f"<think>step {self.calls}</think><action>{self.policy(self.tok.decode(prompt_token_ids))}</action>"
             ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]

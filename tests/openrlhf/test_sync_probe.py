@@ -52,6 +52,7 @@ def test_cache_figure_compares_up_to_the_first_differing_token():
     (([([1, 2], [-1.0])], [([1], [-1.0])]), "engine 0 cached: 2 tokens and 1 log-probs"),
     (([([1], [-1.0])], [([], [])]), "engine 0 uncached: 0 tokens"),
     (([([1], [float("inf")])], [([1], [-1.0])]), "engine 0: non-finite"),
+    (([([1, 2], [-1.0, float("nan")])], [([3, 2], [-1.0, -1.0])]), "engine 0: non-finite"),  # past the compared part
 ])
 def test_bad_cache_series_are_refused_in_one_line(args, match):
     with pytest.raises(ValueError, match=match):

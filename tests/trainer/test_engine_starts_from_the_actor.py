@@ -68,6 +68,13 @@ def test_the_engine_gets_the_warm_started_adapter_and_the_resumed_weights_before
     first.fit()
     # the engine started on the base model; the actor is the base + the cloned adapter: loaded before sampling
     assert engines[0].events[:2] == ["load", "generate from the actor"], engines[0].events[:3]
+    # and what it got is the clone, not the base (a merge that dropped the adapter would pass the check above)
+    from transformers import AutoModelForCausalLM
+
+    from progpo.run.models import resolve_pretrain
+
+    base = dict(AutoModelForCausalLM.from_pretrained(resolve_pretrain("tiny")).named_parameters())
+    assert any(not torch.equal(t, base[n]) for n, t in engines[0].first_loaded.items())
     assert engines[0].events[-1] == "load"  # after iteration 1's update: the weights its checkpoint holds
     resumed = Trainer(config_from_args([*common, "--train.num_iterations", "2", "--ckpt.load_enable"]))
     resumed.fit()
