@@ -73,8 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from vllm import SamplingParams
-
     from progpo.openrlhf.sync_probe import (PROBE_TOKENS, SYNC_PROBE_DIFF, SYNC_PROBE_MOVED, ActorScorer,
                                             cache_reuse_diff, probe_metrics, probe_prompt)
     from progpo.run.tiny_model import tiny_model_path
@@ -91,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
                AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).named_parameters()}
     engine.sync(current)
     scorer = ActorScorer(path)
-    params = SamplingParams(temperature=0, max_tokens=PROBE_TOKENS, logprobs=0, ignore_eos=True)
     gen = torch.Generator().manual_seed(args.seed)
     print(f"\n{'size':>7} {'reset':>5} {'diff max':>9} {'cache max':>10} {'cache min':>10} {'moved':>15}")
     try:
@@ -104,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     before = engine.greedy(prompt, PROBE_TOKENS)  # the cache now holds the probe under the old weights
                     engine.sync(new, reset_prefix_cache=reset)
                     after = engine.greedy(prompt, PROBE_TOKENS)
-                    out = engine.call(engine.actor.progpo_generate_uncached(prompt, params)).outputs[0]
-                    fresh = (list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)])
+                    fresh = engine.greedy(prompt, PROBE_TOKENS, uncached=True)
                     scorer.load(new)
                     m = probe_metrics([before[1]], [after[1]], [scorer.logprobs(prompt, before[0])],
                                       [scorer.logprobs(prompt, after[0])])

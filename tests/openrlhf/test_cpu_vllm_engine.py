@@ -160,7 +160,6 @@ def test_the_uncached_probe_shows_a_reused_stale_block_and_equals_a_fresh_one(vl
     left the prefix cache alone, the normal request reuses the two probe blocks computed under the old weights
     and differs from the uncached one; once the cache is reset, both compute alike (figure exactly 0)."""
     from transformers import AutoTokenizer
-    from vllm import SamplingParams
 
     from progpo.openrlhf.sync_probe import PROBE_TOKENS, cache_reuse_diff, probe_prompt
     from progpo.run.tiny_model import tiny_model_path
@@ -174,18 +173,14 @@ def test_the_uncached_probe_shows_a_reused_stale_block_and_equals_a_fresh_one(vl
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     old = {n: p.detach() + 0.02 * torch.randn(p.shape, generator=gen) for n, p in base.named_parameters()}
     new = {n: t + 0.02 * torch.randn(t.shape, generator=gen) for n, t in old.items()}
-    params = SamplingParams(temperature=0, max_tokens=PROBE_TOKENS, logprobs=0, ignore_eos=True)
-
-    def uncached() -> tuple[list[int], list[float]]:
-        out = engine.call(engine.actor.progpo_generate_uncached(prompt, params)).outputs[0]
-        return list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
-
     engine.sync(old)
     engine.greedy(prompt, PROBE_TOKENS)  # the prefix cache now holds the probe's two blocks, old weights
     engine.sync(new, reset_prefix_cache=False)
-    stale = cache_reuse_diff([engine.greedy(prompt, PROBE_TOKENS)], [uncached()])
+    stale = cache_reuse_diff([engine.greedy(prompt, PROBE_TOKENS)],
+                             [engine.greedy(prompt, PROBE_TOKENS, uncached=True)])
     engine.call(engine.actor.reset_prefix_cache())
-    fresh = cache_reuse_diff([engine.greedy(prompt, PROBE_TOKENS)], [uncached()])
+    fresh = cache_reuse_diff([engine.greedy(prompt, PROBE_TOKENS)],
+                             [engine.greedy(prompt, PROBE_TOKENS, uncached=True)])
     assert fresh == 0.0
     assert stale > 1e-2, stale
 

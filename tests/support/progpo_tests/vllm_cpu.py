@@ -98,12 +98,14 @@ class Engine:
 
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-        """``n`` greedy tokens after ``prompt`` (EOS not stopping) and their log-probs."""
+    def greedy(self, prompt: list[int], n: int, uncached: bool = False) -> tuple[list[int], list[float]]:
+        """``n`` greedy tokens after ``prompt`` (EOS not stopping) and their log-probs; ``uncached``: through
+        ``progpo_generate_uncached`` (the same request, computed without any prefix-cache block)."""
         from vllm import SamplingParams
 
-        out = self.call(self.actor.generate(prompt, SamplingParams(temperature=0, max_tokens=n, logprobs=0,
-                                                                   ignore_eos=True))).outputs[0]
+        generate = self.actor.progpo_generate_uncached if uncached else self.actor.generate
+        out = self.call(generate(prompt, SamplingParams(temperature=0, max_tokens=n, logprobs=0,
+                                                        ignore_eos=True))).outputs[0]
         return list(out.token_ids), [d[t].logprob for d, t in zip(out.logprobs, out.token_ids)]
 
     def shutdown(self) -> None:
