@@ -307,7 +307,7 @@ def run(args: argparse.Namespace) -> str:
                              Path(args.out) / f"{_block(args)}.png",
                              f"{args.family} ({args.regime} tasks), {args.tasks} tasks x {args.rollouts}, "
                              f"{args.seeds} seeds, best lr each")
-    head = lr_report.headroom_line(final, args.target, tau, reference, oracle) + "\n\n" + _head(args, cfg, enc_line)
+    head = lr_report.headroom_line(final, args.target, reference, oracle) + "\n\n" + _head(args, cfg, enc_line)
     load1 = os.getloadavg()[0]
     cost = ("Cost: " + "; ".join(costs) + f"; total {time.perf_counter() - t0:.0f} s wall; load average "
             f"{load0:.1f} at start, {load1:.1f} at end ({os.cpu_count()} CPUs, {args.workers} workers); "

@@ -125,20 +125,26 @@ def main_table(final: dict[str, list[RunResult]], lrs: dict[str, float], target:
     return report.markdown_table(header, rows)
 
 
-def headroom_line(final: dict[str, list[RunResult]], target: float, tau: float, reference: str | None,
+def headroom_line(final: dict[str, list[RunResult]], target: float, reference: str | None,
                   oracle: str | None) -> str:
     """The line that opens every learning block: the oracle's headroom over ``reference`` (GiGPO), i.e. the
-    ratio of restricted mean env steps to ``target`` (oracle / reference, tau as in :func:`main_table`, 95%
-    bootstrap interval, :func:`research.survival.rmst_ratio`) and the reference's final success (last
-    iterations, mean ± 95% t-interval over seeds). Small ratio = the exact advantage buys much, so the block
-    can tell estimators apart; near 1 = it cannot. Says so when either row is missing."""
+    ratio of restricted mean env steps to ``target`` (oracle / reference, 95% bootstrap interval,
+    :func:`research.survival.rmst_ratio`) and the reference's final success (last iterations, mean ± 95%
+    t-interval over seeds). Small ratio = the exact advantage buys much, so the block can tell estimators
+    apart; near 1 = it cannot. Says so when either row is missing.
+
+    Its horizon ``tau`` is :func:`common_tau` of the two rows' runs alone (the two-arm choice of Royston &
+    Parmar 2013: a horizon both arms are observed up to), not the block's: the headroom is a property of the
+    task setting, so a third row whose failing runs end early (a policy that buys at once) must not shorten it.
+    The block's tables keep the common ``tau`` of every row."""
     if not (reference and oracle):
         return ("**Oracle headroom**: not measured (it needs the rows `oracle` and the `--reference` row in "
                 "`--estimators`).")
+    tau = common_tau([final[oracle], final[reference]], target)
     q, lo, hi = rmst_ratio(censored(final[oracle], target), censored(final[reference], target), tau)
     return (f"**Oracle headroom**: {oracle}'s env steps to {target:.0%} / {reference}'s = **{q:.2f} [{lo:.2f}, "
-            f"{hi:.2f}]** (restricted means at tau {tau / 1e3:,.0f}k, 95% bootstrap); {reference}'s final success "
-            f"{report.fmt_ci(*mean_ci(final_success(final[reference])))}.")
+            f"{hi:.2f}]** (restricted means at tau {tau / 1e3:,.0f}k, the two rows' own horizon; 95% bootstrap); "
+            f"{reference}'s final success {report.fmt_ci(*mean_ci(final_success(final[reference])))}.")
 
 
 def _fmt_share(share: tuple[float, float, float]) -> str:
@@ -340,7 +346,8 @@ class ReportArgs:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m research.learning_report --runs RUNS.pkl --references gigpo,hgpo``: the ratio table of a
-    finished learning run (its ``*-runs.pkl``) against several reference rows."""
+    finished learning run (its ``*-runs.pkl``) against several reference rows, opened by the oracle's headroom
+    line over the first reference (:func:`headroom_line`) when the run has both rows."""
     import pickle
     import sys
 
@@ -363,10 +370,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     oracle = args.oracle if args.oracle in final else None
     try:
-        print(ratio_table(final, references, args.target, oracle))
+        table = ratio_table(final, references, args.target, oracle)
     except ValueError as exc:  # a reference that is no row of the run
         print(f"{prog}: error: --references: {exc}", file=sys.stderr)
         return 2
+    if oracle:
+        print(headroom_line(final, args.target, references[0], oracle) + "\n")
+    print(table)
     return 0
 
 

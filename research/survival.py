@@ -13,7 +13,8 @@ summaries over the seeds of one row:
   ``min(T_i, tau)`` at every ``tau``; one that did not is observed up to its budget ``>= tau``; so the mean
   and its Student-t interval need no censoring model. A seed that never reaches X counts as ``tau``, so
   the restricted mean is a lower bound of the mean of ``T``. ``tau`` depends on which rows are compared
-  (a slow row with a short failing budget lowers it for all) and the bootstrap treats it as fixed.
+  (a slow row with a short failing budget lowers it for all) and the bootstrap treats it as fixed; the
+  oracle's headroom line takes it from its two rows alone (``research.learning_report.headroom_line``).
 * **Ratio** of two rows' restricted means with a 95% percentile-bootstrap interval (seeds resampled
   within each row, 4000 resamples).
 

@@ -61,7 +61,7 @@ def test_pick_lr_prefers_the_fastest_rate_then_the_higher_final_success():
     assert c.times[0] == 100.0 and np.isnan(c.times[1]) and c.budgets.tolist() == [600.0, 600.0]
 
 
-def test_ratio_table_against_several_references(tmp_path):
+def test_ratio_table_against_several_references(tmp_path, capsys):
     import pickle
 
     from research import learning_report as lr
@@ -85,6 +85,10 @@ def test_ratio_table_against_several_references(tmp_path):
     with pytest.raises(ValueError, match=r"reference rows \['z'\]"):
         lr.ratio_table(final, ["z"])
     assert lr.main(["--runs", str(tmp_path / "x-runs.pkl"), "--references", "b"]) == 0
+    assert "Oracle headroom" not in capsys.readouterr().out  # no oracle row in this run
+    assert lr.main(["--runs", str(tmp_path / "x-runs.pkl"), "--references", "c,b", "--oracle", "a"]) == 0
+    # opened by a's headroom over the first reference, c: 100 / 600 over the two rows' own horizon, 600
+    assert capsys.readouterr().out.startswith("**Oracle headroom**: a's env steps to 80% / c's = **0.17 [0.17, 0.17]**")
 
 
 def test_restricted_mean_needs_only_the_unreached_seeds_observed_up_to_tau():
@@ -193,3 +197,27 @@ def test_main_table_states_steps_to_50_percent_once_when_the_target_is_50_percen
     assert header(0.5).count("to 50%") == 3  # KM median, reaching seeds' mean, restricted mean: once each
     assert header(0.8).count("KM median to 50%") == 1 and header(0.8).count("KM median to 80%") == 1
     assert len(header(0.5).split("|")) == len(header(0.8).split("|")) - 1
+
+
+def test_the_headroom_line_takes_its_horizon_from_the_oracle_and_the_reference_alone():
+    """A third row whose failing runs end early (a policy that buys at once) lowers the block's common tau;
+    the oracle's headroom over GiGPO is a property of the task setting and must not move with it."""
+    from types import SimpleNamespace
+
+    from research.learning_report import common_tau, headroom_line
+
+    def run(success, steps):
+        return SimpleNamespace(steps=np.asarray(steps, float), success=np.asarray(success, float))
+
+    def reach_at(k, n=10):  # 0.9 from iteration k on: the 3-iteration average reaches 0.8 at iteration k + 2
+        return run([0.1] * k + [0.9] * (n - k), [100 * (i + 1) for i in range(n)])
+
+    final = {"gigpo": [reach_at(5), reach_at(6)],  # reach 0.8 at 800 and 900 env steps
+             "oracle": [reach_at(1), reach_at(2)],  # at 400 and 500
+             "graft": [run([0.0] * 10, [10 * (i + 1) for i in range(10)])]}  # never, over 100 env steps
+    assert common_tau(list(final.values()), 0.8) == 100  # the block's horizon: everyone capped at 100
+    line = headroom_line(final, 0.8, "gigpo", "oracle")
+    # the two rows' own horizon is their latest crossing, 900: (400 + 500) / (800 + 900) = 0.53; at the
+    # block's 100 both rows would read 100 and the ratio 1.00
+    assert "**0.53 [" in line and "tau 1k, the two rows' own horizon" in line, line
+    assert headroom_line({k: final[k] for k in ("gigpo", "oracle")}, 0.8, "gigpo", "oracle") == line
