@@ -217,8 +217,8 @@ class WebshopFamily:
     #: ``hard``: a longer search (12 items over 4 result pages; six look-alikes that only their item page tells
     #: from the target, two of them beside it on page 1), 4 colors x 4 sizes, 3 wordings, win/lose reward
     #: (verl-agent's WebShop: a look-alike bought pays 0, not 7.5), horizon 40 (with 30 the exact advantage's
-    #: headroom missed the aim on one task draw of two); the search noise stays the default 0.3 (0.6 with this
-    #: search capped every row near 0.6 success). Settings tried and their runs: docs/fidelity.md
+    #: headroom missed the aim); the search noise stays the default 0.3 (0.6 with this search capped every row
+    #: near 0.6 success). Settings tried and their runs: docs/fidelity.md
     presets = {"hard": {"n_items": 12, "n_colors": 4, "n_sizes": 4, "n_variants": 3, "horizon": 40, "win_only": True}}
 
     def make_task(self, cfg: shop.ShopConfig, seed: int) -> shop.ShopTask:
