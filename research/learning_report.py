@@ -133,9 +133,10 @@ def headroom_line(final: dict[str, list[RunResult]], target: float, reference: s
     t-interval over seeds). Small ratio = the exact advantage buys much, so the block can tell estimators
     apart; near 1 = it cannot. Says so when either row is missing.
 
-    Its horizon ``tau`` is :func:`common_tau` of the two rows' runs alone (the two-arm choice of Royston &
-    Parmar 2013: a horizon both arms are observed up to), not the block's: the headroom is a property of the
-    task setting, so a third row whose failing runs end early (a policy that buys at once) must not shorten it.
+    Its horizon ``tau`` is :func:`common_tau` of the two rows' runs alone, not the block's: a horizon both rows
+    are observed up to, as two-arm restricted-mean comparisons choose it (Tian et al. 2020 take the smaller of
+    the two arms' largest follow-up times; ``common_tau`` is stricter). The headroom is a property of the task
+    setting, so a third row whose failing runs end early (a policy that buys at once) must not shorten it.
     The block's tables keep the common ``tau`` of every row."""
     if not (reference and oracle):
         return ("**Oracle headroom**: not measured (it needs the rows `oracle` and the `--reference` row in "
