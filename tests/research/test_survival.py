@@ -10,6 +10,13 @@ from research.survival import Censored, collapse, gap_share, km_median, rmst, rm
 NAN = float("nan")
 
 
+def _curve(success, steps):
+    """A run's curves only (``steps`` / ``success`` ``[I]``), all that the restricted-mean helpers read."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(steps=np.asarray(steps, float), success=np.asarray(success, float))
+
+
 def test_km_median_counts_the_seeds_that_never_reach():
     # 3 of 5 seeds reach X at 100, 200, 300; two are censored at 450 and 480.
     # S = 4/5 after 100, 3/5 after 200, 2/5 after 300: the median is 300.
@@ -101,16 +108,11 @@ def test_restricted_mean_needs_only_the_unreached_seeds_observed_up_to_tau():
 
 
 def test_common_tau_is_the_smallest_budget_of_an_unreached_run():
-    from types import SimpleNamespace
-
     from research.learning_report import common_tau
 
-    def run(success, steps):
-        return SimpleNamespace(steps=np.asarray(steps, float), success=np.asarray(success, float))
-
-    fast = run([0.9] * 3, [10, 20, 30])  # reached 0.8 at 30 (3-iteration moving average), budget 30
-    slow = run([0.1, 0.1, 0.9, 0.9, 0.9], [50, 100, 150, 200, 250])  # reached at 250
-    never = run([0.1] * 4, [60, 120, 180, 240])
+    fast = _curve([0.9] * 3, [10, 20, 30])  # reached 0.8 at 30 (3-iteration moving average), budget 30
+    slow = _curve([0.1, 0.1, 0.9, 0.9, 0.9], [50, 100, 150, 200, 250])  # reached at 250
+    never = _curve([0.1] * 4, [60, 120, 180, 240])
     assert common_tau([[fast], [slow]], 0.8) == 250  # everyone reached: the latest crossing, nobody capped
     assert common_tau([[fast], [slow, never]], 0.8) == 240  # the unreached run is observed up to 240
 
@@ -202,19 +204,14 @@ def test_main_table_states_steps_to_50_percent_once_when_the_target_is_50_percen
 def test_the_headroom_line_takes_its_horizon_from_the_oracle_and_the_reference_alone():
     """A third row whose failing runs end early (a policy that buys at once) lowers the block's common tau;
     the oracle's headroom over GiGPO is a property of the task setting and must not move with it."""
-    from types import SimpleNamespace
-
     from research.learning_report import common_tau, headroom_line
 
-    def run(success, steps):
-        return SimpleNamespace(steps=np.asarray(steps, float), success=np.asarray(success, float))
-
     def reach_at(k, n=10):  # 0.9 from iteration k on: the 3-iteration average reaches 0.8 at iteration k + 2
-        return run([0.1] * k + [0.9] * (n - k), [100 * (i + 1) for i in range(n)])
+        return _curve([0.1] * k + [0.9] * (n - k), [100 * (i + 1) for i in range(n)])
 
     final = {"gigpo": [reach_at(5), reach_at(6)],  # reach 0.8 at 800 and 900 env steps
              "oracle": [reach_at(1), reach_at(2)],  # at 400 and 500
-             "graft": [run([0.0] * 10, [10 * (i + 1) for i in range(10)])]}  # never, over 100 env steps
+             "graft": [_curve([0.0] * 10, [10 * (i + 1) for i in range(10)])]}  # never, over 100 env steps
     assert common_tau(list(final.values()), 0.8) == 100  # the block's horizon: everyone capped at 100
     line = headroom_line(final, 0.8, "gigpo", "oracle")
     # the two rows' own horizon is their latest crossing, 900: (400 + 500) / (800 + 900) = 0.53; at the
