@@ -23,22 +23,29 @@ MAX_ABS_REWARD = 1e100
 
 
 def factorize(values: np.ndarray) -> tuple[np.ndarray, int]:
-    """Dense codes of equal values (exact equality, not just equal hashes).
+    """Dense codes of equal values (exact equality, not just equal hashes), numbered by first occurrence.
 
     Groups by Python's 64-bit ``hash`` with ``np.unique`` (C speed), then verifies that every member
-    equals its group's first value; on a hash collision it falls back to an exact dict lookup.
+    equals its group's first value; on a hash collision it falls back to an exact dict lookup. Codes are
+    renumbered in order of each value's first row, so they do not depend on ``PYTHONHASHSEED``: numbered
+    in hash order, the codes, and with them the order of the floating-point sums keyed on them (the
+    closure's edge sums, GRAFT's per-task sums), changed from process to process, and CRBC, GRAFT and
+    ProGPO's advantages differed by float rounding between two runs of one batch.
 
     Args:
         values: ``[S]`` object/str array.
     Returns:
-        (codes ``[S]`` int64 in ``0..K-1``, K).
+        (codes ``[S]`` int64 in ``0..K-1``, ``codes[i] < codes[j]`` iff the first row holding ``values[i]``
+        precedes the first row holding ``values[j]``; K).
     """
     lst = values.tolist()
     hashes = np.fromiter(map(hash, lst), dtype=np.int64, count=len(lst))
     uniq, first, codes = np.unique(hashes, return_index=True, return_inverse=True)
     codes = codes.reshape(-1).astype(np.int64)
     if np.all(values == values[first][codes]):
-        return codes, len(uniq)
+        rank = np.empty(len(uniq), dtype=np.int64)
+        rank[np.argsort(first)] = np.arange(len(uniq))
+        return rank[codes], len(uniq)
     table: dict = {}
     codes = np.fromiter((table.setdefault(v, len(table)) for v in lst), dtype=np.int64, count=len(lst))
     return codes, len(table)
