@@ -1,8 +1,8 @@
 """Advantages do not depend on ``PYTHONHASHSEED``: two processes with different string-hash seeds give
 bitwise-equal advantages for every estimator and preset.
 
-Found in a lab rerun (2026-12-07): two of 220 CRBC sweep runs of a block diverged from the block's saved
-runs after 42 and 83 iterations. ``factorize`` numbered anchor states in string-hash order, which changes
+Found in a lab rerun (2026-12-07): two of a block's 220 sweep runs, both CRBC's, diverged from the block's
+saved runs after 42 and 83 iterations. ``factorize`` numbered anchor states in string-hash order, which changes
 with the process's hash seed, and the closure's edge sums ran in that order; float rounding then differed.
 """
 
@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from progpo.advantages import PRESETS
 from progpo.advantages._prep import factorize
 
-ROOT = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]
 
 # every estimator at its defaults, every preset (on its own estimator; ProGPO's on progpo), ProGPO's
 # closure potentials, and the non-default keys a researcher offers the baselines
 _SCRIPT = r"""
-import hashlib, sys
+import hashlib
 import numpy as np
 from progpo.advantages import ESTIMATORS, PRESETS, compute_advantages, config_from_preset
 from progpo.advantages.config import PRESET_ESTIMATOR
@@ -48,9 +48,9 @@ for preset, kw in configs:
 
 
 def _digests(hash_seed: str) -> list[str]:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, cwd=REPO, capture_output=True, text=True, check=True)
     return out.stdout.splitlines()
 
 
