@@ -61,7 +61,8 @@ def test_advantages_equal_under_two_hash_seeds():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["", "a", "b", "drawer 1", "é", "x" * 50, "\x00"]), min_size=1, max_size=40))
+@given(st.lists(st.one_of(st.sampled_from(["", "a", "b", "drawer 1", "é", "x" * 50, "\x00"]), st.text()),
+                min_size=1, max_size=40))
 def test_factorize_numbers_values_by_first_occurrence(values):
     codes, k = factorize(np.array(values, dtype=object))
     seen: dict[str, int] = {}
